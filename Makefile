@@ -1,0 +1,80 @@
+# LLMs from scratch: two commands matter.
+#   make lab   set up .venv (pinned), register the course kernel, start JupyterLab on the course
+#   make test  the same setup, then the whole test suite (what CI runs)
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+REQ_HASH := $(shell cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.installed-$(REQ_HASH)
+KERNEL := $(VENV)/share/jupyter/kernels/llmcourse/kernel.json
+
+# The offline data mirror: an explicit LLMCOURSE_DATA_MIRROR wins; else ../shared/data when present.
+ifeq ($(origin LLMCOURSE_DATA_MIRROR), undefined)
+  ifneq ($(wildcard ../shared/data/MANIFEST.md),)
+    export LLMCOURSE_DATA_MIRROR := $(abspath ../shared/data)
+  endif
+endif
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+PYTEST_ARGS ?=
+
+.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser doctor clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) requirements.txt requirements-dev.txt pyproject.toml
+	$(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+$(KERNEL): $(STAMP)
+	$(PY) -m ipykernel install --sys-prefix --name llmcourse --display-name "Python 3 (LLM course)" >/dev/null
+
+setup: $(STAMP) $(KERNEL)
+
+kernel: $(KERNEL)
+
+lab: setup
+	$(VENV)/bin/jupyter-lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" \
+	  --LabApp.default_url=/lab/tree/course_home.ipynb
+
+# The whole suite under the `ci` profile (what .ci/run calls).
+test: setup
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest $(PYTEST_ARGS)
+
+# Quick loop while developing: no notebooks, no nbgrader round trip, no browser.
+test-fast: setup
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m "not notebooks and not roundtrip and not browser" $(PYTEST_ARGS)
+
+test-notebooks: setup
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m notebooks $(PYTEST_ARGS)
+
+test-browser: setup
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check llmcourse grader tests
+
+# Rebuild lessons/ and solutions/ notebooks from their sources in notebooks/.
+notebooks: setup
+	$(PY) -m llmcourse.dev.nbbuild
+
+# Regenerate exercises/ from solutions/ through nbgrader (refuses to overwrite edited copies).
+release: setup
+	$(VENV)/bin/course release
+
+release-check: setup
+	$(VENV)/bin/course release --check
+
+doctor: setup
+	$(VENV)/bin/course doctor
+
+clean:
+	rm -rf .grading test-artifacts .pytest_cache

@@ -1,0 +1,209 @@
+"""Bug catalog of unit 03 (self-attention): one known-wrong implementation per syllabus entry.
+
+Each mutant is the reference with exactly one mistake. ``detect="mutant"`` entries are recognised
+by matching the learner's output on the failing input; ``detect="detector"`` entries by a property
+that the check names explicitly (rows summing to 1/√d_k, columns summing to 1, NaN rows, ...).
+The grader's self-tests run every mutant through its check and require the verdict to name it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..core import bug, bug_group
+
+U = "03"
+
+# ---------------------------------------------------------------- softmax_stable
+
+
+def _naive_softmax(x, dim=-1):
+    e = x.exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+bug_group("B03.naive_softmax", f"{U}.softmax_stable", "Subtract the row maximum first.",
+          {"softmax_stable": _naive_softmax}, detect="detector")
+
+# ---------------------------------------------------------------- simple_attention
+
+
+def _simple_softmax_dim(x):
+    scores = x @ x.transpose(-2, -1)
+    w = torch.softmax(scores, dim=-2)
+    return w @ x, w
+
+
+def _simple_transpose_T(x):
+    scores = x @ x.T
+    w = torch.softmax(scores, dim=-1)
+    return w @ x, w
+
+
+bug_group("B03.softmax_dim", f"{U}.simple_attention", "Normalise over the keys: `dim=-1`.",
+          {"simple_attention": _simple_softmax_dim}, detect="detector")
+bug_group("B03.transpose_T", f"{U}.simple_attention", "Use `x.transpose(-2, -1)` for batched tensors.",
+          {"simple_attention": _simple_transpose_T})
+
+# ---------------------------------------------------------------- scaled_dot_product_attention
+
+
+def _sdpa(q, k, v, mask=None, dropout=None, variant=""):
+    d_k = k.shape[-1]
+    kt = k.T if variant == "transpose_T" else k.transpose(-2, -1)
+    scores = q @ kt
+    if variant == "scale_dk":
+        scores = scores / d_k
+    elif variant not in {"no_scale", "scale_after_softmax"}:
+        scores = scores / math.sqrt(d_k)
+    if variant == "dropout_on_scores" and dropout is not None:
+        scores = dropout(scores)
+    if mask is not None and variant not in {"mask_after_softmax"}:
+        if variant == "mask_zero_fill":
+            scores = scores.masked_fill(~mask, 0.0)
+        elif variant == "mask_inverted":
+            scores = scores.masked_fill(mask, float("-inf"))
+        else:
+            scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-2 if variant == "softmax_dim" else -1)
+    if variant == "scale_after_softmax":
+        weights = weights / math.sqrt(d_k)
+    if variant == "mask_after_softmax" and mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    used = dropout(weights) if (dropout is not None and variant != "dropout_on_scores") else weights
+    values = q if variant == "weights_times_q" else v
+    return used @ values, weights
+
+
+def _register_sdpa(bug_id, variant, hint, detect="mutant"):
+    def f(q, k, v, mask=None, dropout=None):
+        return _sdpa(q, k, v, mask, dropout, variant)
+
+    f.__name__ = f"sdpa_{variant}"
+    bug_group(bug_id, f"{U}.scaled_dot_product_attention", hint, {"scaled_dot_product_attention": f}, detect)
+
+
+_register_sdpa("B03.no_scale", "no_scale", "Divide the scores by √d_k before the softmax.")
+_register_sdpa("B03.scale_dk", "scale_dk", "Divide by the **square root** of d_k.")
+_register_sdpa("B03.scale_after_softmax", "scale_after_softmax", "Scaling happens before the softmax.", "detector")
+_register_sdpa("B03.softmax_dim", "softmax_dim", "Normalise over the keys: `dim=-1`.", "detector")
+_register_sdpa("B03.mask_zero_fill", "mask_zero_fill",
+               "exp(0)=1 still gives future keys weight; fill with −∞.")
+_register_sdpa("B03.mask_after_softmax", "mask_after_softmax",
+               "Mask before the softmax, or renormalise each row after zeroing.", "detector")
+_register_sdpa("B03.mask_inverted", "mask_inverted", "Course masks are True where attention is allowed.", "detector")
+_register_sdpa("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
+_register_sdpa("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
+
+# ---------------------------------------------------------------- SelfAttention
+
+
+class _SelfAttentionBase(nn.Module):
+    variant = ""
+
+    def __init__(self, d_in, d_out, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+
+    def forward(self, x):
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = q @ k.transpose(-2, -1)
+        if self.variant == "scale_global":
+            scores = scores / D_OUT_GLOBAL ** 0.5  # noqa: F821 (a notebook global that the grader never defines)
+        elif self.variant != "no_scale":
+            scores = scores / k.shape[-1] ** 0.5
+        w = torch.softmax(scores, dim=-1)
+        return w @ (x if self.variant == "weights_times_x" else v)
+
+
+@bug("B03.scale_global", f"{U}.SelfAttention", "Use the key width of this call (`k.shape[-1]`).",
+     detect="name_error", name="SelfAttention")
+class SelfAttentionScaleGlobal(_SelfAttentionBase):
+    variant = "scale_global"
+
+
+@bug("B03.no_scale", f"{U}.SelfAttention", "Divide the scores by √d_k before the softmax.", name="SelfAttention")
+class SelfAttentionNoScale(_SelfAttentionBase):
+    variant = "no_scale"
+
+
+@bug("B03.weights_times_x", f"{U}.SelfAttention", "Weights combine the **value** vectors.", name="SelfAttention")
+class SelfAttentionTimesX(_SelfAttentionBase):
+    variant = "weights_times_x"
+
+
+# ---------------------------------------------------------------- CausalSelfAttention
+
+
+class _CausalBase(nn.Module):
+    variant = ""
+
+    def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False):
+        super().__init__()
+        self.context_length = context_length
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        ones = torch.ones(context_length, context_length, dtype=torch.bool)
+        if self.variant == "mask_no_diagonal":
+            mask = ones.tril(-1)
+        else:
+            mask = ones.tril()
+        self.register_buffer("mask", mask, persistent=False)
+        self.last_weights = None
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        if t > self.context_length:
+            raise ValueError("sequence longer than context_length")
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        kt = k.T if self.variant == "transpose_T" else k.transpose(-2, -1)
+        scores = q @ kt
+        if self.variant != "no_scale":
+            scores = scores / k.shape[-1] ** 0.5
+        mask = self.mask if self.variant == "mask_not_sliced" else self.mask[:t, :t]
+        if self.variant == "dropout_on_scores":
+            scores = self.dropout(scores)
+        if self.variant == "mask_zero_fill":
+            scores = scores.masked_fill(~mask, 0.0)
+        elif self.variant == "mask_inverted":
+            scores = scores.masked_fill(mask, float("-inf"))
+        elif self.variant != "mask_after_softmax":
+            scores = scores.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(scores, dim=1 if self.variant == "softmax_dim" else -1)
+        if self.variant == "mask_after_softmax":
+            w = w.masked_fill(~mask, 0.0)
+        self.last_weights = w.detach()
+        if self.variant == "dropout_in_eval":
+            used = nn.functional.dropout(w, self.dropout.p, training=True)
+        elif self.variant == "dropout_on_scores":
+            used = w
+        else:
+            used = self.dropout(w)
+        return used @ (x if self.variant == "weights_times_x" else v)
+
+
+def _register_causal(bug_id, variant, hint, detect="mutant"):
+    cls = type(f"Causal_{variant}", (_CausalBase,), {"variant": variant})
+    bug(bug_id, f"{U}.CausalSelfAttention", hint, detect=detect, name="CausalSelfAttention")(cls)
+
+
+_register_causal("B03.mask_zero_fill", "mask_zero_fill", "exp(0)=1 still gives future keys weight; fill with −∞.")
+_register_causal("B03.mask_after_softmax", "mask_after_softmax",
+                 "Mask before the softmax, or renormalise each row after zeroing.", "detector")
+_register_causal("B03.mask_inverted", "mask_inverted", "Course masks are True where attention is allowed.", "detector")
+_register_causal("B03.mask_no_diagonal", "mask_no_diagonal", "A token must be able to attend to itself.", "detector")
+_register_causal("B03.mask_not_sliced", "mask_not_sliced", "Slice the buffer to `[:T, :T]`.")
+_register_causal("B03.softmax_dim", "softmax_dim", "Normalise over the keys: `dim=-1`.", "detector")
+_register_causal("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
+_register_causal("B03.dropout_in_eval", "dropout_in_eval",
+                 "`nn.Dropout` is off after `model.eval()`; never call it with `training=True`.", "detector")
+_register_causal("B03.weights_times_x", "weights_times_x", "Weights combine the **value** vectors.")
+_register_causal("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
+_register_causal("B03.no_scale", "no_scale", "Divide the scores by √d_k before the softmax.")

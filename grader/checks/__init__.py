@@ -1,0 +1,1 @@
+"""Checks, one module per unit: ``uNN_slug.py``."""

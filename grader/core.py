@@ -1,0 +1,460 @@
+"""The grader's machinery: verdicts, the check and bug registries, and the diagnosis.
+
+A **check** (one per graded exercise id, registered with :func:`check`) receives a :class:`Tester`
+bound to the learner's namespace. It compares the learner's objects with the reference (the
+``llmcourse`` library), with independent oracles (torch built-ins, ``transformers``) and with
+properties. The first failure stops the check.
+
+A **bug** (registered with :func:`bug`) is a known-wrong implementation from the syllabus's bug
+catalog, with an id (``B03.no_scale``) and a hint that names the concept, never the code. When a
+comparison fails, the same probe is re-run on every mutant of the exercise; if the learner's
+result matches a mutant's, the verdict names that bug. Some bugs are recognised by a detector
+instead (a property such as "columns sum to 1"): the check then names the bug explicitly.
+
+Messages say what was expected, what came back, and the max abs difference (or the property that
+broke). They never contain grader source or reference code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "NotAttempted", "Tester", "TimeLimitExceeded",
+    "Verdict", "bug", "check", "forbid", "time_limit",
+]
+
+CHECK_TIME_LIMIT_S = 30.0  # per check; each is designed to finish in well under 10 s on 2 cores
+
+
+# --------------------------------------------------------------------------------------------
+# verdicts and control flow
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    exercise_id: str
+    status: str  # "passed" | "failed" | "not_attempted" | "missing" | "error"
+    message: str = ""
+    bug_id: str | None = None
+    hint: str | None = None
+    points: int = 0
+    max_points: int = 0
+    notes: list[str] = field(default_factory=list)  # e.g. syntax errors elsewhere in the notebook
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def render(self) -> str:
+        """Plain-text report for a learner (no grader source, no reference code)."""
+        label = {
+            "passed": "passed", "failed": "FAILED", "not_attempted": "not attempted",
+            "missing": "FAILED (missing)", "error": "ERROR (grader)",
+        }[self.status]
+        lines = [f"{self.exercise_id}: {label} ({self.points}/{self.max_points} points)"]
+        if self.message:
+            lines += ["  " + line for line in self.message.splitlines()]
+        if self.bug_id:
+            lines.append(f"  Diagnosis: {self.bug_id}: {self.hint}")
+        lines += [f"  Note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class CheckFailure(Exception):
+    """Raised inside a check when the learner's code fails; carries the message and diagnosis."""
+
+    def __init__(self, message: str, bug_id: str | None = None, status: str = "failed"):
+        super().__init__(message)
+        self.message = message
+        self.bug_id = bug_id
+        self.status = status
+
+
+class NotAttempted(CheckFailure):
+    def __init__(self, message: str = "The stub still raises NotImplementedError."):
+        super().__init__(message, status="not_attempted")
+
+
+class TimeLimitExceeded(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`TimeLimitExceeded` in the block after ``seconds`` (main thread only; else no limit)."""
+    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise TimeLimitExceeded(f"did not finish within {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if old_timer[0] > 0:  # restore an enclosing timer (approximately)
+            signal.setitimer(signal.ITIMER_REAL, max(old_timer[0] - seconds, 0.01))
+
+
+@contextlib.contextmanager
+def forbid(*targets: tuple[Any, str], reason: str) -> Iterator[None]:
+    """Temporarily replace attributes (e.g. ``(torch, "softmax")``) with functions that raise.
+
+    Used when an exercise asks the learner to implement something a built-in already does.
+    """
+
+    saved = []
+
+    def make(name):
+        def blocked(*args, **kwargs):
+            raise CheckFailure(f"Your code called {name}, which this exercise asks you not to use: {reason}")
+
+        return blocked
+
+    for owner, attr in targets:
+        saved.append((owner, attr, getattr(owner, attr)))
+        label = f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}"
+        setattr(owner, attr, make(label))
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+# --------------------------------------------------------------------------------------------
+# registries
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CheckSpec:
+    exercise_id: str
+    names: tuple[str, ...]  # what the learner must define
+    func: Callable[[Tester], None]
+    reference: Callable[[], dict]  # -> {name: reference object}, imported lazily from llmcourse
+
+
+@dataclass
+class Bug:
+    id: str  # "B03.no_scale"
+    exercise_id: str
+    hint: str
+    impl: dict  # {name: wrong object}; names not given come from the reference
+    # "mutant": the learner's output matches this mutant's on the failing probe;
+    # "detector": a property the check names explicitly;
+    # "name_error": the learner's code raised NameError in the grader's fresh namespace (a notebook global)
+    detect: str = "mutant"
+
+
+CHECKS: dict[str, CheckSpec] = {}
+BUGS: dict[str, list[Bug]] = {}
+
+
+def check(exercise_id: str, names: tuple[str, ...] | list[str], reference: Callable[[], dict]):
+    """Decorator registering ``func(t: Tester)`` as the check of ``exercise_id``."""
+
+    def deco(func):
+        CHECKS[exercise_id] = CheckSpec(exercise_id, tuple(names), func, reference)
+        return func
+
+    return deco
+
+
+def bug(bug_id: str, exercise_id: str, hint: str, detect: str = "mutant", name: str | None = None):
+    """Decorator registering a known-wrong implementation (a mutant) for ``exercise_id``.
+
+    The decorated function or class stands for the learner object called ``name`` (default: its
+    own ``__name__``). For exercises with several names, stack several registrations through
+    :func:`bug_group`.
+    """
+
+    def deco(obj):
+        key = name or obj.__name__
+        BUGS.setdefault(exercise_id, []).append(Bug(bug_id, exercise_id, hint, {key: obj}, detect))
+        return obj
+
+    return deco
+
+
+def bug_group(bug_id: str, exercise_id: str, hint: str, impl: dict, detect: str = "mutant") -> None:
+    """Register a mutant made of several objects (``{"split_heads": f, "merge_heads": g}``)."""
+    BUGS.setdefault(exercise_id, []).append(Bug(bug_id, exercise_id, hint, dict(impl), detect))
+
+
+def bug_by_id(bug_id: str) -> Bug:
+    for bugs in BUGS.values():
+        for b in bugs:
+            if b.id == bug_id:
+                return b
+    raise KeyError(bug_id)
+
+
+# --------------------------------------------------------------------------------------------
+# the tester
+# --------------------------------------------------------------------------------------------
+
+
+class Impl:
+    """Attribute access to one implementation (the learner's, the reference or a mutant).
+
+    For the learner, calls are wrapped so that NotImplementedError means "not attempted", a missing
+    name means "missing", and any other exception becomes a failure that cites the learner's own
+    cell and line (never a grader frame).
+    """
+
+    def __init__(self, objects: dict, learner: bool, problems: list[str] | None = None):
+        self._objects = objects
+        self._learner = learner
+        self._problems = problems or []
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self._objects:
+            if self._learner:
+                extra = (" Problems while loading your notebook: " + "; ".join(self._problems)) if self._problems else ""
+                raise CheckFailure(f"`{name}` is not defined in your notebook (renamed or deleted?).{extra}",
+                                   status="missing")
+            raise AttributeError(name)
+        obj = self._objects[name]
+        if not self._learner:
+            return obj
+        _reject_reference(name, obj)
+        return _guard(obj, name)
+
+
+def _reject_reference(name: str, obj) -> None:
+    module = getattr(obj, "__module__", "") or ""
+    if module.startswith("llmcourse"):
+        raise CheckFailure(f"`{name}` is the course library's version (imported from {module}); "
+                           "this exercise asks you to write your own.")
+
+
+def learner_frame(exc: BaseException) -> str:
+    """'line L of your code cell N: <source line>' for the innermost learner frame, or ''."""
+    from .extract import CELL_PREFIX
+
+    where = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith(CELL_PREFIX):
+            cell = frame.filename[len(CELL_PREFIX):-1]
+            where = f" (line {frame.lineno} of your code cell {cell}: `{(frame.line or '').strip()}`)"
+    return where
+
+
+def _guard(obj, name: str):
+    """Wrap a learner callable (function or class) so its failures become CheckFailures."""
+    if isinstance(obj, type):
+        return _guard_class(obj, name)
+    if not callable(obj):
+        return obj
+
+    def call(*args, **kwargs):
+        return _run_learner(obj, name, args, kwargs)
+
+    call.__wrapped__ = obj
+    return call
+
+
+def _run_learner(fn, name, args, kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (CheckFailure, TimeLimitExceeded):
+        raise
+    except NotImplementedError as exc:
+        raise NotAttempted(f"`{name}` still raises NotImplementedError (the stub is not filled in).") from exc
+    except NameError as exc:
+        raise CheckFailure(
+            f"`{name}` raised NameError: {exc}{learner_frame(exc)}. The grader loads only your imports, "
+            "functions and classes: a variable defined elsewhere in the notebook does not exist here.",
+            bug_id="name_error",
+        ) from exc
+    except Exception as exc:
+        raise LearnerError(name, exc) from exc
+
+
+class LearnerError(CheckFailure):
+    """The learner's code raised; the exception is kept so a mutant raising the same can match."""
+
+    def __init__(self, name: str, exc: BaseException):
+        self.original = exc
+        super().__init__(f"`{name}` raised {type(exc).__name__}: {exc}{learner_frame(exc)}")
+
+
+def _guard_class(cls, name: str):
+    """A subclass-free proxy: instances are created and their methods called through _run_learner."""
+
+    class Proxy:
+        def __new__(_proxy_cls, *args, **kwargs):  # noqa: N804
+            inst = _run_learner(cls, name, args, kwargs)
+            return _InstanceGuard(inst, name)
+
+    Proxy.__name__ = cls.__name__
+    Proxy.__wrapped__ = cls
+    return Proxy
+
+
+class _InstanceGuard:
+    """Wraps a learner module instance: calls and method calls go through _run_learner."""
+
+    def __init__(self, inst, name):
+        object.__setattr__(self, "_inst", inst)
+        object.__setattr__(self, "_name", name)
+
+    def __call__(self, *args, **kwargs):
+        return _run_learner(self._inst, f"{self._name}.forward", args, kwargs)
+
+    def __getattr__(self, attr):
+        value = getattr(self._inst, attr)
+        if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+            return lambda *a, **k: _run_learner(value, f"{self._name}.{attr}", a, k)
+        return value
+
+    def __setattr__(self, attr, value):
+        setattr(self._inst, attr, value)
+
+    @property
+    def unwrapped(self):
+        return self._inst
+
+
+def unwrap(x):
+    """The learner object behind a guard (for isinstance/structure checks)."""
+    return x.unwrapped if isinstance(x, _InstanceGuard) else x
+
+
+def _same(a, b, atol: float, rtol: float) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape:
+            return False
+        if a.dtype == torch.bool or b.dtype == torch.bool or not a.is_floating_point():
+            return bool(torch.equal(a, b))
+        return bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol, equal_nan=True))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y, atol, rtol) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= atol + rtol * abs(float(b))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def _error_text(exc: BaseException) -> str:
+    # first line only: messages that embed shapes identify the mistake; tensor reprs are dropped
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+def describe_difference(actual, expected, atol: float, rtol: float) -> str:
+    """'expected shape …, got …' or 'max abs difference d at index i: expected e, got a'."""
+    if not isinstance(actual, torch.Tensor):
+        return f"expected {_short(expected)}, got {_short(actual)} (type {type(actual).__name__})"
+    if not isinstance(expected, torch.Tensor):
+        return f"expected {_short(expected)}, got a tensor of shape {tuple(actual.shape)}"
+    if actual.shape != expected.shape:
+        return f"expected shape {tuple(expected.shape)}, got {tuple(actual.shape)}"
+    if actual.dtype != expected.dtype and (actual.dtype == torch.bool or expected.dtype == torch.bool):
+        return f"expected dtype {expected.dtype}, got {actual.dtype}"
+    a, e = actual.detach().double(), expected.detach().double()
+    nan_a, nan_e = torch.isnan(a), torch.isnan(e)
+    if (nan_a & ~nan_e).any():
+        idx = tuple(int(i) for i in torch.nonzero(nan_a & ~nan_e)[0])
+        return f"your result has NaN at index {idx} where {e[idx].item():.4g} was expected"
+    diff = (a - e).abs().nan_to_num(nan=0.0, posinf=float("inf"))
+    bad = diff > atol + rtol * e.abs().nan_to_num(nan=0.0)
+    if not bad.any():
+        return "values match within tolerance"
+    flat = int(torch.argmax(torch.where(bad, diff, torch.zeros_like(diff))))
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    first = tuple(int(i) for i in torch.nonzero(bad)[0])
+    return (f"max abs difference {diff[idx].item():.3g} at index {idx}: expected {e[idx].item():.6g}, "
+            f"got {a[idx].item():.6g} (first differing index {first}; tolerance atol={atol:g}, rtol={rtol:g})")
+
+
+def _short(x) -> str:
+    if isinstance(x, torch.Tensor):
+        if x.numel() <= 12:
+            return str([round(v, 4) if isinstance(v, float) else v for v in x.flatten().tolist()])
+        return f"tensor of shape {tuple(x.shape)}"
+    text = repr(x)
+    return text if len(text) < 200 else text[:200] + "…"
+
+
+class Tester:
+    """What a check uses: the learner's objects, comparisons, properties and diagnosis."""
+
+    def __init__(self, spec: CheckSpec, learner_objects: dict, problems: list[str] | None = None):
+        self.spec = spec
+        self.exercise_id = spec.exercise_id
+        self.learner = Impl(learner_objects, learner=True, problems=problems)
+        self.reference = Impl(spec.reference(), learner=False)
+
+    # -- diagnosis -------------------------------------------------------------------------
+    def mutant_impls(self) -> Iterator[tuple[Bug, Impl]]:
+        ref = self.spec.reference()
+        for b in BUGS.get(self.exercise_id, []):
+            if b.detect == "mutant":
+                yield b, Impl({**ref, **b.impl}, learner=False)
+
+    def diagnose(self, probe: Callable[[Impl], Any], actual, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+        """Id of the first mutant whose ``probe`` result matches ``actual`` (within tolerance), else None."""
+        for b, impl in self.mutant_impls():
+            try:
+                with torch.random.fork_rng():
+                    out = probe(impl)
+            except Exception as exc:  # a mutant that raises matches a learner that raised the same way
+                if (isinstance(actual, LearnerError) and type(exc) is type(actual.original)
+                        and _error_text(exc) == _error_text(actual.original)):
+                    return b.id
+                continue
+            if not isinstance(actual, LearnerError) and _same(actual, out, atol, rtol):
+                return b.id
+        return None
+
+    # -- comparisons -----------------------------------------------------------------------
+    def run(self, probe: Callable[[Impl], Any]):
+        """``probe(learner)``; when the learner's code raises, try to match a mutant that raises too."""
+        try:
+            with torch.random.fork_rng():
+                return probe(self.learner)
+        except LearnerError as err:
+            bug_id = self.diagnose(probe, err)
+            raise CheckFailure(err.message, bug_id=bug_id) from None
+
+    def compare(self, probe: Callable[[Impl], Any], expected, what: str, atol: float = 1e-5, rtol: float = 1e-5,
+                pick: Callable[[Any], Any] | None = None):
+        """Run ``probe`` on the learner, compare (optionally ``pick(result)``) with ``expected``.
+
+        On mismatch the failure message names ``what`` and the difference; the probe is re-run on
+        every mutant of the exercise to name a known bug.
+        """
+        actual = self.run(probe)
+        got = pick(actual) if pick else actual
+        if not _same(got, expected, atol, rtol):
+            detail = describe_difference(got, expected, atol, rtol)
+            bug_id = self.diagnose(lambda impl: (pick(probe(impl)) if pick else probe(impl)), got)
+            raise CheckFailure(f"{what}: {detail}", bug_id=bug_id)
+        return actual
+
+    def expect(self, condition: bool, message: str, bug: str | None = None) -> None:
+        """A property; ``bug`` names the catalog entry this property detects when it fails."""
+        if not condition:
+            raise CheckFailure(message, bug_id=bug)
+
+    def fail(self, message: str, bug: str | None = None):
+        raise CheckFailure(message, bug_id=bug)

@@ -1,0 +1,168 @@
+"""Running checks: on a namespace, on a notebook file (``course check``), inside a kernel (nbgrader).
+
+Hidden test cells in ``solutions/`` are one line::
+
+    from grader import grade; grade("03.softmax_stable")
+
+Inside the kernel, :func:`grade` rebuilds the learner's definitions from the cells executed so far
+(IPython's input history, AST-extracted into a fresh namespace), runs the check, prints the verdict,
+and raises :class:`GradeFailed` when it did not pass. That exception renders as a single line, so
+the notebook (and nbgrader's feedback) never shows a grader traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import traceback
+import warnings
+from pathlib import Path
+
+from .core import BUGS, CHECKS, CHECK_TIME_LIMIT_S, CheckFailure, Tester, TimeLimitExceeded, Verdict, time_limit
+from .extract import Extracted, code_cells_of_notebook, extract_namespace
+
+__all__ = ["GradeFailed", "check_notebook", "grade", "load_unit", "run_check", "run_unit"]
+
+DEBUG_ENV = "LLMCOURSE_GRADER_DEBUG"
+
+
+def load_unit(unit_id: str) -> None:
+    """Import ``grader.checks.uNN_*`` and ``grader.bugs.uNN_*`` (registering their checks and bugs)."""
+    for package in ("grader.checks", "grader.bugs"):
+        pkg = importlib.import_module(package)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name.startswith(f"u{unit_id}_"):
+                importlib.import_module(f"{package}.{info.name}")
+
+
+def _points(exercise_id: str) -> int:
+    from llmcourse.manifest import load_course
+
+    try:
+        return load_course().exercise(exercise_id).points
+    except KeyError:
+        return 0
+
+
+def run_check(exercise_id: str, namespace: dict, problems: list[str] | None = None) -> Verdict:
+    """Run the check of ``exercise_id`` against a learner namespace; never raises."""
+    load_unit(exercise_id[:2])
+    max_points = _points(exercise_id)
+    spec = CHECKS.get(exercise_id)
+    if spec is None:
+        return Verdict(exercise_id, "error", "No check is registered for this exercise.", max_points=max_points)
+    notes = list(problems or [])
+    try:
+        # warnings would print grader file names and lines; learners get the verdict instead
+        with warnings.catch_warnings(), time_limit(CHECK_TIME_LIMIT_S):
+            warnings.simplefilter("ignore")
+            spec.func(Tester(spec, namespace, problems))
+    except CheckFailure as failure:
+        v = Verdict(exercise_id, failure.status, failure.message, max_points=max_points, notes=notes)
+        bugs = BUGS.get(exercise_id, [])
+        if failure.bug_id == "name_error":
+            match = next((b for b in bugs if b.detect == "name_error"), None)
+        else:
+            match = next((b for b in bugs if b.id == failure.bug_id), None)
+        if match:
+            v.bug_id, v.hint = match.id, match.hint
+        return v
+    except TimeLimitExceeded:
+        return Verdict(exercise_id, "failed", f"The check did not finish within {CHECK_TIME_LIMIT_S:.0f} s: "
+                       "is there an infinite loop, or a very slow loop over elements?", max_points=max_points,
+                       notes=notes)
+    except Exception as exc:  # a bug in the grader itself: never show its traceback to a learner
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        return Verdict(exercise_id, "error", f"The grader itself failed ({type(exc).__name__}). Please report "
+                       f"this to your instructor; set {DEBUG_ENV}=1 to see details.", max_points=max_points,
+                       notes=notes)
+    return Verdict(exercise_id, "passed", points=max_points, max_points=max_points, notes=notes)
+
+
+def run_unit(unit_id: str, extracted: Extracted) -> list[Verdict]:
+    """Every exercise of a unit (course.toml order) against one extracted namespace (copied per check)."""
+    from llmcourse.manifest import load_course
+
+    unit = load_course().unit(unit_id)
+    return [run_check(e.id, dict(extracted.namespace), extracted.problems) for e in unit.exercises]
+
+
+def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
+    """``course check``: the unit of an exercise notebook and a verdict per exercise.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a notebook, or a notebook the course does not know.
+    """
+    import nbformat
+
+    from llmcourse.manifest import load_course
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no such file: {p}")
+    if p.is_dir() or p.suffix != ".ipynb":
+        raise ValueError(f"not a notebook (.ipynb): {p}")
+    try:
+        nb = nbformat.read(p, as_version=4)
+    except Exception as exc:
+        raise ValueError(f"{p} is not a readable Jupyter notebook ({type(exc).__name__})") from None
+    unit = load_course().unit_for_notebook(p)
+    if unit is None or not unit.exercises:
+        raise ValueError(f"{p.name} is not an exercise notebook of this course (see `course list`)")
+    extracted = extract_namespace(code_cells_of_notebook(nb))
+    return unit, run_unit(unit.id, extracted)
+
+
+class GradeFailed(AssertionError):
+    """Raised by :func:`grade` in a notebook; IPython renders it as one line, without a traceback."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.render())
+        self.verdict = verdict
+
+    def _render_traceback_(self):  # IPython hook: replaces the usual traceback
+        return [f"{type(self).__name__}: {self.verdict.exercise_id} did not pass (see the report above)"]
+
+
+def _kernel_sources() -> list[str] | None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    if shell is None:
+        return None
+    history = shell.user_ns.get("In") or []
+    return [cell for cell in history if isinstance(cell, str) and cell.strip()]
+
+
+def grade(exercise_id: str, namespace: dict | None = None) -> Verdict:
+    """The hidden-test entry point: check ``exercise_id`` against the cells executed so far.
+
+    Prints the verdict; raises :class:`GradeFailed` unless it passed (so nbgrader gives 0 points).
+    ``namespace`` (mainly for tests) bypasses the kernel history.
+    """
+    if namespace is not None:
+        extracted = Extracted(namespace=namespace)
+    else:
+        sources = _kernel_sources()
+        if sources is None:
+            raise RuntimeError("grade() without a namespace must run inside an IPython kernel")
+        # The current cell (this call) is in the history too; extraction keeps only imports/defs/classes.
+        extracted = extract_namespace(sources)
+    verdict = run_check(exercise_id, extracted.namespace, extracted.problems)
+    print(verdict.render())
+    if not verdict.passed:
+        raise GradeFailed(verdict)
+    return verdict
+
+
+def self_check(exercise_id: str) -> Verdict:
+    """Student-facing wrapper used by ``course check``'s notebook cell (same as grade, never raises)."""
+    try:
+        return grade(exercise_id)
+    except GradeFailed as failed:
+        return failed.verdict

@@ -1,0 +1,10 @@
+"""The data layer: registered datasets, file resolution, tokenizers and windowed datasets."""
+
+from .gpt2_tokenizer import EOT_ID, EOT_TOKEN, gpt2_encoding, tiktoken_cache_dir
+from .registry import DATASETS, DataFile, Dataset, get_dataset
+from .resolve import MIRROR_ENV, DataNotFoundError, cache_dir, data_path, load_text
+
+__all__ = [
+    "DATASETS", "DataFile", "Dataset", "DataNotFoundError", "EOT_ID", "EOT_TOKEN", "MIRROR_ENV",
+    "cache_dir", "data_path", "get_dataset", "gpt2_encoding", "load_text", "tiktoken_cache_dir",
+]

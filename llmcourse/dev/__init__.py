@@ -1,0 +1,1 @@
+"""Maintainer tools (notebook builder, release helpers); not used by learners."""

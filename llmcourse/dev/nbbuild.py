@@ -1,0 +1,162 @@
+"""Build the committed notebooks from their reviewable sources.
+
+Sources are jupytext "percent" scripts under ``notebooks/``:
+
+* ``notebooks/lessons/<name>.py``   -> ``lessons/<name>.ipynb``
+* ``notebooks/solutions/<NN_slug>.py`` -> ``solutions/<NN_slug>/<NN_slug>.ipynb`` (nbgrader source)
+* ``course.toml``                     -> ``course_home.ipynb`` (the landing page of ``make lab``)
+
+Cell tags in the source header (``# %% tags=["..."]``) carry the course's conventions:
+
+* ``solution:NN.name``: an autograded answer cell of exercise ``NN.name`` (``### BEGIN/END SOLUTION``
+  regions inside are replaced by stubs at release);
+* ``tests:NN.name``: the exercise's autograder test cell, grade id ``exNN_name``, points from
+  course.toml; visible asserts plus a ``### BEGIN HIDDEN TESTS`` block that calls ``grader.grade``;
+* ``nbval-ignore-output``, ``nbval-skip``, ``raises-exception``: kept as tags (nbval / Jupyter).
+
+The output is normalised (course kernelspec, deterministic cell ids, no outputs) so rebuilding an
+unchanged source gives byte-identical notebooks; ``tests/test_notebooks_built.py`` checks that.
+Run ``make notebooks`` (``python -m llmcourse.dev.nbbuild``) after editing a source.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from ..manifest import grade_id, load_course
+
+__all__ = ["build_all", "build_notebook", "course_home", "outputs_for_sources"]
+
+
+def _kernelspec(course) -> dict:
+    return {"display_name": course.meta["kernel_display_name"], "language": "python", "name": course.meta["kernel_name"]}
+
+
+def _normalise(nb, course, prefix: str) -> nbformat.NotebookNode:
+    nb.metadata = nbformat.from_dict({
+        "kernelspec": _kernelspec(course),
+        "language_info": {"name": "python", "pygments_lexer": "ipython3"},
+    })
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"{prefix}-{i:03d}"
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    return nb
+
+
+def build_notebook(source: Path, course=None) -> nbformat.NotebookNode:
+    """Convert one percent-format source into a normalised notebook (nbgrader metadata included)."""
+    course = course or load_course()
+    nb = jupytext.read(source, fmt="py:percent")
+    seen: dict[str, int] = {}
+    for cell in nb.cells:
+        tags = list(cell.metadata.get("tags", []))
+        keep = []
+        for tag in tags:
+            m = re.fullmatch(r"(solution|tests):(\d\d\.\w+)", tag)
+            if not m:
+                keep.append(tag)
+                continue
+            kind, ex_id = m.groups()
+            exercise = course.exercise(ex_id)  # KeyError for an id course.toml does not list
+            gid = grade_id(ex_id)
+            if kind == "tests":
+                cell.metadata["nbgrader"] = {"grade": True, "grade_id": gid, "locked": True,
+                                             "points": exercise.points, "schema_version": 3, "solution": False,
+                                             "task": False}
+            else:
+                n = seen.get(gid, 0) + 1
+                seen[gid] = n
+                cell.metadata["nbgrader"] = {"grade": False, "grade_id": f"{gid}_answer" + (f"_{n}" if n > 1 else ""),
+                                             "locked": False, "schema_version": 3, "solution": True, "task": False}
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in {"tags", "nbgrader"}}
+        if keep:
+            cell.metadata["tags"] = keep
+        else:
+            cell.metadata.pop("tags", None)
+    return _normalise(nb, course, source.stem.split("_")[0])
+
+
+def course_home(course=None) -> nbformat.NotebookNode:
+    """The landing notebook: the course map from course.toml with links to lessons and exercises."""
+    course = course or load_course()
+    md = [f"# {course.meta['title']}", "",
+          "Welcome. Work through the units in order: read and run the **lesson**, then fill in the "
+          "**exercise** notebook and check it with `course check <exercise notebook>` in a terminal "
+          "(or nbgrader's *Validate* button). See README.md for the full workflow.", "",
+          course_map_markdown(course, links=True)]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("\n".join(md))]
+    return _normalise(nb, course, "home")
+
+
+def course_map_markdown(course=None, links: bool = False) -> str:
+    """The course map table (used in README.md and course_home.ipynb)."""
+    course = course or load_course()
+    rows = ["| Unit | Title | Lesson | Exercise | Points | ci / laptop (min) | Status |",
+            "|---|---|---|---|---:|---|---|"]
+    for u in course.units:
+        if u.available and links:
+            lesson, exercise = f"[lesson]({u.lesson})", f"[exercise]({u.exercise})"
+        else:
+            lesson, exercise = f"`{Path(u.lesson).name}`", f"`{Path(u.exercise).name}`"
+        status = "available" if u.available else "not yet available"
+        rows.append(f"| {u.id} | {u.title} | {lesson} | {exercise} | {u.points} | "
+                    f"{u.minutes.get('ci', '?')} / {u.minutes.get('laptop', '?')} | {status} |")
+    return "\n".join(rows)
+
+
+def outputs_for_sources(course=None) -> dict[Path, nbformat.NotebookNode]:
+    """Every notebook the builder produces, keyed by its repository-relative output path."""
+    course = course or load_course()
+    root = course.root
+    out: dict[Path, nbformat.NotebookNode] = {}
+    for src in sorted((root / "notebooks" / "lessons").glob("*.py")):
+        out[Path("lessons") / f"{src.stem}.ipynb"] = build_notebook(src, course)
+    for src in sorted((root / "notebooks" / "solutions").glob("*.py")):
+        out[Path("solutions") / src.stem / f"{src.stem}.ipynb"] = build_notebook(src, course)
+    out[Path(course.meta.get("home", "course_home.ipynb"))] = course_home(course)
+    return out
+
+
+def dumps(nb) -> str:
+    return nbformat.writes(nb) + "\n" if not nbformat.writes(nb).endswith("\n") else nbformat.writes(nb)
+
+
+def build_all(check: bool = False) -> list[Path]:
+    """Write (or with ``check=True`` only compare) every built notebook; returns the stale/written paths."""
+    course = load_course()
+    changed = []
+    for rel, nb in outputs_for_sources(course).items():
+        path = course.root / rel
+        text = dumps(nb)
+        if path.exists() and path.read_text(encoding="utf-8") == text:
+            continue
+        changed.append(rel)
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    check = "--check" in argv
+    changed = build_all(check=check)
+    verb = "stale" if check else "wrote"
+    for rel in changed:
+        print(f"{verb}: {rel}")
+    if not changed:
+        print("all notebooks are up to date with their sources")
+    return 1 if (check and changed) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

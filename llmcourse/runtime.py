@@ -1,0 +1,100 @@
+"""Runtime profiles and notebook setup.
+
+A profile is a named set of sizes and step counts from ``course.toml`` (``ci``, ``laptop``,
+``gpu``), chosen by the environment variable ``LLMCOURSE_PROFILE`` (default ``laptop``).
+Notebooks ask for it instead of hard-coding sizes::
+
+    cfg = llmcourse.profile("03")     # profile-wide keys merged with the [profiles.<name>."03"] table
+    cfg["train_steps"]
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from .manifest import load_course
+
+__all__ = ["profile", "profile_name", "seed_everything", "setup_notebook", "widgets_live", "PROFILE_ENV"]
+
+PROFILE_ENV = "LLMCOURSE_PROFILE"
+DEFAULT_PROFILE = "laptop"
+
+
+def profile_name() -> str:
+    """The active profile name from ``$LLMCOURSE_PROFILE`` (default ``"laptop"``).
+
+    Raises:
+        ValueError: if the variable names a profile that course.toml does not define.
+    """
+    name = os.environ.get(PROFILE_ENV, DEFAULT_PROFILE).strip() or DEFAULT_PROFILE
+    profiles = load_course().profiles
+    if name not in profiles:
+        raise ValueError(f"{PROFILE_ENV}={name!r} is not a profile; course.toml defines {sorted(profiles)}")
+    return name
+
+
+def profile(unit: str | None = None, name: str | None = None) -> dict:
+    """The active runtime profile as a plain dict.
+
+    Args:
+        unit: a unit id such as ``"03"``; its sub-table's keys are merged over the profile's own.
+        name: a profile name to use instead of ``$LLMCOURSE_PROFILE``.
+
+    Returns:
+        dict with at least ``name``, ``device`` (``"cpu"`` or ``"cuda"``; ``"cuda"`` falls back to
+        ``"cpu"`` when no GPU is present), ``torch_threads``, ``widgets`` (``"live"``/``"static"``), ``seed``.
+    """
+    name = name or profile_name()
+    table = load_course().profiles[name]
+    cfg = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if unit is not None:
+        cfg.update(table.get(unit, {}))
+    cfg["name"] = name
+    if cfg.get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            cfg["device"] = "cpu"
+    return cfg
+
+
+def widgets_live() -> bool:
+    """True when widgets should render live (ipywidgets), False for the static matplotlib fallback.
+
+    ``LLMCOURSE_WIDGETS=live`` or ``=static`` overrides the profile (the browser tests set ``live``).
+    """
+    forced = os.environ.get("LLMCOURSE_WIDGETS", "").strip().lower()
+    if forced in {"live", "static"}:
+        return forced == "live"
+    return profile().get("widgets", "live") == "live"
+
+
+def seed_everything(seed: int = 0) -> None:
+    """Seed Python's ``random``, NumPy's global generator and torch's CPU (and CUDA) generators."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def setup_notebook(unit: str | None = None, seed: int | None = None, quiet: bool = False) -> dict:
+    """The first call in every notebook: offline switches, threads, seeds; returns the profile.
+
+    Sets ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1``, calls ``torch.set_num_threads`` with
+    the profile's ``torch_threads``, seeds everything with ``seed`` (default: the profile's), and
+    prints one line naming the profile so a reader knows which sizes ran.
+    """
+    import torch
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    cfg = profile(unit)
+    torch.set_num_threads(int(cfg.get("torch_threads", 2)))
+    seed_everything(cfg.get("seed", 0) if seed is None else seed)
+    if not quiet:
+        mode = "live widgets" if widgets_live() else "static figures"
+        print(f"llmcourse profile '{cfg['name']}' on {cfg['device']} ({mode}); torch {torch.__version__}")
+    return cfg
