@@ -19,7 +19,16 @@ import traceback
 import warnings
 from pathlib import Path
 
-from .core import BUGS, CHECKS, CHECK_TIME_LIMIT_S, CheckFailure, Tester, TimeLimitExceeded, Verdict, time_limit
+from .core import (
+    BUGS,
+    CHECK_TIME_LIMIT_S,
+    CHECKS,
+    CheckFailure,
+    Tester,
+    TimeLimitExceeded,
+    Verdict,
+    time_limit,
+)
 from .extract import Extracted, code_cells_of_notebook, extract_namespace
 
 __all__ = ["GradeFailed", "check_notebook", "grade", "load_unit", "run_check", "run_unit"]

@@ -97,7 +97,7 @@ def course_home(course=None) -> nbformat.NotebookNode:
     return _normalise(nb, course, "home")
 
 
-def course_map_markdown(course=None, links: bool = False) -> str:
+def course_map_markdown(course=None, links: bool = True) -> str:
     """The course map table (used in README.md and course_home.ipynb)."""
     course = course or load_course()
     rows = ["| Unit | Title | Lesson | Exercise | Points | ci / laptop (min) | Status |",

@@ -1,0 +1,51 @@
+"""Shared test setup: offline switches, the ci profile, the data mirror, and course fixtures."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("LLMCOURSE_PROFILE", "ci")
+_shared = ROOT.parent / "shared" / "data"
+if "LLMCOURSE_DATA_MIRROR" not in os.environ and (_shared / "MANIFEST.md").exists():
+    os.environ["LLMCOURSE_DATA_MIRROR"] = str(_shared)
+
+
+@pytest.fixture(scope="session")
+def course():
+    from llmcourse.manifest import load_course
+
+    return load_course(ROOT)
+
+
+def _ids(units):
+    return [u.id for u in units]
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize over available units / exercises / bugs when a test asks for them."""
+    if not {"unit", "exercise", "bug_case"} & set(metafunc.fixturenames):
+        return
+    from llmcourse.manifest import load_course
+
+    course = load_course(ROOT)
+    units = course.available_units
+    if "unit" in metafunc.fixturenames:
+        metafunc.parametrize("unit", units, ids=_ids(units))
+    elif "exercise" in metafunc.fixturenames:
+        exercises = [e for u in units for e in u.exercises]
+        metafunc.parametrize("exercise", exercises, ids=[e.id for e in exercises])
+    elif "bug_case" in metafunc.fixturenames:
+        from grader.core import BUGS
+        from grader.runner import load_unit
+
+        for u in units:
+            load_unit(u.id)
+        cases = [(ex_id, b) for u in units for e in u.exercises for ex_id in [e.id] for b in BUGS.get(ex_id, [])]
+        metafunc.parametrize("bug_case", cases, ids=[f"{ex}:{b.id}" for ex, b in cases])

@@ -1,0 +1,71 @@
+"""The `course` command as a learner and an instructor use it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def course(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "llmcourse", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_check_untouched_exercise_reports_every_exercise_not_attempted(unit):
+    r = course("check", unit.exercise)
+    assert r.returncode == 1, r.stdout + r.stderr
+    for e in unit.exercises:
+        assert f"{e.id}: not attempted" in r.stdout
+    assert f"0 passed, 0 failed, {len(unit.exercises)} not attempted" in r.stdout
+
+
+def test_check_solution_reports_every_exercise_passed(unit):
+    r = course("check", unit.solution)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{len(unit.exercises)} passed, 0 failed, 0 not attempted — {unit.points}/{unit.points} points" in r.stdout
+
+
+def test_check_bad_paths_give_one_line_and_exit_2(tmp_path):
+    not_nb = tmp_path / "notes.txt"
+    not_nb.write_text("hello")
+    broken = tmp_path / "03_self_attention.ipynb"
+    broken.write_text("{ not json")
+    stranger = tmp_path / "my_notebook.ipynb"
+    stranger.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    for path, words in [(tmp_path / "missing.ipynb", "no such file"), (not_nb, "not a notebook"),
+                        (tmp_path, "not a notebook"), (broken, "not a readable Jupyter notebook"),
+                        (stranger, "not an exercise notebook")]:
+        r = course("check", str(path))
+        assert r.returncode == 2, (path, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_list_shows_every_unit_and_availability(course):
+    r = subprocess.run([sys.executable, "-m", "llmcourse", "list"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0
+    for u in course.units:
+        assert f"{u.id} {u.slug}" in r.stdout
+        for e in u.exercises:
+            assert e.id in r.stdout
+    assert "[available]" in r.stdout and "[not yet available]" in r.stdout
+
+
+def test_doctor_passes_here():
+    r = course("doctor")
+    assert r.returncode == 0, r.stdout
+    assert "[OK] GPT-2 tokenizer offline" in r.stdout and "[FAIL]" not in r.stdout
+
+
+def test_doctor_fails_without_data(tmp_path):
+    import os
+
+    env = {**os.environ, "LLMCOURSE_DATA_MIRROR": str(tmp_path), "LLMCOURSE_CACHE": str(tmp_path / "c")}
+    r = subprocess.run([sys.executable, "-m", "llmcourse", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 1 and "[FAIL] data tinyshakespeare" in r.stdout

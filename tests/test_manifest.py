@@ -1,0 +1,74 @@
+"""course.toml is the one manifest: files it names exist, nothing unlisted exists, maps are current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmcourse.dev.nbbuild import course_map_markdown
+from llmcourse.manifest import exercise_id_from_grade_id, grade_id
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_all_eighteen_units_in_order(course):
+    assert [u.id for u in course.units] == [f"{i:02d}" for i in range(18)]
+    assert len({u.slug for u in course.units}) == 18
+    assert any(u.available for u in course.units)
+
+
+def test_exercise_ids_and_grade_ids(course):
+    ids = [e.id for u in course.units for e in u.exercises]
+    assert len(ids) == len(set(ids))
+    for u in course.units:
+        for e in u.exercises:
+            assert e.id.startswith(u.id + ".")
+            assert exercise_id_from_grade_id(grade_id(e.id)) == e.id
+
+
+def test_available_units_total_their_points(course):
+    for u in course.available_units:
+        assert u.points == (30 if u.id == "17" else 20), f"unit {u.id} totals {u.points} points"
+
+
+def test_files_named_by_available_units_exist(course):
+    for u in course.available_units:
+        for rel in u.notebooks():
+            assert (ROOT / rel).is_file(), f"course.toml names {rel} for unit {u.id}, but it does not exist"
+        assert (ROOT / "notebooks" / "solutions" / f"{u.name}.py").is_file()
+
+
+def test_no_notebook_outside_the_manifest(course):
+    listed = {Path(p) for u in course.units for p in u.notebooks() if u.available}
+    listed.add(Path(course.meta["home"]))
+    found = {p.relative_to(ROOT) for folder in ("lessons", "solutions", "exercises")
+             for p in (ROOT / folder).rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts}
+    assert found <= listed, f"notebooks not listed in course.toml: {sorted(map(str, found - listed))}"
+    unavailable = {Path(p) for u in course.units if not u.available for p in u.notebooks()}
+    assert not (found & unavailable), f"notebooks of units marked unavailable: {sorted(map(str, found & unavailable))}"
+
+
+def test_profiles_exist_and_cover_the_same_keys(course):
+    assert {"ci", "laptop", "gpu"} <= set(course.profiles)
+    for unit_id in {k for p in course.profiles.values() for k, v in p.items() if isinstance(v, dict)}:
+        keysets = [set(course.profiles[name].get(unit_id, {})) for name in ("ci", "laptop", "gpu")]
+        assert keysets[0] == keysets[1] == keysets[2], f"profiles disagree on the keys of unit {unit_id}"
+
+
+def test_profile_reads_environment(monkeypatch):
+    import llmcourse
+
+    monkeypatch.setenv("LLMCOURSE_PROFILE", "laptop")
+    assert llmcourse.profile()["name"] == "laptop"
+    monkeypatch.setenv("LLMCOURSE_PROFILE", "nonsense")
+    import pytest
+
+    with pytest.raises(ValueError, match="not a profile"):
+        llmcourse.profile()
+
+
+def test_readme_course_map_is_current(course):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    begin, end = "<!-- course-map:begin -->", "<!-- course-map:end -->"
+    assert begin in readme and end in readme, "README.md must hold the course map between the markers"
+    current = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert current == course_map_markdown(course).strip(), "README course map is stale: run `python -m llmcourse.dev.readme`"
