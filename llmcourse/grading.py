@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -240,22 +239,17 @@ def _execution_notes(folder: Path) -> list[str]:
 
 
 def _scores(work: Path, student: str, assignment: str, max_points: int) -> dict:
-    """Per-exercise and total scores of one submission from the gradebook."""
-    db = work / ".grading" / "gradebook.db"
-    per = {}
+    """Total and per-exercise scores of one submission, from nbgrader's gradebook (0 when none recorded)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    per: dict[str, float] = {}
     try:
-        con = sqlite3.connect(db)
-        rows = con.execute(
-            """SELECT grade_cell.name, grade.auto_score, grade.manual_score, grade_cell.max_score
-               FROM grade JOIN grade_cell ON grade.cell_id = grade_cell.id
-               JOIN submitted_notebook ON grade.notebook_id = submitted_notebook.id
-               JOIN submitted_assignment ON submitted_notebook.assignment_id = submitted_assignment.id
-               JOIN assignment ON submitted_assignment.assignment_id = assignment.id
-               WHERE submitted_assignment.student_id = ? AND assignment.name = ?""", (student, assignment)).fetchall()
-        con.close()
-        for name, auto, manual, _max in rows:
-            per[name] = manual if manual is not None else (auto or 0.0)
-    except sqlite3.Error:
+        with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:
+            submission = gb.find_submission(assignment, student)
+            for nb in submission.notebooks:
+                for g in nb.grades:
+                    per[g.name] = float(g.score or 0.0)
+    except MissingEntry:
         pass
     return {"score": float(sum(per.values())), "max_score": float(max_points), "per_exercise": per}
 
