@@ -45,16 +45,19 @@ lab: setup
 	$(VENV)/bin/jupyter-lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" \
 	  --LabApp.default_url=/lab/tree/course_home.ipynb
 
-# The whole suite under the `ci` profile (what .ci/run calls).
+# The whole suite under the `ci` profile (what .ci/run calls): lint, tests/ (library, grader self-tests,
+# release consistency, CLI, nbgrader round trip, browser), then every lesson and solution notebook (nbval).
 test: setup
+	$(VENV)/bin/ruff check llmcourse grader tests
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest $(PYTEST_ARGS)
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
 # Quick loop while developing: no notebooks, no nbgrader round trip, no browser.
 test-fast: setup
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m "not notebooks and not roundtrip and not browser" $(PYTEST_ARGS)
 
 test-notebooks: setup
-	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m notebooks $(PYTEST_ARGS)
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
 test-browser: setup
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)

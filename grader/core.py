@@ -55,7 +55,7 @@ class Verdict:
     def passed(self) -> bool:
         return self.status == "passed"
 
-    def render(self) -> str:
+    def render(self, notes: bool = True) -> str:
         """Plain-text report for a learner (no grader source, no reference code)."""
         label = {
             "passed": "passed", "failed": "FAILED", "not_attempted": "not attempted",
@@ -66,7 +66,8 @@ class Verdict:
             lines += ["  " + line for line in self.message.splitlines()]
         if self.bug_id:
             lines.append(f"  Diagnosis: {self.bug_id}: {self.hint}")
-        lines += [f"  Note: {n}" for n in self.notes]
+        if notes and not self.passed:
+            lines += [f"  Note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 

@@ -136,16 +136,37 @@ class GradeFailed(AssertionError):
         return [f"{type(self).__name__}: {self.verdict.exercise_id} did not pass (see the report above)"]
 
 
-def _kernel_sources() -> list[str] | None:
+def _kernel_sources(unit_id: str) -> tuple[list[str] | None, dict | None]:
+    """The learner's cells as seen from inside a kernel: ``(sources, live_namespace)``.
+
+    1. IPython's input history ``In`` (nbgrader and JupyterLab store it);
+    2. else the unit's notebook file in the kernel's working directory (nbval executes with
+       ``store_history=False``, so ``In`` stays empty there);
+    3. else ``(None, user_ns)``: the live namespace, used as is.
+    """
     try:
         from IPython import get_ipython
     except ImportError:
-        return None
+        return None, None
     shell = get_ipython()
     if shell is None:
-        return None
-    history = shell.user_ns.get("In") or []
-    return [cell for cell in history if isinstance(cell, str) and cell.strip()]
+        return None, None
+    history = [cell for cell in (shell.user_ns.get("In") or []) if isinstance(cell, str) and cell.strip()]
+    if history:
+        return history, None
+    try:
+        import nbformat
+
+        from llmcourse.manifest import load_course
+
+        unit = load_course().unit(unit_id)
+        for name in dict.fromkeys(Path(p).name for p in (unit.exercise, unit.solution)):
+            candidate = Path.cwd() / name
+            if candidate.is_file():
+                return code_cells_of_notebook(nbformat.read(candidate, as_version=4)), None
+    except Exception:  # noqa: BLE001 - fall through to the live namespace
+        pass
+    return None, dict(shell.user_ns)
 
 
 def grade(exercise_id: str, namespace: dict | None = None) -> Verdict:
@@ -157,11 +178,14 @@ def grade(exercise_id: str, namespace: dict | None = None) -> Verdict:
     if namespace is not None:
         extracted = Extracted(namespace=namespace)
     else:
-        sources = _kernel_sources()
-        if sources is None:
+        sources, live = _kernel_sources(exercise_id[:2])
+        if sources is not None:
+            # the current cell (this call) is among them; extraction keeps only imports/defs/classes
+            extracted = extract_namespace(sources)
+        elif live is not None:
+            extracted = Extracted(namespace=live)
+        else:
             raise RuntimeError("grade() without a namespace must run inside an IPython kernel")
-        # The current cell (this call) is in the history too; extraction keeps only imports/defs/classes.
-        extracted = extract_namespace(sources)
     verdict = run_check(exercise_id, extracted.namespace, extracted.problems)
     print(verdict.render())
     if not verdict.passed:

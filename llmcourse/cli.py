@@ -136,8 +136,12 @@ def cmd_check(args) -> int:
         print(f"course check: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print(f"Unit {unit.id} {unit.title}: {args.notebook}\n")
+    problems = list(dict.fromkeys(n for v in verdicts for n in v.notes))
+    if problems:
+        print("Problems while loading your notebook (only imports, functions and classes are loaded):")
+        print("\n".join(f"  - {p}" for p in problems) + "\n")
     for v in verdicts:
-        print(v.render())
+        print(v.render(notes=False))
         print()
     earned = sum(v.points for v in verdicts)
     total = sum(v.max_points for v in verdicts)
