@@ -69,3 +69,12 @@ def test_doctor_fails_without_data(tmp_path):
     r = subprocess.run([sys.executable, "-m", "llmcourse", "doctor"], cwd=ROOT, capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 1 and "[FAIL] data tinyshakespeare" in r.stdout
+
+
+def test_check_recognises_a_renamed_copy(tmp_path):
+    import shutil
+
+    copy = tmp_path / "03_self_attention-Copy1.ipynb"
+    shutil.copyfile(ROOT / "exercises/03_self_attention/03_self_attention.ipynb", copy)
+    r = course("check", str(copy))
+    assert r.returncode == 1 and "03.softmax_stable: not attempted" in r.stdout, r.stdout + r.stderr
