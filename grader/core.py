@@ -448,9 +448,22 @@ class Tester:
         got = pick(actual) if pick else actual
         if not _same(got, expected, atol, rtol):
             detail = describe_difference(got, expected, atol, rtol)
-            bug_id = self.diagnose(lambda impl: (pick(probe(impl)) if pick else probe(impl)), got)
+            bug_id = self.diagnose(lambda impl: (pick(probe(impl)) if pick else probe(impl)), got,
+                                   atol=max(atol, 1e-12), rtol=max(rtol, 1e-6))
             raise CheckFailure(f"{what}: {detail}", bug_id=bug_id)
         return actual
+
+    def raised(self, probe: Callable[[Impl], Any]) -> str:
+        """Name of the exception the learner's code raises in ``probe`` (``"no error"`` if none).
+
+        For contracts such as "raises ValueError when T > context_length". A stub still counts as
+        not attempted.
+        """
+        try:
+            probe(self.learner)
+        except LearnerError as err:
+            return type(err.original).__name__
+        return "no error"
 
     def expect(self, condition: bool, message: str, bug: str | None = None) -> None:
         """A property; ``bug`` names the catalog entry this property detects when it fails."""

@@ -13,15 +13,40 @@ Frequently used names are re-exported here::
     mask = llmcourse.causal_mask(4)           # bool, True = may attend
 """
 
-from .data import DataNotFoundError, data_path, gpt2_encoding, load_text
+from .data import (
+    BPETokenizer,
+    CharTokenizer,
+    DataNotFoundError,
+    GPTWindowDataset,
+    bpe_encode_word,
+    bpe_train,
+    create_dataloader,
+    data_path,
+    gpt2_encoding,
+    load_gpt2_encoding,
+    load_text,
+)
 from .manifest import course_root, load_course
-from .nn import causal_mask, merge_heads, scaled_dot_product_attention, split_heads
+from .nn import (
+    GPTEmbedding,
+    InputEmbeddings,
+    PositionalEncoding,
+    causal_mask,
+    merge_heads,
+    scaled_dot_product_attention,
+    sinusoidal_pe,
+    split_heads,
+)
 from .runtime import profile, profile_name, seed_everything, setup_notebook, widgets_live
+from .train import label_smoothed_cross_entropy, make_noam_scheduler, noam_lambda
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DataNotFoundError", "causal_mask", "course_root", "data_path", "gpt2_encoding", "load_course",
-    "load_text", "merge_heads", "profile", "profile_name", "scaled_dot_product_attention",
+    "BPETokenizer", "CharTokenizer", "DataNotFoundError", "GPTWindowDataset", "bpe_encode_word", "bpe_train",
+    "causal_mask", "create_dataloader", "load_gpt2_encoding", "course_root", "data_path", "gpt2_encoding", "load_course",
+    "label_smoothed_cross_entropy", "load_text", "make_noam_scheduler", "merge_heads", "noam_lambda",
+    "profile", "profile_name", "scaled_dot_product_attention",
     "seed_everything", "setup_notebook", "split_heads", "widgets_live",
+    "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "sinusoidal_pe",
 ]

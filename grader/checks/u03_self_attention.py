@@ -405,7 +405,7 @@ def check_causal_self_attention(t):
         mm(_rand(1, 6, 8, seed=1))
         return "no error"
 
-    got = _catch_type(t, too_long)
+    got = t.raised(too_long)
     t.expect(got == "ValueError", f"a sequence longer than context_length must raise ValueError; got {got}")
 
     # inverted dropout is unbiased: the mean of 400 train-mode passes ≈ the eval output
@@ -429,16 +429,3 @@ def check_causal_self_attention(t):
         t.fail("in train mode with dropout p=0.5 the mean over 400 passes is not within 4 standard errors of the "
                "eval output: dropout must act on the attention weights with inverted scaling 1/(1−p)", bug=bug_id)
 
-
-def _catch_type(t, fn):
-    """Name of the exception the learner's code raises in ``fn`` (or 'no error')."""
-    from ..core import CheckFailure, LearnerError, NotAttempted
-
-    try:
-        return fn(t.learner)
-    except NotAttempted:
-        raise
-    except LearnerError as err:
-        return type(err.original).__name__
-    except CheckFailure:
-        raise

@@ -3,8 +3,23 @@
 from .gpt2_tokenizer import EOT_ID, EOT_TOKEN, gpt2_encoding, tiktoken_cache_dir
 from .registry import DATASETS, DataFile, Dataset, get_dataset
 from .resolve import MIRROR_ENV, DataNotFoundError, cache_dir, data_path, load_text
+from .tokenizers import (
+    END_OF_WORD,
+    BPETokenizer,
+    CharTokenizer,
+    WordTokenizer,
+    bpe_encode_word,
+    bpe_trace,
+    bpe_train,
+    encode_with_specials,
+    load_gpt2_encoding,
+)
+from .windows import GPTWindowDataset, create_dataloader
 
 __all__ = [
     "DATASETS", "DataFile", "Dataset", "DataNotFoundError", "EOT_ID", "EOT_TOKEN", "MIRROR_ENV",
     "cache_dir", "data_path", "get_dataset", "gpt2_encoding", "load_text", "tiktoken_cache_dir",
+    # unit 01: tokenizers and windowed datasets
+    "END_OF_WORD", "BPETokenizer", "CharTokenizer", "GPTWindowDataset", "WordTokenizer", "bpe_encode_word",
+    "bpe_trace", "bpe_train", "create_dataloader", "encode_with_specials", "load_gpt2_encoding",
 ]

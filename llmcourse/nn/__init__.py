@@ -7,10 +7,17 @@ from .attention import (
     simple_attention,
     softmax_stable,
 )
+from .einsum import attention_output_einsum, attention_scores_einsum
+from .embeddings import GPTEmbedding, InputEmbeddings, embedding_lookup, one_hot_matmul
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
+from .positions import PositionalEncoding, inverse_frequencies, shift_matrix, sinusoidal_pe
+from .residual import ResidualStack
 
 __all__ = [
-    "CausalSelfAttention", "SelfAttention", "causal_mask", "merge_heads", "padding_mask",
+    "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "embedding_lookup", "inverse_frequencies",
+    "one_hot_matmul", "shift_matrix", "sinusoidal_pe",
+    "CausalSelfAttention", "ResidualStack", "SelfAttention", "attention_output_einsum", "attention_scores_einsum",
+    "causal_mask", "merge_heads", "padding_mask",
     "scaled_dot_product_attention", "simple_attention", "softmax_stable", "split_heads",
 ]

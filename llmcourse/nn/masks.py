@@ -5,6 +5,9 @@ convention of the boolean ``attn_mask`` of ``torch.nn.functional.scaled_dot_prod
 (It is the opposite of ``nn.MultiheadAttention``, whose boolean masks mean "blocked"; unit 04
 teaches the conversion.) Masks broadcast to ``(B, H, T_q, T_k)``: a causal mask is ``(T_q, T_k)``,
 a key-padding mask ``(B, 1, 1, T_k)``; combine them with ``&``.
+
+Unit 00 builds :func:`causal_mask` (exercise ``00.causal_mask``); every later unit imports it from
+here, so there is exactly one source of causal masks in the course.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ def causal_mask(t_q: int, t_k: int | None = None, offset: int | None = None,
     Raises:
         ValueError: if ``t_q`` or ``t_k`` is negative.
 
-    Example: ``causal_mask(3, 5)`` is ``[[T,T,T,F,F],[T,T,T,T,F],[T,T,T,T,T]]``.
+    Examples (F00.2): ``causal_mask(3, 5)`` is ``[[T,T,T,F,F],[T,T,T,T,F],[T,T,T,T,T]]`` (three new
+    queries after two cached keys); ``causal_mask(1, 5)`` is all ``True`` (one decoding step sees the
+    whole prefix); ``causal_mask(4)`` is ``tril(ones(4, 4))``. ``offset=0`` gives the top-left
+    alignment ``tril(ones(t_q, t_k))``.
     """
     t_k = t_q if t_k is None else t_k
     if t_q < 0 or t_k < 0:

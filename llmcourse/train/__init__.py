@@ -1,0 +1,6 @@
+"""Training utilities: losses, learning-rate schedules (one home per concept)."""
+
+from .losses import label_smoothed_cross_entropy
+from .schedules import make_noam_scheduler, noam_lambda
+
+__all__ = ["label_smoothed_cross_entropy", "make_noam_scheduler", "noam_lambda"]

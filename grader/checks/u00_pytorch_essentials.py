@@ -1,0 +1,478 @@
+"""Checks of unit 00 (PyTorch essentials).
+
+Oracles: ``x.view(B, T, H, hd).transpose(1, 2)`` for head splitting, ``ones(t_q, t_k).tril(offset)``
+for causal masks, ``@`` for the einsum products, ``F.cross_entropy(..., label_smoothing=ε,
+ignore_index=...)`` for the loss (computed by the grader; the learner's call runs with
+``F.cross_entropy`` blocked), the closed-form Noam formula and a real ``LambdaLR`` driving an
+``SGD`` optimizer for the schedule. Fixtures F00.1–F00.4 are the syllabus's values. Dropout is
+checked by properties only (eval is deterministic, train-mode branches are 0 or 1/(1−p) times the
+branch), never by its mask.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import CheckFailure, LearnerError, NotAttempted, check, forbid, unwrap
+
+U = "00"
+T = torch.tensor
+
+
+def _ref():
+    from llmcourse.nn import einsum, heads, masks, residual
+    from llmcourse.train import losses, schedules
+
+    return {
+        "split_heads": heads.split_heads, "merge_heads": heads.merge_heads,
+        "causal_mask": masks.causal_mask,
+        "attention_scores_einsum": einsum.attention_scores_einsum,
+        "attention_output_einsum": einsum.attention_output_einsum,
+        "label_smoothed_cross_entropy": losses.label_smoothed_cross_entropy,
+        "noam_lambda": schedules.noam_lambda, "make_noam_scheduler": schedules.make_noam_scheduler,
+        "ResidualStack": residual.ResidualStack,
+    }
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _raised(t, fn):
+    """Name of the exception the learner's code raises in ``fn(learner)``, or ``"no error"``."""
+    try:
+        fn(t.learner)
+    except NotAttempted:
+        raise
+    except LearnerError as err:
+        return type(err.original).__name__
+    return "no error"
+
+
+def _is_tensor(x, shape=None) -> bool:
+    return isinstance(x, torch.Tensor) and (shape is None or tuple(x.shape) == tuple(shape))
+
+
+def _shape(x):
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# ================================================================== 00.split_merge_heads
+
+
+@check(f"{U}.split_merge_heads", ["split_heads", "merge_heads"], _ref)
+def check_split_merge_heads(t):
+    # F00.1: (2, 6, 16) -> (2, 4, 6, 4) -> (2, 6, 16)
+    x = _rand(2, 6, 16, seed=1)
+    s = t.run(lambda impl: impl.split_heads(x, 4))
+    t.expect(_is_tensor(s, (2, 4, 6, 4)), f"split_heads(x of shape (2, 6, 16), n_heads=4) must have shape "
+             f"(2, 4, 6, 4) = (B, H, T, head_dim) (F00.1); got {_shape(s)}")
+    for i, (b, tt, d, h) in enumerate([(2, 6, 16, 4), (3, 5, 12, 3), (1, 7, 8, 8), (2, 4, 10, 1), (2, 3, 24, 6)]):
+        x = _rand(b, tt, d, seed=10 + i)
+        t.compare(lambda impl, x=x, h=h: impl.split_heads(x, h), x.view(b, tt, h, d // h).transpose(1, 2),
+                  f"split_heads(x of shape {(b, tt, d)}, n_heads={h}) vs x.view(B, T, H, hd).transpose(1, 2)",
+                  atol=0, rtol=0)
+
+    # merge_heads on a contiguous (B, H, T, hd) tensor, as attention returns it
+    y = _rand(2, 4, 6, 4, seed=2)
+    m = t.compare(lambda impl: impl.merge_heads(y), y.transpose(1, 2).reshape(2, 6, 16),
+                  "merge_heads of a contiguous (2, 4, 6, 4) tensor (the shape of attention's output)", atol=0, rtol=0)
+    t.expect(m.is_contiguous(), "merge_heads must return a contiguous tensor (call .contiguous() before .view)")
+    y = _rand(3, 2, 5, 7, seed=3)
+    t.compare(lambda impl: impl.merge_heads(y), y.transpose(1, 2).reshape(3, 5, 14),
+              "merge_heads of a (3, 2, 5, 7) tensor", atol=0, rtol=0)
+    y_nc = _rand(4, 2, 6, 3, seed=4).transpose(0, 1)  # (2, 4, 6, 3), not contiguous
+    m = t.compare(lambda impl: impl.merge_heads(y_nc), y_nc.transpose(1, 2).reshape(2, 6, 12),
+                  "merge_heads of a non-contiguous (2, 4, 6, 3) tensor", atol=0, rtol=0)
+    t.expect(m.is_contiguous(), "merge_heads must return a contiguous tensor, also for non-contiguous input")
+
+    # round trip, contiguous and non-contiguous inputs
+    inputs = [("a contiguous (2, 6, 16) tensor", _rand(2, 6, 16, seed=5), 4),
+              ("a non-contiguous (2, 6, 16) tensor (a transposed (6, 2, 16))", _rand(6, 2, 16, seed=6).transpose(0, 1), 4),
+              ("a non-contiguous (2, 6, 12) tensor (a transposed (2, 12, 6))", _rand(2, 12, 6, seed=7).transpose(1, 2), 3)]
+    for what, x, h in inputs:
+        back = t.run(lambda impl, x=x, h=h: impl.merge_heads(impl.split_heads(x, h)))
+        t.expect(_is_tensor(back, x.shape) and bool(torch.equal(back, x)),
+                 f"merge_heads(split_heads(x, {h})) must give back x exactly for {what}; got "
+                 + (f"shape {_shape(back)}" if not _is_tensor(back, x.shape) else
+                    f"max abs difference {(back - x).abs().max().item():.3g}"))
+
+    # D % n_heads != 0 -> ValueError
+    got = _raised(t, lambda impl: impl.split_heads(_rand(2, 6, 15), 4))
+    t.expect(got == "ValueError", "split_heads(x of shape (2, 6, 15), n_heads=4) must raise ValueError "
+             f"(15 is not divisible by 4); got {got}")
+
+
+# ================================================================== 00.causal_mask
+
+F002_3_5 = T([[True, True, True, False, False], [True, True, True, True, False], [True, True, True, True, True]])
+
+
+@check(f"{U}.causal_mask", ["causal_mask"], _ref)
+def check_causal_mask(t):
+    m = t.run(lambda impl: impl.causal_mask(4))
+    t.expect(_is_tensor(m, (4, 4)), f"causal_mask(4) must be a (4, 4) tensor; got {_shape(m)}")
+    mb = m.bool() if m.dtype == torch.bool else (m != 0)
+    t.expect(bool(mb[0, 0]) or not bool(mb[0, 3]),
+             "causal_mask(4)[0, 0] is False and [0, 3] is True: query 0 may not see itself but may see the future",
+             bug="B00.mask_polarity")
+    t.expect(bool(mb.diagonal().all()),
+             f"the diagonal of causal_mask(4) must be True; got {mb.diagonal().tolist()}", bug="B00.mask_diagonal")
+    t.expect(m.dtype == torch.bool, f"the mask must have dtype torch.bool (True = may attend); got {m.dtype}")
+
+    # F00.2
+    t.compare(lambda impl: impl.causal_mask(4), torch.ones(4, 4).tril().bool(), "causal_mask(4) (F00.2)")
+    t.compare(lambda impl: impl.causal_mask(3, 5), F002_3_5,
+              "causal_mask(3, 5) (F00.2: the 3 queries are the last 3 of 5 positions)")
+    t.compare(lambda impl: impl.causal_mask(1, 5), torch.ones(1, 5, dtype=torch.bool),
+              "causal_mask(1, 5) (F00.2: one new token sees the whole prefix)")
+
+    # R: 30 random (t_q, t_k, offset)
+    rng = random.Random(0)
+    for _ in range(30):
+        t_q = rng.randint(1, 7)
+        t_k = rng.randint(t_q, 10)
+        offset = None if rng.random() < 0.4 else rng.randint(-2, t_k)
+        expected = torch.ones(t_q, t_k).tril(t_k - t_q if offset is None else offset).bool()
+        def probe(impl, a=t_q, b=t_k, o=offset):
+            return impl.causal_mask(a, b) if o is None else impl.causal_mask(a, b, offset=o)
+
+        what = f"causal_mask({t_q}, {t_k})" if offset is None else f"causal_mask({t_q}, {t_k}, offset={offset})"
+        t.compare(probe, expected, f"{what}: entry (i, j) must be True iff j <= offset + i")
+
+    # S: dtype and device
+    cpu = t.run(lambda impl: impl.causal_mask(3, 5, device=torch.device("cpu")))
+    t.expect(_is_tensor(cpu, (3, 5)) and cpu.dtype == torch.bool and cpu.device.type == "cpu",
+             f"causal_mask(3, 5, device=torch.device('cpu')) must be a (3, 5) bool tensor on the CPU; got "
+             f"{_shape(cpu)}, {getattr(cpu, 'dtype', None)}, {getattr(cpu, 'device', None)}")
+    try:  # the "meta" device exists everywhere; code that cannot run on it is not penalised
+        meta = t.learner.causal_mask(3, 5, device=torch.device("meta"))
+    except LearnerError:
+        meta = None
+    if meta is not None:
+        t.expect(_is_tensor(meta) and meta.device.type == "meta",
+                 f"causal_mask(3, 5, device=torch.device('meta')) returned a tensor on "
+                 f"{getattr(meta, 'device', None)}: create the mask on the requested device")
+
+
+# ================================================================== 00.einsum_attention
+
+
+def _no_matmul():
+    return forbid((torch, "matmul"), (torch, "bmm"), (torch.Tensor, "__matmul__"), (torch.Tensor, "matmul"),
+                  (torch.Tensor, "bmm"), reason="write these products with torch.einsum.")
+
+
+@check(f"{U}.einsum_attention", ["attention_scores_einsum", "attention_output_einsum"], _ref)
+def check_einsum_attention(t):
+    def scores(q, k):
+        def probe(impl):
+            with _no_matmul():
+                return impl.attention_scores_einsum(q, k)
+        return probe
+
+    def output(w, v):
+        def probe(impl):
+            with _no_matmul():
+                return impl.attention_output_einsum(w, v)
+        return probe
+
+    cases = [((2, 3, 5, 8), 7, 4), ((1, 4, 1, 16), 9, 6), ((3, 2, 6, 4), 6, 5)]
+    for i, ((b, h, tq, d), tk, dv) in enumerate(cases):
+        g = torch.Generator().manual_seed(100 + i)
+        q, k = torch.randn(b, h, tq, d, generator=g), torch.randn(b, h, tk, d, generator=g)
+        v = torch.randn(b, h, tk, dv, generator=g)
+        raw = torch.randn(b, h, tq, tk, generator=g)
+        s = t.run(scores(q, k))
+        t.expect(_is_tensor(s, (b, h, tq, tk)), f"attention_scores_einsum(q {tuple(q.shape)}, k {tuple(k.shape)}) "
+                 f"must have shape (B, H, T_q, T_k) = {(b, h, tq, tk)}; got {_shape(s)}")
+        t.compare(scores(q, k), q @ k.transpose(-2, -1), f"raw scores for q {tuple(q.shape)}, k {tuple(k.shape)} vs "
+                  "q @ k.transpose(-2, -1) (no scaling)", atol=1e-6, rtol=1e-5)
+        w = raw.softmax(-1)
+        o = t.run(output(w, v))
+        t.expect(_is_tensor(o, (b, h, tq, dv)), f"attention_output_einsum(weights {tuple(w.shape)}, v "
+                 f"{tuple(v.shape)}) must have shape (B, H, T_q, d_v) = {(b, h, tq, dv)}; got {_shape(o)}")
+        t.compare(output(w, v), w @ v, f"context for weights {tuple(w.shape)}, v {tuple(v.shape)} vs weights @ v",
+                  atol=1e-6, rtol=1e-5)
+        t.compare(output(raw, v), raw @ v, f"attention_output_einsum with unnormalised weights {tuple(raw.shape)} "
+                  "vs weights @ v", atol=1e-5, rtol=1e-5)
+
+
+# ================================================================== 00.label_smoothed_cross_entropy
+
+
+def _no_builtin_ce():
+    return forbid((F, "cross_entropy"), (torch._C._nn, "cross_entropy_loss"),
+                  reason="compute the loss yourself from log_softmax.")
+
+
+def _oracle_ce(logits, targets, eps, ignore_index=-100):
+    c = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, c), targets.reshape(-1), label_smoothing=eps, ignore_index=ignore_index)
+
+
+@check(f"{U}.label_smoothed_cross_entropy", ["label_smoothed_cross_entropy"], _ref)
+def check_label_smoothed_cross_entropy(t):
+    def call(logits, targets, **kw):
+        def probe(impl):
+            with _no_builtin_ce():
+                return impl.label_smoothed_cross_entropy(logits, targets, **kw)
+        return probe
+
+    # F00.4
+    z, y = T([[2.0, 1.0, 0.1]]), T([0])
+    out = t.run(call(z, y))
+    t.expect(_is_tensor(out) and out.dim() == 0,
+             f"label_smoothed_cross_entropy must return a scalar (0-dim) tensor; got {_shape(out)}")
+    t.compare(call(z, y), T(0.4170), "cross-entropy of logits [[2.0, 1.0, 0.1]], target [0] (F00.4)", atol=1e-4)
+    t.compare(call(z, y, eps=0.1), T(0.5137), "the same with eps=0.1 (F00.4: 0.9·0.4170 + 0.1·1.3837)", atol=1e-4)
+
+    # O: F.cross_entropy on 2-D and 3-D inputs with ignored positions
+    g = torch.Generator().manual_seed(7)
+    z2 = torch.randn(12, 7, generator=g) * 2
+    y2 = torch.randint(0, 7, (12,), generator=g)
+    y2[[2, 5, 11]] = -100
+    for eps in (0.0, 0.1, 0.25):
+        t.compare(call(z2, y2, eps=eps), _oracle_ce(z2, y2, eps),
+                  f"(12, 7) logits, 3 targets = -100 (ignored), eps={eps}, vs F.cross_entropy", atol=1e-5, rtol=1e-5)
+    z3 = torch.randn(2, 5, 6, generator=g)
+    y3 = torch.randint(1, 6, (2, 5), generator=g)
+    y3[0, 3:] = 0
+    y3[1, 4] = 0
+    t.compare(call(z3, y3, eps=0.1, ignore_index=0), _oracle_ce(z3, y3, 0.1, ignore_index=0),
+              "(2, 5, 6) logits with padding id 0 as ignore_index, eps=0.1, vs F.cross_entropy", atol=1e-5, rtol=1e-5)
+    y3b = torch.randint(0, 6, (2, 5), generator=g)
+    t.compare(call(z3, y3b), _oracle_ce(z3, y3b, 0.0), "(2, 5, 6) logits, eps=0 (plain cross-entropy), vs "
+              "F.cross_entropy", atol=1e-5, rtol=1e-5)
+
+    # P: huge logits stay finite
+    zh = torch.randn(4, 5, generator=g) * 1e4
+    yh = T([0, 1, 2, 3])
+    out = t.run(call(zh, yh, eps=0.1))
+    t.expect(_is_tensor(out) and bool(torch.isfinite(out).all()),
+             f"logits of magnitude 1e4 must give a finite loss (use log_softmax, not log(softmax)); got {out}")
+    t.compare(call(zh, yh, eps=0.1), _oracle_ce(zh, yh, 0.1), "logits of magnitude 1e4, eps=0.1, vs F.cross_entropy",
+              atol=1e-2, rtol=1e-5)
+
+
+# ================================================================== 00.noam_schedule
+
+F003 = {1: 1.746928e-07, 100: 1.746928e-05, 1000: 1.746928e-04, 4000: 6.987712e-04, 8000: 4.941059e-04,
+        16000: 3.493856e-04}
+
+
+def _noam(step, d_model, warmup):
+    s = max(step, 1)
+    return d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
+
+
+def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None):
+    """A probe: SGD with two param groups (lr0 and 0.5), the learner's scheduler, n_steps updates.
+
+    Returns the lr of each group before each optimizer step (the lr that step uses), or only the steps
+    listed in ``record``.
+    """
+
+    def probe(impl):
+        p1, p2 = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(3))
+        opt = torch.optim.SGD([{"params": [p1]}, {"params": [p2], "lr": 0.5}], lr=lr0)
+        sched = impl.make_noam_scheduler(opt, d_model, warmup, factor=factor)
+        if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
+            raise CheckFailure(f"make_noam_scheduler must return a torch.optim.lr_scheduler.LambdaLR; got "
+                               f"{type(sched).__name__}")
+        lrs = []
+        for n in range(1, n_steps + 1):
+            if record is None or n in record:
+                lrs.append([float(g["lr"]) for g in opt.param_groups])
+            opt.step()
+            try:
+                sched.step()
+            except Exception as exc:
+                raise CheckFailure(f"scheduler.step() raised {type(exc).__name__}: {exc} (the lambda given to "
+                                   "LambdaLR is called with the scheduler's step counter, an int)") from None
+        return T(lrs, dtype=torch.float64)
+
+    return probe
+
+
+def _compare_rel(t, probe, expected, what: str, rtol: float = 1e-6, index_label=None):
+    """Like ``t.compare`` but with a purely relative tolerance, also for the diagnosis.
+
+    Learning rates are ~1e-7: the default absolute tolerance of the diagnosis would match any mutant.
+    """
+    got = t.run(probe)
+    exp = torch.as_tensor(expected, dtype=torch.float64)
+    try:
+        val = torch.as_tensor(got, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        t.fail(f"{what}: expected a number, got {type(got).__name__}")
+    if val.shape != exp.shape:
+        t.fail(f"{what}: expected shape {tuple(exp.shape)}, got {tuple(val.shape)}")
+    bad = ~((val - exp).abs() <= rtol * exp.abs())
+    if bool(bad.any()):
+        idx = tuple(int(i) for i in torch.nonzero(bad)[0])
+        where = (f" ({index_label(idx)})" if index_label else f" at index {idx}") if idx else ""
+        bug_id = None
+        for b, impl in t.mutant_impls():
+            try:
+                out = torch.as_tensor(probe(impl), dtype=torch.float64)
+            except Exception:
+                continue
+            if out.shape == val.shape and bool(((out - val).abs() <= rtol * out.abs()).all()):
+                bug_id = b.id
+                break
+        t.fail(f"{what}: expected {exp[idx].item():.6e}{where}, got {val[idx].item():.6e}", bug=bug_id)
+    return got
+
+
+def _step_group(idx) -> str:
+    return f"the lr used by optimizer step {idx[0] + 1} in param group {idx[1]}"
+
+
+@check(f"{U}.noam_schedule", ["noam_lambda", "make_noam_scheduler"], _ref)
+def check_noam_schedule(t):
+    # F00.3
+    for step, value in F003.items():
+        _compare_rel(t, lambda impl, s=step: float(impl.noam_lambda(s, 512, 4000)), value,
+                     f"noam_lambda({step}, d_model=512, warmup=4000) (F00.3)", rtol=2e-6)
+    _compare_rel(t, lambda impl: float(impl.noam_lambda(0, 512, 4000)), F003[1],
+                 "noam_lambda(0, 512, 4000): step 0 counts as step 1 (s = max(step, 1))", rtol=2e-6)
+    for step in (1, 50, 99, 100, 101, 400):
+        _compare_rel(t, lambda impl, s=step: float(impl.noam_lambda(s, 64, 100)), _noam(step, 64, 100),
+                     f"noam_lambda({step}, d_model=64, warmup=100)")
+    # P: the maximum over steps 1 … 8000 is at step = warmup
+    values = t.run(lambda impl: [float(impl.noam_lambda(s, 512, 4000)) for s in range(1, 8001)])
+    peak = max(range(8000), key=lambda i: values[i]) + 1
+    t.expect(peak == 4000, f"the largest noam_lambda(step, 512, 4000) over steps 1…8000 must be at step 4000 "
+             f"(= warmup); it is at step {peak}")
+
+    # the scheduler: lr used by the n-th optimizer.step() is factor · λ(n), in every param group
+    expected = T([[_noam(n, 512, 4000)] * 2 for n in range(1, 6)], dtype=torch.float64)
+    got = t.run(_drive(512, 4000, 1.0, 5))
+    ratio = (got / expected)[:, 0]
+    t.expect(not bool(torch.allclose(ratio, torch.full_like(ratio, 1e-4), rtol=1e-3)),
+             "the optimizer was built with lr=1e-4 and the lr before the first 5 steps is 1e-4 · λ(n) "
+             f"({got[0, 0].item():.3e}, …): LambdaLR multiplies the base lr, so the peak would be "
+             f"{1e-4 * F003[4000]:.3g} instead of {F003[4000]:.3g}", bug="B00.noam_base_lr")
+    _compare_rel(t, _drive(512, 4000, 1.0, 5), expected,
+                 "lr of both param groups before optimizer steps 1…5 (expected λ(1) … λ(5), d_model=512, "
+                 "warmup=4000, factor=1, optimizer built with lr=1e-4)", index_label=_step_group)
+    expected = T([[2.0 * _noam(n, 64, 3)] * 2 for n in range(1, 8)], dtype=torch.float64)
+    _compare_rel(t, _drive(64, 3, 2.0, 7), expected,
+                 "lr of the two param groups before optimizer steps 1…7 with d_model=64, warmup=3, factor=2.0 "
+                 "(expected 2·λ(1) … 2·λ(7))", index_label=_step_group)
+    # the peak through the real scheduler (F00.3)
+    got = t.run(_drive(512, 4000, 1.0, 4000, record={4000}))
+    t.expect(bool(torch.allclose(got, torch.full_like(got, F003[4000]), rtol=1e-5, atol=0)),
+             f"the lr used by optimizer step 4000 (the peak) must be {F003[4000]:.6e}; got {got[0, 0].item():.6e}",
+             bug="B00.noam_base_lr" if math.isclose(got[0, 0].item(), 1e-4 * F003[4000], rel_tol=1e-3) else None)
+
+
+# ================================================================== 00.ResidualStack
+
+
+def _param_count(mod) -> int:
+    return sum(p.numel() for p in mod.parameters())
+
+
+@check(f"{U}.ResidualStack", ["ResidualStack"], _ref)
+def check_residual_stack(t):
+    from llmcourse.nn.residual import ResidualStack as Ref
+
+    m = t.run(lambda impl: impl.ResidualStack(16, 4))
+    mod = unwrap(m)
+    t.expect(isinstance(mod, nn.Module), "ResidualStack must be an nn.Module subclass")
+    t.expect(_param_count(mod) > 0, "ResidualStack(16, 4) registers 0 parameters: layers kept in a plain Python "
+             "list are invisible to parameters(), state_dict() and the optimizer", bug="B00.plain_list")
+    t.expect(isinstance(getattr(mod, "layers", None), nn.ModuleList),
+             f"self.layers must be an nn.ModuleList; got {type(getattr(mod, 'layers', None)).__name__}")
+    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    want = {}
+    for i in range(4):
+        want[f"layers.{i}.weight"] = (16, 16)
+        want[f"layers.{i}.bias"] = (16,)
+    t.expect(shapes == want, f"state_dict keys/shapes of ResidualStack(16, 4) must be {want}; got {shapes}")
+    t.expect(_param_count(mod) == 1088, f"ResidualStack(16, 4) must have 4·(16² + 16) = 1,088 parameters; "
+             f"got {_param_count(mod)}")
+    md = unwrap(t.run(lambda impl: impl.ResidualStack(8, 2, dropout=0.3)))
+    drop = getattr(md, "dropout", None)
+    t.expect(isinstance(drop, nn.Dropout) and math.isclose(drop.p, 0.3),
+             f"ResidualStack(8, 2, dropout=0.3).dropout must be nn.Dropout(0.3); got {drop!r}")
+
+    # eval mode: deterministic, equal to the reference with shared weights
+    torch.manual_seed(3)
+    ref = Ref(16, 3, dropout=0.5).eval()
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    x = _rand(2, 5, 16, seed=4)
+
+    def shared(impl, p=0.5):
+        mm = impl.ResidualStack(16, 3, dropout=p)
+        unwrap(mm).load_state_dict(state)
+        return mm
+
+    def eval_twice(impl):
+        mm = shared(impl)
+        unwrap(mm).eval()
+        return mm(x), mm(x)
+
+    first, second = t.run(eval_twice)
+    t.expect(_is_tensor(first, x.shape), f"forward must preserve the shape {tuple(x.shape)}; got {_shape(first)}")
+    t.expect(bool(torch.equal(first, second)), "in eval() mode two calls gave different outputs: dropout is still "
+             "active after model.eval()", bug="B00.dropout_in_eval")
+    t.compare(lambda impl: eval_twice(impl)[0], ref(x), "ResidualStack(16, 3, dropout=0.5) in eval mode on a (2, 5, 16) "
+              "input vs the reference with the same weights (x = x + layer(x) for each layer)", atol=1e-5)
+    x2 = _rand(7, 16, seed=5)
+
+    def train_no_dropout(impl):
+        mm = shared(impl, p=0.0)
+        unwrap(mm).train()
+        return mm(x2)
+
+    t.compare(train_no_dropout, ref(x2), "ResidualStack(16, 3, dropout=0.0) in train mode on a (7, 16) input",
+              atol=1e-5)
+
+    # train mode, one layer with weight 0 and bias 1: the branch is 1, so out − x ∈ {0, 1/(1−p) = 2}
+    xb = _rand(8, 64, 16, seed=6)
+
+    def branch_dropout(impl):
+        mm = impl.ResidualStack(16, 1, dropout=0.5)
+        layer = unwrap(mm).layers[0]
+        with torch.no_grad():
+            layer.weight.zero_()
+            layer.bias.fill_(1.0)
+        unwrap(mm).train()
+        torch.manual_seed(11)
+        return mm(xb) - xb
+
+    delta = t.run(branch_dropout)
+    is_0 = delta.abs() < 1e-5
+    is_2 = (delta - 2).abs() < 1e-5
+    t.expect(bool((is_0 | is_2).all()),
+             "in train() mode with dropout=0.5, one layer with weight 0 and bias 1, every entry of out − x must be "
+             "0 (branch dropped) or 2 (branch kept, scaled by 1/(1−p)); got values such as "
+             f"{sorted({round(v, 3) for v in delta[~(is_0 | is_2)].flatten()[:5].tolist()})}: dropout belongs on the "
+             "branch, before the residual add, not on the sum")
+    frac = is_0.float().mean().item()
+    t.expect(0.4 < frac < 0.6, f"in train() mode with dropout=0.5 about half the branch entries must be dropped; "
+             f"{frac:.1%} were")
+
+    # the optimizer sees (and updates) every parameter
+    def one_step(impl):
+        mm = impl.ResidualStack(16, 3)
+        mod = unwrap(mm)
+        before = {k: v.detach().clone() for k, v in mod.named_parameters()}
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+        mm(x).pow(2).sum().backward()
+        opt.step()
+        return {k: not torch.equal(before[k], v) for k, v in mod.named_parameters()}
+
+    changed = t.run(one_step)
+    stuck = [k for k, ok in changed.items() if not ok]
+    t.expect(len(changed) == 6 and not stuck,
+             f"an optimizer over model.parameters() must update all 6 tensors of ResidualStack(16, 3); "
+             f"found {len(changed)}, not updated: {stuck}")

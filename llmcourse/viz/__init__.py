@@ -1,0 +1,30 @@
+"""Widgets and figures. Each ``show_*`` has a static matplotlib fallback (see :mod:`llmcourse.viz.base`)."""
+
+from .attention import (
+    show_attention_lab,
+    show_dropout_on_weights,
+    show_query_geometry,
+    show_sentence_attention,
+    show_softmax_sharpness,
+    show_variance_vs_dim,
+)
+from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
+from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
+from .positions import (
+    show_candidate_comparison,
+    show_frequency_explorer,
+    show_pe_heatmap,
+    show_position_similarity,
+    show_shift_rotation,
+)
+from .tokenization import show_bpe_stepper, show_sliding_window, show_tokenizer_comparison
+
+__all__ = [
+    "StaticFigure", "css_class", "figure", "live_or_static", "redrawing_output",
+    "show_attention_lab", "show_dropout_on_weights", "show_query_geometry", "show_sentence_attention",
+    "show_softmax_sharpness", "show_variance_vs_dim",
+    "show_dropout_clicker", "show_label_smoothing", "show_noam_curve", "show_shape_tracer",
+    "show_bpe_stepper", "show_sliding_window", "show_tokenizer_comparison",
+    "show_candidate_comparison", "show_frequency_explorer", "show_pe_heatmap", "show_position_similarity",
+    "show_shift_rotation",
+]
