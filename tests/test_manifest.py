@@ -25,9 +25,11 @@ def test_exercise_ids_and_grade_ids(course):
             assert exercise_id_from_grade_id(grade_id(e.id)) == e.id
 
 
-def test_available_units_total_their_points(course):
-    for u in course.available_units:
+def test_every_unit_totals_its_points(course):
+    """Syllabus §5.1: 20 points per unit, 30 for unit 17, 370 in all."""
+    for u in course.units:
         assert u.points == (30 if u.id == "17" else 20), f"unit {u.id} totals {u.points} points"
+    assert sum(u.points for u in course.units) == 370
 
 
 def test_files_named_by_available_units_exist(course):
