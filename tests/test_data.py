@@ -116,3 +116,51 @@ def test_gpt2_encoding_identical_to_tiktoken_get_encoding(tmp_path, monkeypatch)
     for text in [load_text("the-verdict"), load_text("tinyshakespeare")[:200_000], "नमस्ते 🙂 naïve café\n\t x"]:
         assert reference.encode(text) == ours.encode(text)
     assert sha256_of(cache / "0ea1e91bbb3a60f729a8dc8f777fd2fc07cd8df4") == DATASETS["gpt2-bpe"].files[0].sha256
+
+
+@pytest.fixture()
+def local_server(tmp_path):
+    """A throwaway HTTP server on 127.0.0.1 serving ``tmp_path/www`` (no outside network)."""
+    import functools
+    import http.server
+    import threading
+
+    www = tmp_path / "www"
+    www.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(www))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield www, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_download_verifies_checksum_and_extracts_zip_members(tmp_path, monkeypatch, local_server):
+    import zipfile
+
+    from llmcourse.data import registry
+
+    www, base = local_server
+    payload = b"hello, offline world\n" * 100
+    (www / "plain.txt").write_bytes(payload)
+    with zipfile.ZipFile(www / "bundle.zip", "w") as zf:
+        zf.writestr("inner/plain.txt", payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    test_sets = {
+        "plain": registry.Dataset("plain", "test", "test", (registry.DataFile("plain.txt", digest, len(payload),
+                                                                              f"{base}/plain.txt"),)),
+        "zipped": registry.Dataset("zipped", "test", "test", (registry.DataFile(
+            "z/plain.txt", digest, len(payload), f"{base}/bundle.zip", "inner/plain.txt"),)),
+        "corrupt": registry.Dataset("corrupt", "test", "test", (registry.DataFile(
+            "c/plain.txt", "0" * 64, len(payload), f"{base}/plain.txt"),)),
+    }
+    monkeypatch.setattr(registry, "DATASETS", {**registry.DATASETS, **test_sets})
+    monkeypatch.setenv("LLMCOURSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLMCOURSE_OFFLINE", raising=False)
+    for name, rel in [("plain", "plain.txt"), ("zipped", "z/plain.txt")]:
+        path = data_path(name)
+        assert path == tmp_path / "cache" / "data" / rel and path.read_bytes() == payload
+    with pytest.raises(DataNotFoundError, match="sha256"):
+        data_path("corrupt")
+    assert not (tmp_path / "cache" / "data" / "c" / "plain.txt").exists(), "a corrupt download must not be kept"
