@@ -22,7 +22,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser doctor clean
+.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,9 +45,14 @@ lab: setup
 	$(VENV)/bin/jupyter-lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" \
 	  --LabApp.default_url=/lab/tree/course_home.ipynb
 
+# Debian's Chromium for the browser tests (apt-get as root; Playwright itself is pinned in
+# requirements-dev.txt and never downloads a browser). Without it the browser tests skip, saying why.
+browser-deps:
+	@bash .ci/install-browser.sh
+
 # The whole suite under the `ci` profile (what .ci/run calls): lint, tests/ (library, grader self-tests,
 # release consistency, CLI, nbgrader round trip, browser), then every lesson and solution notebook (nbval).
-test: setup
+test: setup browser-deps
 	$(VENV)/bin/ruff check llmcourse grader tests
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest $(PYTEST_ARGS)
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
@@ -59,7 +64,7 @@ test-fast: setup
 test-notebooks: setup
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
-test-browser: setup
+test-browser: setup browser-deps
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)
 
 lint: setup

@@ -77,9 +77,20 @@ def live_or_static(widget_id: str, build_live: Callable[[], object], build_stati
     if static:
         return StaticFigure(build_static(), widget_id, caption)
     w = build_live()
+    _full_width_labels(w)
     w.add_class("llmcourse-widget")
     w.add_class(css_class(widget_id))
     return w
+
+
+def _full_width_labels(widget) -> None:
+    """Show control labels in full ("temperature", not "temperat…"): ipywidgets truncates them at 80 px."""
+    style = getattr(widget, "style", None)
+    if getattr(widget, "description", "") and style is not None and hasattr(style, "description_width"):
+        if not style.description_width:
+            style.description_width = "initial"
+    for child in getattr(widget, "children", ()) or ():
+        _full_width_labels(child)
 
 
 def redrawing_output(draw: Callable[..., Figure]):
