@@ -14,18 +14,32 @@ def course(*args, cwd=ROOT):
                           timeout=300)
 
 
-def test_check_untouched_exercise_reports_every_exercise_not_attempted(unit):
-    r = course("check", unit.exercise)
-    assert r.returncode == 1, r.stdout + r.stderr
+def in_process(capsys, *args):
+    """``course ARGS`` in this process (no interpreter start-up): (exit code, stdout, stderr)."""
+    from llmcourse.cli import main
+
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_check_untouched_exercise_reports_every_exercise_not_attempted(unit, capsys):
+    code, out, err = in_process(capsys, "check", str(ROOT / unit.exercise))
+    assert code == 1, out + err
     for e in unit.exercises:
-        assert f"{e.id}: not attempted" in r.stdout
-    assert f"0 passed, 0 failed, {len(unit.exercises)} not attempted" in r.stdout
+        assert f"{e.id}: not attempted" in out
+    assert f"0 passed, 0 failed, {len(unit.exercises)} not attempted" in out
 
 
-def test_check_solution_reports_every_exercise_passed(unit):
-    r = course("check", unit.solution)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(unit.exercises)} passed, 0 failed, 0 not attempted — {unit.points}/{unit.points} points" in r.stdout
+def test_check_solution_reports_every_exercise_passed(unit, capsys):
+    code, out, err = in_process(capsys, "check", str(ROOT / unit.solution))
+    assert code == 0, out + err
+    assert f"{len(unit.exercises)} passed, 0 failed, 0 not attempted — {unit.points}/{unit.points} points" in out
+
+
+def test_check_as_a_learner_runs_it_from_a_shell():
+    r = course("check", "exercises/03_self_attention/03_self_attention.ipynb")
+    assert r.returncode == 1 and "03.softmax_stable: not attempted" in r.stdout, r.stdout + r.stderr
 
 
 def test_check_bad_paths_give_one_line_and_exit_2(tmp_path):
@@ -35,14 +49,24 @@ def test_check_bad_paths_give_one_line_and_exit_2(tmp_path):
     broken.write_text("{ not json")
     stranger = tmp_path / "my_notebook.ipynb"
     stranger.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
-    for path, words in [(tmp_path / "missing.ipynb", "no such file"), (not_nb, "not a notebook"),
-                        (tmp_path, "not a notebook"), (broken, "not a readable Jupyter notebook"),
-                        (stranger, "not an exercise notebook")]:
-        r = course("check", str(path))
-        assert r.returncode == 2, (path, r.stdout, r.stderr)
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1 and words in lines[0], r.stderr
-        assert "Traceback" not in r.stderr
+    cases = [(tmp_path / "missing.ipynb", "no such file"), (not_nb, "not a notebook"),
+             (tmp_path, "not a notebook"), (broken, "not a readable Jupyter notebook"),
+             (stranger, "not an exercise notebook")]
+    r = course("check", str(cases[0][0]))  # one real shell run: exit code and stderr as a learner sees them
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr, r.stderr
+    from llmcourse.cli import main
+
+    for path, words in cases[1:]:
+        import contextlib
+        import io
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["check", str(path)])
+        assert code == 2, (path, err.getvalue())
+        lines = err.getvalue().strip().splitlines()
+        assert len(lines) == 1 and words in lines[0], err.getvalue()
+        assert "Traceback" not in err.getvalue()
 
 
 def test_list_shows_every_unit_and_availability(course):
