@@ -30,6 +30,7 @@ from .manifest import course_root, load_course
 from .nn import (
     GPTEmbedding,
     InputEmbeddings,
+    MultiHeadAttention,
     PositionalEncoding,
     causal_mask,
     merge_heads,
@@ -49,4 +50,5 @@ __all__ = [
     "profile", "profile_name", "scaled_dot_product_attention",
     "seed_everything", "setup_notebook", "split_heads", "widgets_live",
     "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "sinusoidal_pe",
+    "MultiHeadAttention",
 ]

@@ -11,6 +11,15 @@ from .einsum import attention_output_einsum, attention_scores_einsum
 from .embeddings import GPTEmbedding, InputEmbeddings, embedding_lookup, one_hot_matmul
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
+from .multihead import (
+    MultiHeadAttention,
+    MultiHeadAttentionWrapper,
+    mha_forward_sdpa,
+    mha_from_wrapper,
+    mha_param_count,
+    to_torch_attn_mask,
+    to_torch_mha,
+)
 from .positions import PositionalEncoding, inverse_frequencies, shift_matrix, sinusoidal_pe
 from .residual import ResidualStack
 
@@ -20,4 +29,6 @@ __all__ = [
     "CausalSelfAttention", "ResidualStack", "SelfAttention", "attention_output_einsum", "attention_scores_einsum",
     "causal_mask", "merge_heads", "padding_mask",
     "scaled_dot_product_attention", "simple_attention", "softmax_stable", "split_heads",
+    "MultiHeadAttention", "MultiHeadAttentionWrapper", "mha_forward_sdpa", "mha_from_wrapper", "mha_param_count",
+    "to_torch_attn_mask", "to_torch_mha",
 ]

@@ -9,6 +9,7 @@ from .attention import (
     show_variance_vs_dim,
 )
 from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
+from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
 from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
 from .positions import (
     show_candidate_comparison,
@@ -27,4 +28,5 @@ __all__ = [
     "show_bpe_stepper", "show_sliding_window", "show_tokenizer_comparison",
     "show_candidate_comparison", "show_frequency_explorer", "show_pe_heatmap", "show_position_similarity",
     "show_shift_rotation",
+    "show_head_viewer", "show_mask_translator", "show_merge_visualiser",
 ]

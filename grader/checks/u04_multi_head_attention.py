@@ -1,0 +1,453 @@
+"""Checks of unit 04 (multi-head attention).
+
+Oracles: ``nn.MultiheadAttention`` (weights packed here as ``[W_q; W_k; W_v]``, masks inverted),
+``F.scaled_dot_product_attention`` and a per-head loop written in this file (one head at a time on
+row slices of the projection weights) for the non-square and cross-attention cases. Fixtures: F04.5
+(seed 123). Properties: the future never leaks, appended masked-out keys change nothing,
+``last_weights`` rows sum to 1, heads are independent. Every comparison shares weights (the
+reference's ``state_dict`` is loaded into the learner's module), and everything runs in eval mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import CheckFailure, _run_learner, check, unwrap
+
+U = "04"
+T = torch.tensor
+
+NAMES = ("MultiHeadAttentionWrapper", "MultiHeadAttention", "mha_from_wrapper", "to_torch_attn_mask", "to_torch_mha",
+         "mha_forward_sdpa")
+
+
+def _ref():
+    from llmcourse.nn import multihead as M
+
+    return {name: getattr(M, name) for name in NAMES}
+
+
+# F03.2 "Your journey starts with one step", F04.5 expected item 0
+X6 = T([[0.43, 0.15, 0.89], [0.55, 0.87, 0.66], [0.57, 0.85, 0.64],
+        [0.22, 0.58, 0.33], [0.77, 0.25, 0.10], [0.05, 0.80, 0.55]])
+F045 = T([[-0.4519, 0.2216, 0.4772, 0.1063], [-0.5874, 0.0058, 0.5891, 0.3257], [-0.6300, -0.0632, 0.6202, 0.3860],
+          [-0.5675, -0.0843, 0.5478, 0.3589], [-0.5526, -0.0981, 0.5321, 0.3428], [-0.5299, -0.1081, 0.5077, 0.3493]])
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _ref_mha(*args, seed=0, **kwargs):
+    from llmcourse.nn.multihead import MultiHeadAttention
+
+    torch.manual_seed(seed)
+    m = MultiHeadAttention(*args, **kwargs).eval()
+    with torch.no_grad():  # non-zero biases, so that a missing or misplaced bias shows
+        for p in m.parameters():
+            if p.dim() == 1:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(seed + p.numel()))
+    return m
+
+
+def _state(module) -> dict:
+    return {k: v.clone() for k, v in unwrap(module).state_dict().items()}
+
+
+def _load(module, state: dict, what: str):
+    """load_state_dict into a learner module; a key/shape mismatch becomes a failure, not a grader error."""
+    try:
+        unwrap(module).load_state_dict(state)
+    except RuntimeError as exc:
+        raise CheckFailure(f"could not load the reference weights into your {what}: "
+                           f"{str(exc).splitlines()[0]} (check the state_dict keys and shapes)") from None
+    unwrap(module).eval()
+    return module
+
+
+def torch_mha_oracle(mha, x, attn_mask=None, key_padding_mask=None, need_weights=False):
+    """nn.MultiheadAttention with mha's weights packed [Wq; Wk; Wv]; masks in torch polarity (True = blocked)."""
+    d, h = mha.d_out, mha.num_heads
+    tm = nn.MultiheadAttention(d, h, bias=True, batch_first=True).eval()
+    with torch.no_grad():
+        tm.in_proj_weight.copy_(torch.cat([mha.W_query.weight, mha.W_key.weight, mha.W_value.weight]))
+        if mha.W_query.bias is not None:
+            tm.in_proj_bias.copy_(torch.cat([mha.W_query.bias, mha.W_key.bias, mha.W_value.bias]))
+        else:
+            tm.in_proj_bias.zero_()
+        tm.out_proj.weight.copy_(mha.out_proj.weight)
+        tm.out_proj.bias.copy_(mha.out_proj.bias)
+        return tm(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                  average_attn_weights=False)
+
+
+def per_head_loop(mha, x_q, x_kv=None, mask=None):
+    """Independent oracle: one head at a time on row slices of the weights, with F.scaled_dot_product_attention."""
+    x_kv = x_q if x_kv is None else x_kv
+    t_q, t_k = x_q.shape[1], x_kv.shape[1]
+    full = mask
+    if mha.causal:
+        cm = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
+        full = cm if mask is None else cm & mask
+    outs = []
+    hd = mha.head_dim
+    with torch.no_grad():
+        for h in range(mha.num_heads):
+            rows = slice(h * hd, (h + 1) * hd)
+
+            def proj(lin, x, rows=rows):
+                return F.linear(x, lin.weight[rows], None if lin.bias is None else lin.bias[rows])
+
+            q, k, v = proj(mha.W_query, x_q), proj(mha.W_key, x_kv), proj(mha.W_value, x_kv)
+            m = None if full is None else full.expand(x_q.shape[0], mha.num_heads, t_q, t_k)[:, h]
+            outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=m))
+        return mha.out_proj(torch.cat(outs, dim=-1))
+
+
+# ================================================================== 04.MultiHeadAttentionWrapper
+
+
+@check(f"{U}.MultiHeadAttentionWrapper", ["MultiHeadAttentionWrapper"], _ref)
+def check_wrapper(t):
+    m = t.run(lambda impl: impl.MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2))
+    mod = unwrap(m)
+    t.expect(isinstance(mod, nn.Module), "MultiHeadAttentionWrapper must be an nn.Module subclass")
+    t.expect(isinstance(getattr(mod, "heads", None), nn.ModuleList) and len(mod.heads) == 2,
+             "self.heads must be an nn.ModuleList with num_heads heads")
+    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    want = {f"heads.{h}.W_{n}.weight": (2, 3) for h in range(2) for n in ("query", "key", "value")}
+    t.expect(shapes == want, f"state_dict keys/shapes of MultiHeadAttentionWrapper(d_in=3, head_dim=2, "
+             f"context_length=6, dropout=0.0, num_heads=2) must be {want}; got {shapes}")
+
+    # independent heads: perturbing head 1 changes only its own columns
+    x = _rand(2, 5, 4, seed=3)
+
+    def perturbed(impl):
+        torch.manual_seed(7)
+        w = impl.MultiHeadAttentionWrapper(4, 3, 8, 0.0, 3)
+        unwrap(w).eval()
+        before = w(x)
+        with torch.no_grad():
+            unwrap(w).heads[1].W_value.weight.add_(1.0)
+        return before, w(x)
+
+    before, after = t.run(perturbed)
+    t.expect(tuple(before.shape) == (2, 5, 9),
+             f"3 heads of width 3 on a (2, 5, 4) batch must give (2, 5, 9); got {tuple(before.shape)}")
+    t.expect(not torch.allclose(before[..., :3], before[..., 3:6], atol=1e-6),
+             "the column blocks of different heads are identical: every head uses the same projections",
+             bug="B04.wrapper_shared_head")
+    changed = (after - before).abs().amax(dim=(0, 1)) > 1e-6
+    t.expect(bool(changed[3:6].all()) and not bool(changed[:3].any()) and not bool(changed[6:].any()),
+             f"changing head 1's W_value must change only columns 3..5 of the output; columns that changed: "
+             f"{torch.nonzero(changed).flatten().tolist()}", bug="B04.wrapper_shared_head")
+
+    # F04.5: torch.manual_seed(123), heads created in order, each with query, key, value layers
+    def f045(impl):
+        torch.manual_seed(123)
+        w = impl.MultiHeadAttentionWrapper(d_in=3, head_dim=2, context_length=6, dropout=0.0, num_heads=2)
+        unwrap(w).eval()
+        return w(torch.stack([X6, X6]))
+
+    t.compare(f045, torch.stack([F045, F045]), "F04.5: MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2) built right after "
+              "torch.manual_seed(123), on torch.stack([X, X])", atol=1e-4)
+
+    # shared weights vs the reference, qkv_bias, T < context_length
+    Ref = _ref()["MultiHeadAttentionWrapper"]
+    torch.manual_seed(5)
+    ref = Ref(6, 4, 10, 0.0, 3, qkv_bias=True).eval()
+    st = _state(ref)
+    xb = _rand(3, 7, 6, seed=11)
+
+    def shared(impl):
+        w = _load(impl.MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True), st, "MultiHeadAttentionWrapper")
+        return w(xb)
+
+    t.compare(shared, ref(xb), "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True) on a (3, 7, 6) batch "
+              "(shared weights)", atol=1e-5)
+
+
+# ================================================================== 04.MultiHeadAttention
+
+
+def _make(st, *args, **kwargs):
+    def make(impl):
+        return _load(impl.MultiHeadAttention(*args, **kwargs), st, "MultiHeadAttention")
+    return make
+
+
+@check(f"{U}.MultiHeadAttention", ["MultiHeadAttention"], _ref)
+def check_mha(t):
+    # structure
+    m = t.run(lambda impl: impl.MultiHeadAttention(6, 4, 2, qkv_bias=True, causal=True, context_length=8, d_kv=5))
+    mod = unwrap(m)
+    t.expect(isinstance(mod, nn.Module), "MultiHeadAttention must be an nn.Module subclass")
+    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    want = {"W_query.weight": (4, 6), "W_query.bias": (4,), "W_key.weight": (4, 5), "W_key.bias": (4,),
+            "W_value.weight": (4, 5), "W_value.bias": (4,), "out_proj.weight": (4, 4), "out_proj.bias": (4,)}
+    t.expect(shapes == want, "state_dict of MultiHeadAttention(d_in=6, d_out=4, num_heads=2, qkv_bias=True, "
+             f"causal=True, context_length=8, d_kv=5) must be {want} (the causal mask is a non-persistent buffer); "
+             f"got {shapes}")
+    buffers = dict(mod.named_buffers())
+    t.expect("causal_mask" in buffers and buffers["causal_mask"].dtype == torch.bool
+             and tuple(buffers["causal_mask"].shape) == (8, 8),
+             "a causal module must register a (context_length, context_length) bool buffer named `causal_mask`")
+    t.expect(all(p is not buffers["causal_mask"] for p in mod.parameters()), "the mask must not be a parameter")
+    nb = unwrap(t.run(lambda impl: impl.MultiHeadAttention(6, 6, 3)))
+    t.expect(set(nb.state_dict()) == {"W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight",
+                                      "out_proj.bias"},
+             f"without qkv_bias the keys must be W_query/W_key/W_value.weight and out_proj.weight/.bias; got "
+             f"{sorted(nb.state_dict())}")
+    got = t.raised(lambda impl: impl.MultiHeadAttention(256, 256, 6))
+    t.expect(got == "ValueError", f"MultiHeadAttention(d_in=256, d_out=256, num_heads=6) must raise ValueError "
+             f"(256 is not divisible by 6); got {got}", bug="B04.head_dim_floor")
+
+    # causal future perturbation (detects a mask that is never applied)
+    ref_c = _ref_mha(8, 8, 2, causal=True, context_length=10, seed=1)
+    st_c = _state(ref_c)
+    x = _rand(2, 6, 8, seed=2)
+    base = t.run(lambda impl: _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)(x))
+    t.expect(tuple(base.shape) == (2, 6, 8), f"(2, 6, 8) input, d_out=8: expected output (2, 6, 8), got "
+             f"{tuple(base.shape)}")
+    for pos in range(5):
+        x2 = x.clone()
+        x2[:, pos + 1:] = x2[:, pos + 1:] * -2.0 + 0.5
+        def probe(impl, x2=x2):
+            return _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)(x2)
+
+        out = t.run(probe)
+        if not torch.allclose(out[:, :pos + 1], base[:, :pos + 1], atol=1e-6):
+            # a wrong split/merge mixes positions too; a known mutant takes precedence over the detector
+            t.fail(f"causal module: changing tokens after position {pos} changed the output at positions ≤ {pos}: "
+                   "the future leaks", bug=t.diagnose(probe, out) or "B04.mask_discarded")
+
+    # oracle: nn.MultiheadAttention with copied weights, square cases
+    ref = _ref_mha(8, 8, 2, qkv_bias=True, seed=3)
+    st = _state(ref)
+    xs = _rand(2, 5, 8, seed=4)
+    t.compare(lambda impl: _make(st, 8, 8, 2, qkv_bias=True)(impl)(xs), torch_mha_oracle(ref, xs)[0],
+              "MultiHeadAttention(8, 8, 2, qkv_bias=True) without a mask vs nn.MultiheadAttention with the same "
+              "weights", atol=1e-5)
+    cm = torch.ones(6, 6, dtype=torch.bool).tril()
+    t.compare(lambda impl: _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)(x),
+              torch_mha_oracle(ref_c, x, attn_mask=~cm)[0],
+              "causal MultiHeadAttention(8, 8, 2) on a (2, 6, 8) batch vs nn.MultiheadAttention with attn_mask = "
+              "~causal_mask", atol=1e-5)
+    g = torch.Generator().manual_seed(6)
+    rmask = torch.rand(2, 2, 5, 5, generator=g) > 0.4
+    rmask[..., 0] = True  # every query keeps at least one key
+    t.compare(lambda impl: _make(st, 8, 8, 2, qkv_bias=True)(impl)(xs, mask=rmask),
+              torch_mha_oracle(ref, xs, attn_mask=~rmask.reshape(4, 5, 5))[0],
+              "a random (B, H, T, T) mask vs nn.MultiheadAttention with the inverted mask", atol=1e-5)
+    keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    t.compare(lambda impl: _make(st, 8, 8, 2, qkv_bias=True)(impl)(xs, mask=keep[:, None, None, :]),
+              torch_mha_oracle(ref, xs, key_padding_mask=~keep)[0],
+              "a (B, 1, 1, T_k) key-padding mask vs nn.MultiheadAttention(key_padding_mask=~keep)", atol=1e-5)
+
+    # per-head loop reference: cross-attention (T_q != T_k, d_kv != d_in), causal with T_q < T_k
+    ref_x = _ref_mha(6, 8, 4, qkv_bias=False, d_kv=5, seed=7)
+    st_x = _state(ref_x)
+    xq, xkv = _rand(2, 3, 6, seed=8), _rand(2, 7, 5, seed=9)
+    pad = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])[:, None, None, :]
+    t.compare(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, xkv), per_head_loop(ref_x, xq, xkv),
+              "cross-attention MultiHeadAttention(d_in=6, d_out=8, num_heads=4, d_kv=5), x_q (2, 3, 6), "
+              "x_kv (2, 7, 5), vs a per-head loop", atol=1e-5)
+    t.compare(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, xkv, mask=pad), per_head_loop(ref_x, xq, xkv, pad),
+              "cross-attention with a (B, 1, 1, T_k) key-padding mask vs a per-head loop", atol=1e-5)
+    xk2 = _rand(2, 6, 8, seed=10)
+    t.compare(lambda impl: _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)(x[:, 4:], xk2),
+              per_head_loop(ref_c, x[:, 4:], xk2),
+              "causal module, x_q (2, 2, 8) after x_kv (2, 6, 8): the 2 queries are the last positions "
+              "(bottom-right causal mask), vs a per-head loop", atol=1e-5)
+
+    # padding invariance: appending masked-out keys changes nothing
+    extra = torch.cat([xkv, _rand(2, 3, 5, seed=12) * 5], dim=1)
+    keep10 = torch.cat([torch.ones(2, 7, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool)], 1)[:, None, None, :]
+    short = t.run(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, xkv))
+    long_ = t.run(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, extra, mask=keep10))
+    t.expect(bool(torch.allclose(short, long_, atol=1e-5)),
+             "appending 3 keys that the mask blocks changed the output: masked keys must get weight exactly 0")
+
+    # last_weights with store_weights
+    def weights(impl):
+        mm = _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)
+        mm.store_weights = True
+        mm(x)
+        return getattr(unwrap(mm), "last_weights", None)
+
+    w = t.run(weights)
+    t.expect(isinstance(w, torch.Tensor) and tuple(w.shape) == (2, 2, 6, 6),
+             f"with store_weights = True, last_weights must be the (B, H, T_q, T_k) = (2, 2, 6, 6) weights; got "
+             f"{getattr(w, 'shape', w)}")
+    t.expect(bool(torch.allclose(w.sum(-1), torch.ones(2, 2, 6), atol=1e-5)), "rows of last_weights must sum to 1")
+    t.expect(bool((w.triu(1) == 0).all()), "causal module: last_weights must be exactly 0 above the diagonal")
+    t.expect(not w.requires_grad, "last_weights must be detached")
+
+    # the head count matters: 4 heads of 2 are not 1 head of 8
+    ref4 = _ref_mha(8, 8, 4, seed=13)
+    st4 = _state(ref4)
+    t.compare(lambda impl: _make(st4, 8, 8, 4)(impl)(xs), torch_mha_oracle(ref4, xs)[0],
+              "MultiHeadAttention(8, 8, num_heads=4) vs nn.MultiheadAttention", atol=1e-5)
+
+
+# ================================================================== 04.mha_from_wrapper
+
+
+@check(f"{U}.mha_from_wrapper", ["mha_from_wrapper"], _ref)
+def check_mha_from_wrapper(t):
+    Wrapper = _ref()["MultiHeadAttentionWrapper"]
+    for seed, (d_in, hd, ctx, h, bias, shape) in enumerate([(3, 2, 6, 2, False, (2, 6, 3)),
+                                                           (8, 4, 10, 3, True, (3, 7, 8)),
+                                                           (5, 3, 4, 1, False, (1, 4, 5))]):
+        torch.manual_seed(100 + seed)
+        wrapper = Wrapper(d_in, hd, ctx, 0.1, h, qkv_bias=bias).eval()
+        x = _rand(*shape, seed=seed)
+        expected = wrapper(x)
+        mha = unwrap(t.run(lambda impl, wrapper=wrapper: impl.mha_from_wrapper(wrapper)))
+        t.expect(isinstance(mha, nn.Module), f"mha_from_wrapper must return an nn.Module, got {type(mha).__name__}")
+        missing = [a for a in ("W_query", "W_key", "W_value", "out_proj", "dropout") if not hasattr(mha, a)]
+        t.expect(not missing, f"the module returned by mha_from_wrapper has no attribute(s) {missing}")
+        what = f"wrapper with {h} heads of width {hd} (d_in={d_in}, qkv_bias={bias})"
+        t.expect(tuple(mha.W_query.weight.shape) == (h * hd, d_in),
+                 f"{what}: W_query.weight must be (num_heads·head_dim, d_in) = {(h * hd, d_in)}; got "
+                 f"{tuple(mha.W_query.weight.shape)}")
+        eye = torch.eye(h * hd)
+        t.expect(bool(torch.equal(mha.out_proj.weight.detach(), eye)) and bool((mha.out_proj.bias == 0).all()),
+                 f"{what}: out_proj must be the identity (weight = I, bias = 0)")
+        stacked = torch.cat([hh.W_key.weight for hh in wrapper.heads], 0)
+        t.expect(bool(torch.equal(mha.W_key.weight.detach(), stacked)),
+                 f"{what}: W_key.weight must stack the heads' W_key weights row-wise, head 0 first")
+        t.expect(getattr(mha.dropout, "p", None) == 0.1, f"{what}: the dropout probability must be copied (0.1)")
+        mha.eval()
+
+        def run(impl, wrapper=wrapper, x=x):
+            out = unwrap(impl.mha_from_wrapper(wrapper))
+            out.eval()
+            return _run_learner(out, "the module returned by mha_from_wrapper", (x,), {})
+
+        t.compare(run, expected, f"{what}: mha_from_wrapper(w)(x) vs w(x) in eval mode", atol=1e-6, rtol=1e-5)
+
+
+# ================================================================== 04.to_torch_mha
+
+
+def _in_bias(torch_mha):
+    bias = getattr(unwrap(torch_mha), "in_proj_bias", None)
+    return None if bias is None else bias.detach()
+
+
+@check(f"{U}.to_torch_mha", ["to_torch_attn_mask", "to_torch_mha"], _ref)
+def check_to_torch_mha(t):
+    cm = torch.ones(5, 5, dtype=torch.bool).tril()
+    t.compare(lambda impl: impl.to_torch_attn_mask(cm), ~cm,
+              "to_torch_attn_mask(causal mask (5, 5)): nn.MultiheadAttention's boolean masks mean 'blocked'")
+    ref = _ref_mha(8, 8, 2, qkv_bias=True, seed=21)
+    tm = unwrap(t.run(lambda impl: impl.to_torch_mha(ref)))
+    t.expect(isinstance(tm, nn.MultiheadAttention), f"to_torch_mha must return nn.MultiheadAttention, got "
+             f"{type(tm).__name__}")
+    t.expect(bool(getattr(tm, "batch_first", False)), "create the nn.MultiheadAttention with batch_first=True")
+    packed = torch.cat([ref.W_query.weight, ref.W_key.weight, ref.W_value.weight]).detach()
+    t.compare(lambda impl: impl.to_torch_mha(ref).in_proj_weight.detach(), packed,
+              "in_proj_weight (3·d, d)", atol=0, rtol=0)
+    t.compare(lambda impl: _in_bias(impl.to_torch_mha(ref)),
+              torch.cat([ref.W_query.bias, ref.W_key.bias, ref.W_value.bias]).detach(), "in_proj_bias", atol=0, rtol=0)
+    nobias = _ref_mha(8, 8, 4, seed=22)
+    t.compare(lambda impl: _in_bias(impl.to_torch_mha(nobias)), torch.zeros(24),
+              "in_proj_bias of a module without qkv_bias (zeros; create nn.MultiheadAttention with bias=True, "
+              "since out_proj needs its bias)", atol=0, rtol=0)
+
+    x = _rand(2, 5, 8, seed=23)
+    g = torch.Generator().manual_seed(24)
+    rmask = torch.rand(5, 5, generator=g) > 0.5
+    rmask[:, 0] = True
+    for what, module, mask in [("causal mask", ref, cm), ("random (T, T) mask", ref, rmask),
+                               ("causal mask, 4 heads, no qkv bias", nobias, cm)]:
+        expected = module(x, mask=mask)
+
+        def run(impl, module=module, mask=mask):
+            torch_mha = unwrap(impl.to_torch_mha(module)).eval()
+            return _run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
+                                {"attn_mask": impl.to_torch_attn_mask(mask), "need_weights": False})[0]
+
+        t.compare(run, expected, f"nn.MultiheadAttention from to_torch_mha with attn_mask=to_torch_attn_mask(m), "
+                  f"{what}, vs mha(x, mask=m)", atol=1e-5)
+
+    # averaged weights equal last_weights.mean(1)
+    ref.store_weights = True
+    ref(x, mask=cm)
+    expected_w = ref.last_weights.mean(1)
+    ref.store_weights = False
+
+    def weights(impl):
+        torch_mha = unwrap(impl.to_torch_mha(ref)).eval()
+        return _run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
+                            {"attn_mask": impl.to_torch_attn_mask(cm), "need_weights": True,
+                             "average_attn_weights": True})[1]
+
+    t.compare(weights, expected_w, "need_weights=True, average_attn_weights=True: weights vs mha.last_weights.mean(1)",
+              atol=1e-5)
+    got = t.raised(lambda impl: impl.to_torch_mha(_ref_mha(6, 8, 2, seed=26)))
+    t.expect(got == "ValueError", f"to_torch_mha on a module with d_in=6 != d_out=8 must raise ValueError; got {got}")
+
+
+# ================================================================== 04.mha_forward_sdpa
+
+
+@contextlib.contextmanager
+def _spy_on_sdpa(t, spy):
+    """Route F.scaled_dot_product_attention (and names the learner imported it as) through ``spy``."""
+    original = F.scaled_dot_product_attention
+    fn = t.learner._objects.get("mha_forward_sdpa")
+    namespace = getattr(fn, "__globals__", {})
+    aliases = [k for k, v in namespace.items() if v is original]
+    F.scaled_dot_product_attention = spy
+    for k in aliases:
+        namespace[k] = spy
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+        for k in aliases:
+            namespace[k] = original
+
+
+@check(f"{U}.mha_forward_sdpa", ["mha_forward_sdpa"], _ref)
+def check_mha_forward_sdpa(t):
+    calls = []
+    original = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    ref_c = _ref_mha(8, 8, 2, qkv_bias=True, causal=True, context_length=10, seed=31)
+    x = _rand(2, 6, 8, seed=32)
+    keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
+    ref_x = _ref_mha(6, 8, 4, d_kv=5, seed=33)
+    xq, xkv = _rand(2, 3, 6, seed=34), _rand(2, 7, 5, seed=35)
+    pad = torch.tensor([[True] * 7, [True] * 2 + [False] * 5])[:, None, None, :]
+    ref_s = _ref_mha(8, 8, 4, seed=36)
+    rmask = torch.rand(2, 4, 6, 6, generator=torch.Generator().manual_seed(37)) > 0.5
+    rmask[..., 0] = True
+    # the masked T_q < T_k case comes first: it separates the two top-left mistakes
+    cases = [
+        ("causal module, T_q=3 < T_k=6, with a key-padding mask", ref_c, x[:, 3:], x, keep),
+        ("causal module, T_q=2 < T_k=6 (queries are the last positions), no user mask", ref_c, x[:, 4:], x, None),
+        ("causal module, self-attention", ref_c, x, None, None),
+        ("cross-attention, T_q=3, T_k=7, d_kv=5, with a key-padding mask", ref_x, xq, xkv, pad),
+        ("non-causal self-attention with a random (B, H, T, T) mask", ref_s, x, None, rmask),
+    ]
+    for what, module, xq_, xkv_, mask in cases:
+        expected = module(xq_, xkv_, mask=mask)
+
+        def run(impl, module=module, xq_=xq_, xkv_=xkv_, mask=mask):
+            return impl.mha_forward_sdpa(module, xq_, xkv_, mask)
+
+        with _spy_on_sdpa(t, spy):
+            t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
+    t.expect(len(calls) > 0, "mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention "
+             "(it was never called)")
