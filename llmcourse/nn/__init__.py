@@ -7,8 +7,10 @@ from .attention import (
     simple_attention,
     softmax_stable,
 )
+from .blocks import DecoderBlock, EncoderBlock, ProjectionLayer
 from .einsum import attention_output_einsum, attention_scores_einsum
 from .embeddings import GPTEmbedding, InputEmbeddings, embedding_lookup, one_hot_matmul
+from .feedforward import FeedForward, gelu
 from .heads import merge_heads, split_heads
 from .masks import causal_mask, padding_mask
 from .multihead import (
@@ -20,10 +22,12 @@ from .multihead import (
     to_torch_attn_mask,
     to_torch_mha,
 )
+from .norms import LayerNorm
 from .positions import PositionalEncoding, inverse_frequencies, shift_matrix, sinusoidal_pe
 from .residual import ResidualStack
 
 __all__ = [
+    "DecoderBlock", "EncoderBlock", "FeedForward", "LayerNorm", "ProjectionLayer", "gelu",
     "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "embedding_lookup", "inverse_frequencies",
     "one_hot_matmul", "shift_matrix", "sinusoidal_pe",
     "CausalSelfAttention", "ResidualStack", "SelfAttention", "attention_output_einsum", "attention_scores_einsum",

@@ -8,6 +8,13 @@ from .attention import (
     show_softmax_sharpness,
     show_variance_vs_dim,
 )
+from .blocks import (
+    show_activations,
+    show_block_diagram,
+    show_layernorm,
+    show_pre_post_ln,
+    show_residual_gradients,
+)
 from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
 from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
 from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
@@ -29,4 +36,5 @@ __all__ = [
     "show_candidate_comparison", "show_frequency_explorer", "show_pe_heatmap", "show_position_similarity",
     "show_shift_rotation",
     "show_head_viewer", "show_mask_translator", "show_merge_visualiser",
+    "show_activations", "show_block_diagram", "show_layernorm", "show_pre_post_ln", "show_residual_gradients",
 ]

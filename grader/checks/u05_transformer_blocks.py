@@ -1,0 +1,485 @@
+"""Checks of unit 05 (transformer blocks).
+
+Oracles: ``nn.LayerNorm`` (same ``state_dict``), ``F.gelu`` for both ``approximate`` modes, and
+``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` (``batch_first=True``, dropout 0)
+loaded with the block's weights in **both** norm placements. Fixtures: F05.1 (std of a LayerNorm
+output = √(128/127)), F05.2 (the two GELUs at x = −3), F05.3 (parameter counts).
+
+The learner's ``EncoderBlock``/``DecoderBlock``/``FeedForward`` normally use the learner's own
+``LayerNorm``/``FeedForward``/``gelu`` from the same notebook. While a check runs, those names are
+temporarily bound to the course's finished versions, so a mistake in ``LayerNorm`` costs points in
+``05.LayerNorm`` only and is not counted again in every block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import check, forbid, unwrap
+
+U = "05"
+T = torch.tensor
+
+
+def _ref():
+    from llmcourse.nn import blocks, feedforward, norms
+
+    return {"LayerNorm": norms.LayerNorm, "gelu": feedforward.gelu, "FeedForward": feedforward.FeedForward,
+            "EncoderBlock": blocks.EncoderBlock, "DecoderBlock": blocks.DecoderBlock,
+            "ProjectionLayer": blocks.ProjectionLayer}
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _learner_globals(t, name):
+    obj = t.learner._objects.get(name)
+    if obj is None:
+        return None
+    if hasattr(obj, "__globals__"):
+        return obj.__globals__
+    for value in vars(obj).values() if isinstance(obj, type) else ():
+        g = getattr(value, "__globals__", None)
+        if g is not None:
+            return g
+    return None
+
+
+@contextlib.contextmanager
+def course_parts(t, name):
+    """Bind LayerNorm/FeedForward/gelu in the learner's globals to llmcourse's while the check runs."""
+    g = _learner_globals(t, name)
+    parts = {k: v for k, v in _ref().items() if k in {"LayerNorm", "FeedForward", "gelu"} and k != name}
+    saved = {}
+    if g is not None:
+        for k, v in parts.items():
+            if k in g:
+                saved[k] = g[k]
+                g[k] = v
+    try:
+        yield
+    finally:
+        if g is not None:
+            g.update(saved)
+
+
+def _state_dict(module) -> dict:
+    return {k: v.detach().clone() for k, v in unwrap(module).state_dict().items()}
+
+
+def _shapes(module) -> dict:
+    return {k: tuple(v.shape) for k, v in unwrap(module).state_dict().items()}
+
+
+def _randomised(module, seed):
+    """``module`` with every parameter redrawn (norm weights around 1) so no sublayer is trivial."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm1.weight") or name.endswith("norm2.weight") or name.endswith("norm3.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return module.eval()
+
+
+# ================================================================== 05.LayerNorm
+
+F051_STD = math.sqrt(128 / 127)  # 1.00393
+
+
+def _no_builtin_norm():
+    return forbid((F, "layer_norm"), (F, "group_norm"), (torch, "layer_norm"), (torch, "group_norm"),
+                  reason="compute the mean and the biased variance over the last dimension yourself.")
+
+
+def _ln_state(d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return {"weight": 1.0 + 0.5 * torch.randn(d, generator=g), "bias": 0.5 * torch.randn(d, generator=g)}
+
+
+@check(f"{U}.LayerNorm", ["LayerNorm"], _ref)
+def check_layernorm(t):
+    ln = t.run(lambda impl: impl.LayerNorm(16))
+    mod = unwrap(ln)
+    t.expect(isinstance(mod, nn.Module), "LayerNorm must be an nn.Module subclass")
+    shapes = _shapes(mod)
+    buffers = dict(mod.named_buffers())
+    t.expect(not buffers, f"LayerNorm must have no buffers (it keeps no running statistics); found "
+             f"{sorted(buffers)}", bug="B05.ln_running_stats")
+    t.expect(shapes == {"weight": (16,), "bias": (16,)},
+             f"state_dict of LayerNorm(16) must be {{'weight': (16,), 'bias': (16,)}}; got {shapes}")
+    sd = mod.state_dict()
+    t.expect(bool(torch.equal(sd["weight"], torch.ones(16))) and bool(torch.equal(sd["bias"], torch.zeros(16))),
+             "a new LayerNorm must start with weight = 1 and bias = 0 (the identity affine map)")
+    t.expect(getattr(mod, "eps", 1e-5) == 1e-5 or abs(float(getattr(mod, "eps", 1e-5)) - 1e-5) < 1e-12,
+             f"the default eps must be 1e-5; got {getattr(mod, 'eps', None)}")
+
+    def run(x, state=None, d=16, mode="eval", eps=None):
+        def probe(impl):
+            m = impl.LayerNorm(d) if eps is None else impl.LayerNorm(d, eps=eps)
+            if state is not None:
+                unwrap(m).load_state_dict(state)
+            getattr(unwrap(m), mode)()
+            with _no_builtin_norm():
+                return m(x)
+        return probe
+
+    # train and eval identical (BatchNorm would differ)
+    x = _rand(2, 4, 16, seed=1) * 2.0 + 1.0
+    st = _ln_state(16, 3)
+    y_train = t.run(run(x, st, mode="train"))
+    y_eval = t.run(run(x, st, mode="eval"))
+    t.expect(isinstance(y_train, torch.Tensor) and y_train.shape == x.shape,
+             f"LayerNorm must keep the input shape {tuple(x.shape)}; got {getattr(y_train, 'shape', y_train)}")
+    t.expect(bool(torch.allclose(y_train, y_eval, atol=1e-6)),
+             "train() and eval() give different outputs: LayerNorm has no running statistics and behaves the same "
+             "in both modes", bug="B05.ln_running_stats")
+
+    # F05.1: the std (unbiased) of all 128 outputs is √(128/127) for any non-degenerate (2, 4, 16) input
+    t.compare(lambda impl: run(x)(impl).std().detach().reshape(1), torch.tensor([F051_STD]),
+              "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (F05.1: √(128/127) = 1.00393)",
+              atol=1e-4, rtol=0.0)
+
+    # oracle: nn.LayerNorm with the same state_dict, several shapes and scales
+    cases = [
+        ("a (3, 5, 16) batch", _rand(3, 5, 16, seed=4), 16),
+        ("a (3, 5, 16) batch with small variance (σ ≈ 0.003: ε matters)", _rand(3, 5, 16, seed=5) * 0.003, 16),
+        ("a (4, 8) 2-D input with an offset", _rand(4, 8, seed=6) * 2 + 3.0, 8),
+        ("a (2, 3, 6, 12) 4-D input", _rand(2, 3, 6, 12, seed=7), 12),
+    ]
+    for what, xx, d in cases:
+        state = _ln_state(d, d + 11)
+        oracle = nn.LayerNorm(d)
+        oracle.load_state_dict(state)
+        with torch.no_grad():
+            expected = oracle(xx)
+        t.compare(lambda impl, xx=xx, state=state, d=d: run(xx, state, d)(impl), expected,
+                  f"LayerNorm vs nn.LayerNorm (same weight/bias) on {what}", atol=1e-6, rtol=1e-5)
+    # custom eps
+    xx = _rand(2, 3, 16, seed=8) * 0.01
+    oracle = nn.LayerNorm(16, eps=1e-3)
+    with torch.no_grad():
+        expected = oracle(xx)
+    t.compare(run(xx, None, 16, eps=1e-3), expected, "LayerNorm(16, eps=1e-3) vs nn.LayerNorm(16, eps=1e-3)",
+              atol=1e-6, rtol=1e-5)
+    # the state_dict loads into nn.LayerNorm (interchangeable keys)
+    sd = _state_dict(t.run(lambda impl: impl.LayerNorm(16)))
+    try:
+        nn.LayerNorm(16).load_state_dict(sd)
+    except RuntimeError as exc:
+        t.fail(f"your LayerNorm's state_dict does not load into nn.LayerNorm(16): {str(exc).splitlines()[0]}")
+
+
+# ================================================================== 05.gelu
+
+
+@check(f"{U}.gelu", ["gelu"], _ref)
+def check_gelu(t):
+    def call(x, approximate="none"):
+        def probe(impl):
+            with forbid((F, "gelu"), reason="write GELU with torch.erf / torch.tanh."):
+                return impl.gelu(x, approximate=approximate)
+        return probe
+
+    x = torch.linspace(-8, 8, 1601)
+    out = t.run(call(x))
+    t.expect(isinstance(out, torch.Tensor) and out.shape == x.shape,
+             f"gelu must return a tensor of the input's shape {tuple(x.shape)}")
+    t.compare(call(T([-3.0])), T([-0.00405]), "gelu(-3) with approximate='none' (F05.2)", atol=1e-5)
+    t.compare(call(T([-3.0]), "tanh"), T([-0.00364]), "gelu(-3) with approximate='tanh' (F05.2)", atol=1e-5)
+    # float64 inputs: the float32 formula loses ~1e-6 to cancellation in 1 + erf(x/√2) for x < -3
+    x64 = torch.linspace(-8, 8, 1601, dtype=torch.float64)
+    for approximate in ("none", "tanh"):
+        for what, xx in (("x in linspace(-8, 8, 1601), float64", x64),
+                         ("a (2, 3, 5) normal tensor ×3, float64", _rand(2, 3, 5, seed=2).double() * 3)):
+            expected = F.gelu(xx, approximate=approximate)
+            t.compare(call(xx, approximate), expected, f"gelu({what}, approximate={approximate!r}) vs F.gelu",
+                      atol=1e-6, rtol=1e-5)
+        t.compare(call(x, approximate), F.gelu(x, approximate=approximate),
+                  f"gelu(x, approximate={approximate!r}) in float32 vs F.gelu", atol=1e-5, rtol=1e-5)
+    exact, approx = t.run(call(x)), t.run(call(x, "tanh"))
+    diff = (exact - approx).abs()
+    t.expect(abs(diff.max().item() - 4.74e-4) < 5e-6,
+             f"max |gelu_exact − gelu_tanh| on [−8, 8] must be 4.74e-4 (F05.2); got {diff.max().item():.3g}")
+
+
+# ================================================================== 05.FeedForward
+
+
+@check(f"{U}.FeedForward", ["FeedForward"], _ref)
+def check_feedforward(t):
+    with course_parts(t, "FeedForward"):
+        m = t.run(lambda impl: impl.FeedForward(8, 32))
+        mod = unwrap(m)
+        t.expect(isinstance(mod, nn.Module), "FeedForward must be an nn.Module subclass")
+        want = {"fc1.weight": (32, 8), "fc1.bias": (32,), "fc2.weight": (8, 32), "fc2.bias": (8,)}
+        got = _shapes(mod)
+        t.expect(got == want, f"state_dict of FeedForward(8, 32) must be {want}; got {got}")
+        n = sum(p.numel() for p in mod.parameters())
+        t.expect(n == 2 * 8 * 32 + 32 + 8, f"FeedForward(8, 32) must have 2·D·d_ff + d_ff + D = 552 parameters; got {n}")
+        big = unwrap(t.run(lambda impl: impl.FeedForward(512, 2048)))
+        n = sum(p.numel() for p in big.parameters())
+        t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters (F05.3); got {n:,}")
+
+        ref_cls = t.reference.FeedForward
+        for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
+                                       ("gelu_tanh", lambda z: F.gelu(z, approximate="tanh"))):
+            torch.manual_seed(3)
+            ref = ref_cls(8, 32, activation)
+            st = _state_dict(ref)
+            x = _rand(3, 5, 8, seed=4)
+            with torch.no_grad():
+                expected = F.linear(oracle_act(F.linear(x, st["fc1.weight"], st["fc1.bias"])),
+                                    st["fc2.weight"], st["fc2.bias"])
+
+            def probe(impl, st=st, x=x, activation=activation):
+                mm = impl.FeedForward(8, 32, activation)
+                unwrap(mm).load_state_dict(st)
+                unwrap(mm).train()  # no dropout inside: train mode gives the same result
+                return mm(x)
+
+            t.compare(probe, expected, f"FeedForward(8, 32, activation={activation!r}) on a (3, 5, 8) batch "
+                      "(shared weights, train mode)", atol=1e-5, rtol=1e-5)
+
+        # position-wise: permuting positions permutes outputs the same way
+        torch.manual_seed(5)
+        st = _state_dict(ref_cls(8, 32, "gelu"))
+        x = _rand(2, 7, 8, seed=6)
+        perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+
+        def both(impl):
+            mm = impl.FeedForward(8, 32, "gelu")
+            unwrap(mm).load_state_dict(st)
+            return mm(x), mm(x[:, perm])
+
+        y, y_perm = t.run(both)
+        t.expect(bool(torch.allclose(y[:, perm], y_perm, atol=1e-6)),
+                 "FeedForward must act on each position independently: permuting the positions of the input "
+                 "must permute the outputs in the same way")
+
+
+# ================================================================== blocks: shared helpers
+
+
+def _enc_probe(st, x, mask, norm_first, activation="relu", d=16, h=4, d_ff=32):
+    def probe(impl):
+        m = impl.EncoderBlock(d, h, d_ff, dropout=0.0, norm_first=norm_first, activation=activation)
+        unwrap(m).load_state_dict(st)
+        unwrap(m).eval()
+        return m(x, mask=mask)
+    return probe
+
+
+def _compare_orderings(t, probe, expected, other, what):
+    """Compare with the requested ordering; name B05.post_for_pre when the output is the other one's."""
+    got = t.run(probe)
+    from ..core import _same
+
+    if _same(got, expected, 1e-5, 1e-5):
+        return got
+    if _same(got, other, 1e-5, 1e-5):
+        t.fail(f"{what}: your output equals the **other** norm placement's (pre-LN and post-LN swapped)",
+               bug="B05.post_for_pre")
+    t.compare(probe, expected, what, atol=1e-5, rtol=1e-5)
+    return got  # unreachable when compare fails
+
+
+def _keep(lengths, t_max):
+    return torch.arange(t_max)[None, :] < torch.tensor(lengths)[:, None]
+
+
+# ================================================================== 05.EncoderBlock
+
+
+@check(f"{U}.EncoderBlock", ["EncoderBlock"], _ref)
+def check_encoder_block(t):
+    from llmcourse.nn.blocks import to_torch_encoder_layer
+
+    with course_parts(t, "EncoderBlock"):
+        blk = t.run(lambda impl: impl.EncoderBlock(16, 4, 32))
+        mod = unwrap(blk)
+        t.expect(isinstance(mod, nn.Module), "EncoderBlock must be an nn.Module subclass")
+        ref_cls = t.reference.EncoderBlock
+        want = _shapes(ref_cls(16, 4, 32))
+        got = _shapes(mod)
+        t.expect(got == want, f"state_dict keys/shapes of EncoderBlock(16, 4, 32) must be {want}; got {got}")
+        n = sum(p.numel() for p in unwrap(t.run(lambda impl: impl.EncoderBlock(512, 8, 2048))).parameters())
+        t.expect(n == 3_152_384, f"EncoderBlock(512, 8, 2048) must have 3,152,384 parameters (F05.3, all biases, "
+                 f"as nn.TransformerEncoderLayer); got {n:,}")
+
+        x = _rand(3, 7, 16, seed=1)
+        keep = _keep([7, 5, 2], 7)
+        mask = keep[:, None, None, :]
+        for activation in ("relu", "gelu"):
+            for norm_first in (True, False):
+                torch.manual_seed(10)
+                ref = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 20)
+                st = _state_dict(ref)
+                oracle = to_torch_encoder_layer(ref)
+                ref_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
+                                                activation=activation), 20)
+                other_layer = to_torch_encoder_layer(ref_other)
+                with torch.enable_grad():  # no nested-tensor fast path: padded rows are computed too
+                    expected = oracle(x, src_key_padding_mask=~keep).detach()
+                    other = other_layer(x, src_key_padding_mask=~keep).detach()
+                label = "pre-LN" if norm_first else "post-LN"
+                _compare_orderings(t, _enc_probe(st, x, mask, norm_first, activation), expected, other,
+                                   f"EncoderBlock({label}, activation={activation!r}) vs nn.TransformerEncoderLayer"
+                                   f"(norm_first={norm_first}) with the same weights and a padding mask")
+
+        # no mask at all
+        torch.manual_seed(11)
+        ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 21)
+        with torch.enable_grad():
+            expected = to_torch_encoder_layer(ref)(x).detach()
+        t.compare(_enc_probe(_state_dict(ref), x, None, True), expected, "EncoderBlock(pre-LN) without a mask vs "
+                  "nn.TransformerEncoderLayer", atol=1e-5, rtol=1e-5)
+
+        # padding invariance: appending masked-out positions leaves the real positions unchanged
+        st = _state_dict(ref)
+        keep2 = torch.cat([keep, torch.zeros(3, 3, dtype=torch.bool)], 1)
+        x2 = torch.cat([x, _rand(3, 3, 16, seed=9) * 4], 1)
+        base = t.run(_enc_probe(st, x, mask, True))
+        longer = t.run(_enc_probe(st, x2, keep2[:, None, None, :], True))
+        t.expect(bool(torch.allclose(longer[:, :7][keep], base[keep], atol=1e-5)),
+                 "appending padded (masked-out) positions changed the outputs at real positions: the mask must "
+                 "reach the self-attention")
+
+        # dropout: eval mode is deterministic and equals the dropout-0 block
+        def with_dropout(impl):
+            m = impl.EncoderBlock(16, 4, 32, dropout=0.5)
+            unwrap(m).load_state_dict(st)
+            unwrap(m).eval()
+            return m(x, mask=mask)
+
+        t.compare(with_dropout, base, "EncoderBlock(dropout=0.5) in eval mode must equal the same block without "
+                  "dropout", atol=1e-5, rtol=1e-5)
+
+
+# ================================================================== 05.DecoderBlock
+
+
+def _dec_probe(st, x, memory, tgt_mask, memory_mask, norm_first=True, activation="relu"):
+    def probe(impl):
+        m = impl.DecoderBlock(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation)
+        unwrap(m).load_state_dict(st)
+        unwrap(m).eval()
+        return m(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
+    return probe
+
+
+@check(f"{U}.DecoderBlock", ["DecoderBlock"], _ref)
+def check_decoder_block(t):
+    from llmcourse.nn.blocks import to_torch_decoder_layer
+    from llmcourse.nn.masks import causal_mask
+
+    with course_parts(t, "DecoderBlock"):
+        blk = t.run(lambda impl: impl.DecoderBlock(16, 4, 32))
+        mod = unwrap(blk)
+        t.expect(isinstance(mod, nn.Module), "DecoderBlock must be an nn.Module subclass")
+        ref_cls = t.reference.DecoderBlock
+        want = _shapes(ref_cls(16, 4, 32))
+        got = _shapes(mod)
+        t.expect(got == want, f"state_dict keys/shapes of DecoderBlock(16, 4, 32) must be {want}; got {got}")
+        n = sum(p.numel() for p in unwrap(t.run(lambda impl: impl.DecoderBlock(512, 8, 2048))).parameters())
+        t.expect(n == 4_204_032, f"DecoderBlock(512, 8, 2048) must have 4,204,032 parameters (F05.3, as "
+                 f"nn.TransformerDecoderLayer); got {n:,}")
+
+        torch.manual_seed(12)
+        ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 22)
+        st = _state_dict(ref)
+        tgt = _rand(2, 6, 16, seed=2)
+        mem = _rand(2, 6, 16, seed=3)
+        src_keep = _keep([6, 4], 6)
+        cm = causal_mask(6)
+        mm = src_keep[:, None, None, :]
+
+        # detector: the output must depend on memory (at its unmasked positions) ...
+        base = t.run(_dec_probe(st, tgt, mem, cm, mm))
+        mem2 = mem.clone()
+        mem2[:, :4] = mem2[:, :4] * -2.0 + 1.0
+        moved = t.run(_dec_probe(st, tgt, mem2, cm, mm))
+        t.expect(not bool(torch.allclose(moved, base, atol=1e-6)),
+                 "changing the encoder memory did not change the decoder's output: cross-attention must take its "
+                 "keys and values from memory", bug="B05.cross_kv_from_decoder")
+        # ... and not on masked-out memory positions
+        mem3 = mem.clone()
+        mem3[1, 4:] = 50.0
+        t.compare(_dec_probe(st, tgt, mem3, cm, mm), base, "changing memory positions that memory_mask hides "
+                  "(padding of the source) must leave the output unchanged", atol=1e-5, rtol=1e-5)
+
+        # causal over the target: a change at position p leaves outputs < p unchanged
+        for p in (2, 4):
+            tgt2 = tgt.clone()
+            tgt2[:, p:] = tgt2[:, p:] * 3.0 - 1.0
+            out = t.run(_dec_probe(st, tgt2, mem, cm, mm))
+            t.expect(bool(torch.allclose(out[:, :p], base[:, :p], atol=1e-5)),
+                     f"changing target positions ≥ {p} changed outputs at positions < {p}: the self-attention must "
+                     "use tgt_mask (the causal mask)")
+
+        # oracle, T_tgt == T_src first, then T_tgt != T_src, both orderings
+        shapes = [("T_tgt = T_src = 6", tgt, mem, src_keep),
+                  ("T_tgt = 5 ≠ T_src = 7", _rand(2, 5, 16, seed=4), _rand(2, 7, 16, seed=5), _keep([7, 3], 7)),
+                  ("T_tgt = 8 ≠ T_src = 3", _rand(2, 8, 16, seed=6), _rand(2, 3, 16, seed=7), _keep([3, 2], 3))]
+        for what, xx, memory, keep in shapes:
+            for activation, norm_first in (("relu", True), ("relu", False), ("gelu", True), ("gelu", False)):
+                torch.manual_seed(13)
+                r = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 23)
+                r_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
+                                              activation=activation), 23)
+                c = causal_mask(xx.shape[1])
+                with torch.enable_grad():
+                    expected = to_torch_decoder_layer(r)(xx, memory, tgt_mask=~c,
+                                                         memory_key_padding_mask=~keep).detach()
+                    other = to_torch_decoder_layer(r_other)(xx, memory, tgt_mask=~c,
+                                                            memory_key_padding_mask=~keep).detach()
+                label = "pre-LN" if norm_first else "post-LN"
+                _compare_orderings(t, _dec_probe(_state_dict(r), xx, memory, c, keep[:, None, None, :], norm_first,
+                                                 activation), expected, other,
+                                   f"DecoderBlock({label}, activation={activation!r}) vs nn.TransformerDecoderLayer"
+                                   f"(norm_first={norm_first}) with the same weights, {what}, causal tgt_mask and "
+                                   "source padding memory_mask")
+
+
+# ================================================================== 05.ProjectionLayer
+
+
+@check(f"{U}.ProjectionLayer", ["ProjectionLayer"], _ref)
+def check_projection(t):
+    m = t.run(lambda impl: impl.ProjectionLayer(16, 50))
+    mod = unwrap(m)
+    t.expect(isinstance(mod, nn.Module), "ProjectionLayer must be an nn.Module subclass")
+    want = {"proj.weight": (50, 16), "proj.bias": (50,)}
+    got = _shapes(mod)
+    t.expect(got == want, f"state_dict of ProjectionLayer(16, 50) must be {want}; got {got}")
+    torch.manual_seed(14)
+    ref = t.reference.ProjectionLayer(16, 50)
+    st = _state_dict(ref)
+    x = _rand(3, 5, 16, seed=8) * 2
+
+    def probe(impl):
+        mm = impl.ProjectionLayer(16, 50)
+        unwrap(mm).load_state_dict(st)
+        return mm(x)
+
+    out = t.run(probe)
+    t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (3, 5, 50),
+             f"ProjectionLayer(16, 50) on (3, 5, 16) must return logits of shape (3, 5, 50); got "
+             f"{getattr(out, 'shape', out)}")
+    ones = torch.ones(3, 5)
+    t.expect(not bool(torch.allclose(out.sum(-1), ones, atol=1e-4)),
+             "each row of your output sums to 1: these are probabilities (softmax), not logits",
+             bug="B05.projection_softmax")
+    t.expect(not bool(torch.allclose(out.exp().sum(-1), ones, atol=1e-4)),
+             "rows of exp(output) sum to 1: these are log-probabilities (log_softmax), not logits",
+             bug="B05.projection_softmax")
+    with torch.no_grad():
+        expected = F.linear(x, st["proj.weight"], st["proj.bias"])
+    t.compare(probe, expected, "ProjectionLayer(16, 50) logits with shared weights", atol=1e-5, rtol=1e-5)
