@@ -3,6 +3,16 @@
 from .gpt2_tokenizer import EOT_ID, EOT_TOKEN, gpt2_encoding, tiktoken_cache_dir
 from .registry import DATASETS, DataFile, Dataset, get_dataset
 from .resolve import MIRROR_ENV, DataNotFoundError, cache_dir, data_path, load_text
+from .sentiment import (
+    SPECIALS,
+    SentimentBatches,
+    SentimentExample,
+    build_compact_vocab,
+    encode_batch,
+    load_sentiment,
+    parse_labelled_lines,
+    stratified_split,
+)
 from .tokenizers import (
     END_OF_WORD,
     BPETokenizer,
@@ -22,4 +32,7 @@ __all__ = [
     # unit 01: tokenizers and windowed datasets
     "END_OF_WORD", "BPETokenizer", "CharTokenizer", "GPTWindowDataset", "WordTokenizer", "bpe_encode_word",
     "bpe_trace", "bpe_train", "create_dataloader", "encode_with_specials", "load_gpt2_encoding",
+    # unit 07: UCI sentiment sentences, compact GPT-2 vocabulary, classifier batches
+    "SPECIALS", "SentimentBatches", "SentimentExample", "build_compact_vocab", "encode_batch", "load_sentiment",
+    "parse_labelled_lines", "stratified_split",
 ]

@@ -1,5 +1,6 @@
 """Whole models, built from the pieces in :mod:`llmcourse.nn`."""
 
 from .attention_lm import AttentionOnlyLM
+from .encoder_classifier import BertEmbeddings, EncoderClassifier
 
-__all__ = ["AttentionOnlyLM"]
+__all__ = ["AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier"]

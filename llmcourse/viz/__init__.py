@@ -17,6 +17,7 @@ from .blocks import (
 )
 from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
 from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
+from .classifier import show_cls_attention, show_confusion, show_training_curves
 from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
 from .positions import (
     show_candidate_comparison,
@@ -37,4 +38,5 @@ __all__ = [
     "show_shift_rotation",
     "show_head_viewer", "show_mask_translator", "show_merge_visualiser",
     "show_activations", "show_block_diagram", "show_layernorm", "show_pre_post_ln", "show_residual_gradients",
+    "show_cls_attention", "show_confusion", "show_training_curves",
 ]
