@@ -8,6 +8,7 @@ from .attention import (
     show_softmax_sharpness,
     show_variance_vs_dim,
 )
+from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
 from .blocks import (
     show_activations,
     show_block_diagram,
@@ -15,10 +16,9 @@ from .blocks import (
     show_pre_post_ln,
     show_residual_gradients,
 )
-from .base import StaticFigure, css_class, figure, live_or_static, redrawing_output
-from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
 from .classifier import show_cls_attention, show_confusion, show_training_curves
 from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
+from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
 from .positions import (
     show_candidate_comparison,
     show_frequency_explorer,
