@@ -24,6 +24,17 @@ from .tokenizers import (
     encode_with_specials,
     load_gpt2_encoding,
 )
+from .translation import (
+    TranslationPair,
+    TranslationTokenizer,
+    load_tatoeba_tokenizers,
+    load_translation_pairs,
+    make_src_mask,
+    make_tgt_mask,
+    make_translation_batch,
+    pretokenize,
+    split_pairs,
+)
 from .windows import GPTWindowDataset, create_dataloader
 
 __all__ = [
@@ -35,4 +46,7 @@ __all__ = [
     # unit 07: UCI sentiment sentences, compact GPT-2 vocabulary, classifier batches
     "SPECIALS", "SentimentBatches", "SentimentExample", "build_compact_vocab", "encode_batch", "load_sentiment",
     "parse_labelled_lines", "stratified_split",
+    # unit 06: translation data, tokenizers, batches and masks
+    "TranslationPair", "TranslationTokenizer", "load_tatoeba_tokenizers", "load_translation_pairs", "make_src_mask",
+    "make_tgt_mask", "make_translation_batch", "pretokenize", "split_pairs",
 ]

@@ -2,5 +2,6 @@
 
 from .attention_lm import AttentionOnlyLM
 from .encoder_classifier import BertEmbeddings, EncoderClassifier
+from .transformer import Transformer
 
-__all__ = ["AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier"]
+__all__ = ["AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier", "Transformer"]

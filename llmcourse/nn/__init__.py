@@ -32,7 +32,7 @@ __all__ = [
     "one_hot_matmul", "shift_matrix", "sinusoidal_pe",
     "CausalSelfAttention", "ResidualStack", "SelfAttention", "attention_output_einsum", "attention_scores_einsum",
     "causal_mask", "merge_heads", "padding_mask",
-    "scaled_dot_product_attention", "simple_attention", "softmax_stable", "split_heads",
     "MultiHeadAttention", "MultiHeadAttentionWrapper", "mha_forward_sdpa", "mha_from_wrapper", "mha_param_count",
     "to_torch_attn_mask", "to_torch_mha",
+    "scaled_dot_product_attention", "simple_attention", "softmax_stable", "split_heads",
 ]

@@ -27,8 +27,11 @@ from .positions import (
     show_shift_rotation,
 )
 from .tokenization import show_bpe_stepper, show_sliding_window, show_tokenizer_comparison
+from .translation import show_alignment_explorer, show_training_monitor, show_translation_box
 
 __all__ = [
+    "show_cls_attention", "show_confusion", "show_training_curves",
+    "show_activations", "show_block_diagram", "show_layernorm", "show_pre_post_ln", "show_residual_gradients",
     "StaticFigure", "css_class", "figure", "live_or_static", "redrawing_output",
     "show_attention_lab", "show_dropout_on_weights", "show_query_geometry", "show_sentence_attention",
     "show_softmax_sharpness", "show_variance_vs_dim",
@@ -36,7 +39,6 @@ __all__ = [
     "show_bpe_stepper", "show_sliding_window", "show_tokenizer_comparison",
     "show_candidate_comparison", "show_frequency_explorer", "show_pe_heatmap", "show_position_similarity",
     "show_shift_rotation",
+    "show_alignment_explorer", "show_training_monitor", "show_translation_box",
     "show_head_viewer", "show_mask_translator", "show_merge_visualiser",
-    "show_activations", "show_block_diagram", "show_layernorm", "show_pre_post_ln", "show_residual_gradients",
-    "show_cls_attention", "show_confusion", "show_training_curves",
 ]

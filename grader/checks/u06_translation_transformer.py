@@ -1,0 +1,358 @@
+"""Checks of unit 06 (the encoder–decoder Transformer for English→Hindi).
+
+Oracles: ``torch.nn.Transformer`` (same weights, torch's mask convention), ``causal_mask`` from unit 00,
+``torch.argmax`` for greedy decoding, and hand-computed chrF values (F06.3; sacreBLEU is not a course
+dependency). Fixtures F06.1–F06.3 come from the syllabus. Models are compared with shared weights: the
+learner's module is built with the same arguments and loaded with the reference ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import check, unwrap
+
+U = "06"
+T = torch.tensor
+PAD, SOS, EOS = 0, 1, 2
+
+
+def _ref_masks():
+    from llmcourse.data import translation as tr
+
+    return {"make_src_mask": tr.make_src_mask, "make_tgt_mask": tr.make_tgt_mask}
+
+
+def _ref_batch():
+    from llmcourse.data import translation as tr
+
+    return {"make_translation_batch": tr.make_translation_batch}
+
+
+def _ref_transformer():
+    from llmcourse.data import translation as tr
+    from llmcourse.models.transformer import Transformer
+
+    return {"Transformer": Transformer, "make_src_mask": tr.make_src_mask, "make_tgt_mask": tr.make_tgt_mask}
+
+
+def _ref_greedy():
+    from llmcourse.train.decoding import greedy_translate
+
+    return {"greedy_translate": greedy_translate}
+
+
+def _ref_chrf():
+    from llmcourse.train.metrics import chrf
+
+    return {"chrf": chrf}
+
+
+def _causal(t):
+    from llmcourse.nn.masks import causal_mask
+
+    return causal_mask(t)
+
+
+def _padded_ids(lengths, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    x = torch.randint(4, vocab, (len(lengths), width), generator=g)
+    for i, n in enumerate(lengths):
+        x[i, n:] = PAD
+    return x
+
+
+# ================================================================== 06.make_masks
+
+F061_SRC = T([[5, 6, 7, 0, 0]])
+F061_SRC_MASK = T([[[[True, True, True, False, False]]]])
+F061_TGT = T([[1, 8, 9, 0]])
+F061_TGT_MASK = T([[[[True, False, False, False], [True, True, False, False],
+                     [True, True, True, False], [True, True, True, False]]]])
+
+
+@check(f"{U}.make_masks", ["make_src_mask", "make_tgt_mask"], _ref_masks)
+def check_make_masks(t):
+    out = t.run(lambda impl: impl.make_src_mask(F061_SRC))
+    t.expect(isinstance(out, torch.Tensor), f"make_src_mask must return a tensor, got {type(out).__name__}")
+    t.expect(out.dtype == torch.bool, f"make_src_mask must return a bool mask (True = real token), got {out.dtype}")
+    t.compare(lambda impl: impl.make_src_mask(F061_SRC), F061_SRC_MASK,
+              "make_src_mask([[5, 6, 7, 0, 0]]) (F06.1; expected shape (B, 1, 1, S))")
+    src = _padded_ids([6, 3, 1, 5], 30, seed=1)
+    t.compare(lambda impl: impl.make_src_mask(src), (src != PAD)[:, None, None, :], "make_src_mask on a (4, 6) batch")
+    t.compare(lambda impl: impl.make_src_mask(src + 1, pad_id=4), (src + 1 != 4)[:, None, None, :],
+              "make_src_mask with pad_id=4")
+
+    out = t.run(lambda impl: impl.make_tgt_mask(F061_TGT))
+    t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.bool,
+             f"make_tgt_mask must return a bool tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+    t.compare(lambda impl: impl.make_tgt_mask(F061_TGT), F061_TGT_MASK,
+              "make_tgt_mask([[1, 8, 9, 0]]) (F06.1; expected shape (B, 1, T, T) = padding & causal)")
+    tgt = _padded_ids([5, 2, 7], 30, seed=2)
+    tgt[:, 0] = SOS
+    expected = (tgt != PAD)[:, None, None, :] & _causal(tgt.shape[1])
+    out = t.compare(lambda impl: impl.make_tgt_mask(tgt), expected,
+                    "make_tgt_mask on a (3, 7) batch: key padding (B, 1, 1, T) & causal_mask(T)")
+    t.expect(bool(out.any(-1).all()), "every query row of the target mask must keep at least one key (else NaN)")
+    t.compare(lambda impl: impl.make_tgt_mask(tgt + 1, pad_id=1), (tgt + 1 != 1)[:, None, None, :] & _causal(7),
+              "make_tgt_mask with pad_id=1")
+
+
+# ================================================================== 06.make_translation_batch
+
+F062_PAIRS = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])]
+F062 = (T([[5, 6, 7], [5, 0, 0]]), T([[1, 8, 9, 0, 0], [1, 8, 9, 10, 11]]), T([[8, 9, 2, 0, 0], [8, 9, 10, 11, 2]]))
+
+
+@check(f"{U}.make_translation_batch", ["make_translation_batch"], _ref_batch)
+def check_make_translation_batch(t):
+    out = t.run(lambda impl: impl.make_translation_batch(F062_PAIRS, 8))
+    t.expect(isinstance(out, (tuple, list)) and len(out) == 3,
+             "make_translation_batch must return a tuple (src, tgt_in, tgt_out)")
+    t.expect(all(isinstance(x, torch.Tensor) and x.dtype == torch.long for x in out),
+             "src, tgt_in and tgt_out must be torch.long tensors")
+    for k, name in enumerate(("src", "tgt_in", "tgt_out")):
+        t.compare(lambda impl: impl.make_translation_batch(F062_PAIRS, 8), F062[k], f"{name} for F06.2 (max_len=8)",
+                  pick=lambda o, k=k: o[k])
+    long_pairs = [(list(range(4, 14)), list(range(20, 32))), ([7, 8], [9])]
+    ref = t.reference.make_translation_batch(long_pairs, 6)
+    for k, name in enumerate(("src", "tgt_in", "tgt_out")):
+        t.compare(lambda impl: impl.make_translation_batch(long_pairs, 6), ref[k],
+                  f"{name} with truncation (source of 10 and target of 12 tokens, max_len=6)", pick=lambda o, k=k: o[k])
+    ref = t.reference.make_translation_batch(F062_PAIRS, 8, pad_id=99, sos_id=97, eos_id=98)
+    t.compare(lambda impl: impl.make_translation_batch(F062_PAIRS, 8, pad_id=99, sos_id=97, eos_id=98), ref,
+              "the batch with pad_id=99, sos_id=97, eos_id=98")
+    src, tgt_in, tgt_out = t.run(lambda impl: impl.make_translation_batch(long_pairs + F062_PAIRS, 7))
+    both = (tgt_in[:, 1:] != PAD) & (tgt_out[:, :-1] != PAD)
+    t.expect(bool((tgt_in[:, 1:][both] == tgt_out[:, :-1][both]).all()),
+             "tgt_in[:, 1:] must equal tgt_out[:, :-1] wherever both are real tokens (teacher forcing)",
+             bug="B06.tgt_not_shifted")
+
+
+# ================================================================== 06.Transformer
+
+CFG = dict(d_model=32, num_heads=4, d_ff=64, n_enc=2, n_dec=2, max_len=16, dropout=0.0)
+V_SRC, V_TGT = 23, 19
+
+
+def _reference_state(norm_first=True):
+    from llmcourse.models.transformer import Transformer
+
+    torch.manual_seed(0)
+    return Transformer(V_SRC, V_TGT, **CFG, norm_first=norm_first).state_dict()
+
+
+def _build(impl, norm_first=True, load=True):
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        m = impl.Transformer(V_SRC, V_TGT, **CFG, norm_first=norm_first)
+    if load:
+        unwrap(m).load_state_dict(_reference_state(norm_first))
+    unwrap(m).eval()
+    return m
+
+
+def _batch():
+    src = _padded_ids([7, 4, 2], V_SRC, seed=3)
+    tgt = _padded_ids([6, 3, 5], V_TGT, seed=4)
+    tgt[:, 0] = SOS
+    return src, tgt
+
+
+@check(f"{U}.Transformer", ["Transformer"], _ref_transformer)
+def check_transformer(t):
+    from llmcourse.models.transformer import Transformer as Ref
+    from llmcourse.models.transformer import to_torch_transformer
+
+    for norm_first in (True, False):
+        model = t.run(lambda impl, nf=norm_first: _build(impl, nf, load=False))
+        t.expect(isinstance(unwrap(model), torch.nn.Module), "Transformer must be an nn.Module")
+        keys = set(unwrap(model).state_dict())
+        want = set(_reference_state(norm_first))
+        if norm_first and want - keys and {k for k in want - keys if k.startswith(("encoder.norm", "decoder.norm"))}:
+            t.fail(f"state_dict keys missing: {sorted(want - keys)}", bug="B06.no_final_norm")
+        t.expect(keys == want, f"state_dict keys (norm_first={norm_first}): missing {sorted(want - keys)[:6]}, "
+                               f"unexpected {sorted(keys - want)[:6]} (pos holds only a non-persistent buffer)")
+        for k, v in unwrap(model).state_dict().items():
+            t.expect(tuple(v.shape) == tuple(_reference_state(norm_first)[k].shape),
+                     f"{k} has shape {tuple(v.shape)}, expected {tuple(_reference_state(norm_first)[k].shape)}")
+
+    src, tgt = _batch()
+
+    def logits(impl, s=src, g=tgt, norm_first=True):
+        with torch.no_grad():
+            return _build(impl, norm_first)(s, g)
+
+    ref_logits = logits(t.reference)
+    t.compare(logits, ref_logits, "forward(src, tgt_in) logits vs the reference with the same weights (B=3, S=7, T=6)")
+    t.compare(lambda impl: logits(impl, norm_first=False), logits(t.reference, norm_first=False),
+              "logits of the post-LN model (norm_first=False) vs the reference")
+
+    # oracle: nn.Transformer with the same weights, fed the same embedded inputs
+    ref_model = _build(t.reference)
+    tt = to_torch_transformer(ref_model)
+    with torch.no_grad():
+        oracle = tt(ref_model.pos(ref_model.src_embed(src)), ref_model.pos(ref_model.tgt_embed(tgt)),
+                    tgt_mask=~_causal(tgt.shape[1]), src_key_padding_mask=src == PAD,
+                    memory_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD)
+
+    def decoded(impl):
+        from llmcourse.data.translation import make_src_mask, make_tgt_mask
+
+        m = _build(impl)
+        with torch.no_grad():
+            sm = make_src_mask(src)
+            return m.decode(tgt, m.encode(src, sm), sm, make_tgt_mask(tgt))
+
+    t.compare(decoded, oracle, "decode(tgt_in, encode(src, src_mask), src_mask, tgt_mask) vs torch.nn.Transformer "
+                               "(norm_first=True, same weights)")
+    t.expect(isinstance(ref_model, Ref), "internal: reference model")
+
+    # properties
+    base = t.run(logits)
+    future = tgt.clone()
+    future[:, 3:] = (future[:, 3:] + 5) % (V_TGT - 4) + 4
+    t.compare(lambda impl: logits(impl, g=future), base[:, :3], "logits[:, :3] after changing target tokens 3… "
+              "(the decoder must be causal: future target tokens may not change earlier logits)",
+              pick=lambda o: o[:, :3])
+    wide = torch.cat([src, torch.zeros(src.shape[0], 4, dtype=torch.long)], 1)
+    t.compare(lambda impl: logits(impl, s=wide), base, "logits after appending 4 PAD columns to src (source padding "
+              "must be masked in the encoder and in the cross-attention)")
+
+
+# ================================================================== 06.greedy_translate
+
+_GREEDY_CACHE: dict = {}
+
+
+def _greedy_setup():
+    """(model, src): the shipped tiny model with six encoded sentences, or a seeded random model."""
+    if "setup" in _GREEDY_CACHE:
+        return _GREEDY_CACHE["setup"]
+    from llmcourse.data.translation import load_tatoeba_tokenizers, make_translation_batch
+    from llmcourse.train.seq2seq import load_translate_tiny
+
+    loaded = load_translate_tiny()
+    sentences = ["I am happy.", "Where is the station?", "He is my friend.", "Come here.",
+                 "She reads a book every day.", "What is your name?"]
+    if loaded is not None:
+        model, ckpt = loaded
+        en, _ = load_tatoeba_tokenizers(ckpt["recipe"]["num_merges"])
+        src, _, _ = make_translation_batch([(en.encode(s), [0]) for s in sentences], 32)
+    else:
+        from llmcourse.models.transformer import Transformer
+
+        torch.manual_seed(0)
+        model = Transformer(40, 30, d_model=32, num_heads=4, d_ff=64, max_len=32).eval()
+        with torch.no_grad():
+            model.projection.proj.bias[EOS] += 1.5
+        src = _padded_ids([5, 3, 7, 2, 6, 4], 40, seed=5)
+    _GREEDY_CACHE["setup"] = (model, src)
+    return model, src
+
+
+def _dropout_model():
+    """A copy of the greedy model whose dropout modules all use p = 0.3."""
+    import copy
+
+    model, _ = _greedy_setup()
+    dm = copy.deepcopy(model)
+    for mod in dm.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.3
+    return dm
+
+
+@check(f"{U}.greedy_translate", ["greedy_translate"], _ref_greedy)
+def check_greedy_translate(t):
+    model, src = _greedy_setup()
+    model.eval()
+    out = t.run(lambda impl: impl.greedy_translate(model, src, 20))
+    t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.long and out.dim() == 2,
+             f"greedy_translate must return a (B, L) long tensor, got {getattr(out, 'dtype', type(out).__name__)} "
+             f"of shape {tuple(getattr(out, 'shape', ()))}")
+    if out.shape[1] > 0 and bool((out[:, 0] == SOS).all()):
+        ref0 = t.reference.greedy_translate(model, src, 20)
+        t.expect(bool((ref0[:, 0] == SOS).all()), "the first column is SOS for every row: return only the tokens "
+                                                  "generated after SOS", bug="B06.greedy_includes_sos")
+    t.expect(out.shape[0] == src.shape[0] and out.shape[1] <= 20,
+             f"expected shape (B={src.shape[0]}, L ≤ max_len=20), got {tuple(out.shape)}")
+    ref = t.reference.greedy_translate(model, src, 20)
+    t.compare(lambda impl: impl.greedy_translate(model, src, 20), ref,
+              "greedy translations of six sentences with the shipped tiny model (max_len=20)")
+    for b in range(out.shape[0]):
+        row = out[b].tolist()
+        if EOS in row:
+            first = row.index(EOS)
+            t.expect(all(x == PAD for x in row[first + 1:]), f"row {b} continues after its first EOS at position "
+                     f"{first}: {row}", bug="B06.greedy_no_eos_stop")
+    # each emitted token is the argmax given its prefix
+    from llmcourse.data.translation import make_src_mask, make_tgt_mask
+
+    prefix = torch.cat([torch.full_like(out[:, :1], SOS), out[:, :-1]], 1)
+    with torch.no_grad():
+        sm = make_src_mask(src)
+        argmax = model.projection(model.decode(prefix, model.encode(src, sm), sm, make_tgt_mask(prefix))).argmax(-1)
+    real = torch.ones_like(out, dtype=torch.bool)
+    for b in range(out.shape[0]):
+        row = out[b].tolist()
+        if EOS in row:
+            real[b, row.index(EOS) + 1:] = False
+    t.expect(bool((argmax[real] == out[real]).all()), "some emitted token is not the argmax of the logits given "
+                                                      "the source and its prefix")
+    short = t.reference.greedy_translate(model, src, 3)
+    t.compare(lambda impl: impl.greedy_translate(model, src, 3), short, "greedy_translate with max_len=3")
+
+    # dropout: decoding must run in eval mode and restore the previous mode
+    dm = _dropout_model()
+    s2 = src[:3]
+    dm.train()
+    def seeded(k):
+        def probe(impl):
+            torch.manual_seed(100 + k)   # a different dropout draw per call (t.run restores the RNG afterwards)
+            return impl.greedy_translate(dm, s2, 10)
+        return probe
+
+    runs = [t.run(seeded(k)) for k in range(4)]
+    t.expect(all(torch.equal(runs[0], r) for r in runs[1:]),
+             "repeated calls on a model with dropout 0.3 gave different translations: dropout was active",
+             bug="B06.greedy_train_mode")
+    t.expect(dm.training, "the model was in train mode before greedy_translate and must be again afterwards")
+    dm.eval()
+    t.run(lambda impl: impl.greedy_translate(dm, s2, 10))
+    t.expect(not dm.training, "the model was in eval mode before greedy_translate and must stay in eval mode")
+    t.compare(lambda impl: impl.greedy_translate(dm, s2, 10), t.reference.greedy_translate(dm, s2, 10),
+              "greedy translations of a random model with dropout 0.3 (eval mode)")
+
+
+# ================================================================== 06.chrf
+
+F063 = [
+    (["the cat sat"], ["the cat sat"], 100.0),
+    (["abc"], ["xyz"], 0.0),
+    (["the cat sat"], ["the cat sat on the mat"], 49.5935),
+    (["the cat sat on the mat"], ["the cat sat"], 79.7386),
+    (["tac eht"], ["the cat"], 16.6667),
+    (["the cat", "a dog"], ["the cat", "the dog"], 63.8322),
+    (["a b"], ["ab"], 100.0),
+    (["तुम कैसे हो"], ["तुम कैसे हो?"], 88.3978),
+]
+
+
+@check(f"{U}.chrf", ["chrf"], _ref_chrf)
+def check_chrf(t):
+    out = t.run(lambda impl: impl.chrf(["the cat sat"], ["the cat sat"]))
+    t.expect(isinstance(out, (float, int)) or (isinstance(out, torch.Tensor) and out.numel() == 1),
+             f"chrf must return a number, got {type(out).__name__}")
+    for hyps, refs, expected in F063:
+        t.compare(lambda impl, h=hyps, r=refs: float(impl.chrf(h, r)), expected,
+                  f"chrf({hyps}, {refs}) (F06.3)", atol=1e-4, rtol=0)
+    corpus = ["मैं घर जा रहा हूँ।", "वह किताब पढ़ती है", "yes, of course"]
+    t.compare(lambda impl: float(impl.chrf(corpus, corpus)), 100.0, "chrf of a corpus against itself", atol=1e-4, rtol=0)
+    squashed = ["".join(s.split()) for s in corpus]
+    hyp = ["मैं घर जाता हूँ", "किताब", "of course"]
+    t.compare(lambda impl: float(impl.chrf(hyp, squashed)), t.reference.chrf(hyp, corpus),
+              "chrf must not depend on whitespace in the references", atol=1e-4, rtol=0)
+    t.compare(lambda impl: float(impl.chrf(hyp, corpus, n=3, beta=1.0)), t.reference.chrf(hyp, corpus, n=3, beta=1.0),
+              "chrf with n=3, beta=1", atol=1e-4, rtol=0)
