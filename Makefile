@@ -54,7 +54,7 @@ browser-deps:
 # release consistency, CLI, nbgrader round trip, browser), then every lesson and solution notebook (nbval).
 test: setup browser-deps
 	$(VENV)/bin/ruff check llmcourse grader tests
-	LLMCOURSE_PROFILE=ci $(PY) -m pytest $(PYTEST_ARGS)
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
 # Quick loop while developing: no notebooks, no nbgrader round trip, no browser.

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -47,23 +48,44 @@ def lesson_runs(lab):
         lab.shutdown_notebook(run.path)
 
 
+# Lessons running at once. Each lesson runs in its own browser context and kernel; while a test waits on
+# its lesson, the next one already runs, so page loads, rendering and polling overlap with computation.
+PARALLEL = max(1, int(os.environ.get("LLMCOURSE_BROWSER_PARALLEL", "3")))
+
+
+def _start_lesson(browser, lab, unit, runs: dict) -> LessonRun:
+    """Open the unit's lesson in a new tab and start Run > Run All Cells (does not wait)."""
+    tab = open_tab(browser)
+    run = LessonRun(unit.id, unit.lesson, tab, {}, [])
+    runs[unit.id] = run  # closed by the fixture even when something below fails
+    open_notebook(tab.page, lab, unit.lesson, workspace=f"lesson{unit.id}")
+    run.cells = mark_cells(tab.page, unit.lesson)
+    menu(tab.page, "Run", "Run All Cells")
+    return run
+
+
 def run_lesson(browser, lab, unit, runs: dict, shots) -> LessonRun:
-    """Open the unit's lesson and run all its cells (once per module: reused by later tests)."""
-    if unit.id in runs:
+    """The unit's lesson, run to the end (once per module: reused by later tests).
+
+    Also starts the next ``PARALLEL - 1`` lessons (course order) so that they run while this one is awaited.
+    """
+    if unit.id in runs and runs[unit.id].state:
         shots.watch(runs[unit.id].tab.page, unit.name)
         return runs[unit.id]
     if not (ROOT / unit.lesson).exists():
         pytest.fail(f"course.toml marks unit {unit.id} available but {unit.lesson} does not exist")
-    tab = open_tab(browser)
-    shots.watch(tab.page, unit.name)  # photographed if anything below fails
-    path = unit.lesson
-    run = LessonRun(unit.id, path, tab, {}, [])
-    runs[unit.id] = run  # closed by the fixture even when the run fails
-    open_notebook(tab.page, lab, path, workspace=f"lesson{unit.id}")
-    run.cells = mark_cells(tab.page, path)
-    menu(tab.page, "Run", "Run All Cells")
+    if unit.id not in runs:
+        _start_lesson(browser, lab, unit, runs)
+    order = [u for u in COURSE.available_units if (ROOT / u.lesson).exists()]
+    ids = [u.id for u in order]
+    if unit.id in ids:
+        for nxt in order[ids.index(unit.id) + 1: ids.index(unit.id) + PARALLEL]:
+            if nxt.id not in runs:
+                _start_lesson(browser, lab, nxt, runs)
+    run = runs[unit.id]
+    shots.watch(run.tab.page, unit.name)  # photographed if anything below fails
     budget = max(240.0, 8 * 60 * float(unit.minutes.get("ci", 1)))
-    run.state = wait_until_done(tab.page, path, timeout=budget)
+    run.state = wait_until_done(run.tab.page, run.path, timeout=budget * PARALLEL)
     return run
 
 
