@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "NotAttempted", "Tester", "TimeLimitExceeded",
+    "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "NotAttempted", "Tester",
+    "TimeLimitExceeded", "run_learner",
     "Verdict", "bug", "check", "forbid", "time_limit",
 ]
 
@@ -266,13 +267,13 @@ def _guard(obj, name: str):
         return obj
 
     def call(*args, **kwargs):
-        return _run_learner(obj, name, args, kwargs)
+        return run_learner(obj, name, args, kwargs)
 
     call.__wrapped__ = obj
     return call
 
 
-def _run_learner(fn, name, args, kwargs):
+def run_learner(fn, name, args, kwargs):
     try:
         return fn(*args, **kwargs)
     except (CheckFailure, TimeLimitExceeded):
@@ -298,32 +299,32 @@ class LearnerError(CheckFailure):
 
 
 def _guard_class(cls, name: str):
-    """A subclass-free proxy: instances are created and their methods called through _run_learner."""
+    """A subclass-free proxy: instances are created and their methods called through run_learner."""
 
     class Proxy:
         def __new__(_proxy_cls, *args, **kwargs):  # noqa: N804
-            inst = _run_learner(cls, name, args, kwargs)
-            return _InstanceGuard(inst, name)
+            inst = run_learner(cls, name, args, kwargs)
+            return InstanceGuard(inst, name)
 
     Proxy.__name__ = cls.__name__
     Proxy.__wrapped__ = cls
     return Proxy
 
 
-class _InstanceGuard:
-    """Wraps a learner module instance: calls and method calls go through _run_learner."""
+class InstanceGuard:
+    """Wraps a learner module instance: calls and method calls go through run_learner."""
 
     def __init__(self, inst, name):
         object.__setattr__(self, "_inst", inst)
         object.__setattr__(self, "_name", name)
 
     def __call__(self, *args, **kwargs):
-        return _run_learner(self._inst, f"{self._name}.forward", args, kwargs)
+        return run_learner(self._inst, f"{self._name}.forward", args, kwargs)
 
     def __getattr__(self, attr):
         value = getattr(self._inst, attr)
         if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
-            return lambda *a, **k: _run_learner(value, f"{self._name}.{attr}", a, k)
+            return lambda *a, **k: run_learner(value, f"{self._name}.{attr}", a, k)
         return value
 
     def __setattr__(self, attr, value):
@@ -336,7 +337,7 @@ class _InstanceGuard:
 
 def unwrap(x):
     """The learner object behind a guard (for isinstance/structure checks)."""
-    return x.unwrapped if isinstance(x, _InstanceGuard) else x
+    return x.unwrapped if isinstance(x, InstanceGuard) else x
 
 
 def _same(a, b, atol: float, rtol: float) -> bool:

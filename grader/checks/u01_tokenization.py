@@ -25,12 +25,12 @@ import torch
 
 from ..core import (
     CheckFailure,
+    InstanceGuard,
     LearnerError,
     NotAttempted,
     TimeLimitExceeded,
-    _InstanceGuard,
-    _run_learner,
     check,
+    run_learner,
     unwrap,
 )
 
@@ -142,7 +142,7 @@ def _from_text(impl, text):
     raw = getattr(cls, "__wrapped__", None)
     if raw is None:  # the reference or a mutant
         return cls.from_text(text)
-    return _InstanceGuard(_run_learner(raw.from_text, "CharTokenizer.from_text", (text,), {}), "CharTokenizer")
+    return InstanceGuard(run_learner(raw.from_text, "CharTokenizer.from_text", (text,), {}), "CharTokenizer")
 
 
 def _vocab_size(tok):

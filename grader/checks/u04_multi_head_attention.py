@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import CheckFailure, _run_learner, check, unwrap
+from ..core import CheckFailure, check, run_learner, unwrap
 
 U = "04"
 T = torch.tensor
@@ -327,7 +327,7 @@ def check_mha_from_wrapper(t):
         def run(impl, wrapper=wrapper, x=x):
             out = unwrap(impl.mha_from_wrapper(wrapper))
             out.eval()
-            return _run_learner(out, "the module returned by mha_from_wrapper", (x,), {})
+            return run_learner(out, "the module returned by mha_from_wrapper", (x,), {})
 
         t.compare(run, expected, f"{what}: mha_from_wrapper(w)(x) vs w(x) in eval mode", atol=1e-6, rtol=1e-5)
 
@@ -370,7 +370,7 @@ def check_to_torch_mha(t):
 
         def run(impl, module=module, mask=mask):
             torch_mha = unwrap(impl.to_torch_mha(module)).eval()
-            return _run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
+            return run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
                                 {"attn_mask": impl.to_torch_attn_mask(mask), "need_weights": False})[0]
 
         t.compare(run, expected, f"nn.MultiheadAttention from to_torch_mha with attn_mask=to_torch_attn_mask(m), "
@@ -384,7 +384,7 @@ def check_to_torch_mha(t):
 
     def weights(impl):
         torch_mha = unwrap(impl.to_torch_mha(ref)).eval()
-        return _run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
+        return run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
                             {"attn_mask": impl.to_torch_attn_mask(cm), "need_weights": True,
                              "average_attn_weights": True})[1]
 

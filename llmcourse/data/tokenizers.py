@@ -272,6 +272,19 @@ def bpe_trace(word_counts: dict[str, int], num_merges: int, end_of_word: str = E
     return states
 
 
+def bpe_vocabulary(specials: Iterable[str], alphabet: Iterable[str], merges: Iterable[tuple[str, str]],
+                   end_of_word: str = END_OF_WORD) -> list[str]:
+    """The id -> symbol table of a BPE tokenizer: specials, sorted single characters, the end-of-word
+    marker, then each merge's new symbol in merge order (a symbol produced twice keeps its first id)."""
+    symbols = [*specials, *sorted(set(alphabet) - {end_of_word}), end_of_word]
+    seen = set(symbols)
+    for left, right in merges:
+        if left + right not in seen:
+            seen.add(left + right)
+            symbols.append(left + right)
+    return symbols
+
+
 def bpe_encode_word(word: str, merges: list[tuple[str, str]], end_of_word: str = END_OF_WORD) -> list[str]:
     """Segment one word with learned merges.
 
@@ -412,14 +425,8 @@ class BPETokenizer(_SpecialTextMixin):
         self.merges = [tuple(m) for m in merges]
         self.end_of_word = end_of_word
         self.special_tokens = {UNK_TOKEN: 0, "<|endoftext|>": 1}
-        symbols = list(self.special_tokens) + sorted(set(alphabet) - {end_of_word}) + [end_of_word]
-        seen = set(symbols)
-        for left, right in self.merges:
-            if left + right not in seen:
-                seen.add(left + right)
-                symbols.append(left + right)
-        self.itos = symbols
-        self.stoi = {s: i for i, s in enumerate(symbols)}
+        self.itos = bpe_vocabulary(self.special_tokens, alphabet, self.merges, end_of_word)
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
         self._word_cache: dict[str, list[str]] = {}  # word -> symbols (long texts repeat words a lot)
 
     @classmethod

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .tokenizers import END_OF_WORD, bpe_encode_word, bpe_train
+from .tokenizers import END_OF_WORD, bpe_encode_word, bpe_train, bpe_vocabulary
 
 __all__ = [
     "EOS_ID", "PAD_ID", "PRETOKENIZE_PATTERN", "SOS_ID", "SPECIAL_TOKENS", "UNK_ID", "TranslationPair",
@@ -159,14 +159,8 @@ class TranslationTokenizer:
         self.merges = [tuple(m) for m in merges]
         self.alphabet = sorted(set(alphabet) - {end_of_word})
         self.end_of_word = end_of_word
-        symbols = list(SPECIAL_TOKENS) + self.alphabet + [end_of_word]
-        seen = set(symbols)
-        for left, right in self.merges:
-            if left + right not in seen:
-                seen.add(left + right)
-                symbols.append(left + right)
-        self.itos = symbols
-        self.stoi = {s: i for i, s in enumerate(symbols)}
+        self.itos = bpe_vocabulary(SPECIAL_TOKENS, self.alphabet, self.merges, end_of_word)
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
         self._cache: dict[str, list[int]] = {}
 
     # -- training and storage ------------------------------------------------------------
