@@ -13,6 +13,12 @@ instead (a property such as "columns sum to 1"): the check then names the bug ex
 
 Messages say what was expected, what came back, and the max abs difference (or the property that
 broke). They never contain grader source or reference code.
+
+Isolation (see ``grader/worker.py``): the learner's code runs only in a worker process. A **probe**
+(``impl -> plain data``) is the unit of work that crosses over: for the learner it is shipped by
+value to the worker and its result comes back as plain data (``grader/plain.py``); for the
+reference and the mutants it runs here, in the checker, through the same :func:`~grader.plain.plain`
+conversion. Everything else in a check (expected values, comparisons, the verdict) runs here only.
 """
 
 from __future__ import annotations
@@ -28,10 +34,14 @@ from typing import Any
 import torch
 
 __all__ = [
-    "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "NotAttempted", "Tester",
-    "TimeLimitExceeded", "run_learner",
-    "Verdict", "bug", "check", "forbid", "time_limit",
+    "BLOCK_MARK", "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "LearnerError",
+    "LocalLearner", "NotAttempted", "Tester", "TimeLimitExceeded", "run_learner",
+    "Verdict", "bug", "check", "forbid", "module_facts", "time_limit",
 ]
+
+# The message prefix of the error raised by a course reference that is blocked in the worker
+# (grader/worker.py swaps its code): recognised in run_learner to say what happened.
+BLOCK_MARK = "llmcourse-reference-blocked:"
 
 CHECK_TIME_LIMIT_S = 30.0  # per check; each is designed to finish in well under 10 s on 2 cores
 
@@ -287,15 +297,29 @@ def run_learner(fn, name, args, kwargs):
             bug_id="name_error",
         ) from exc
     except Exception as exc:
+        if BLOCK_MARK in str(exc):
+            label = str(exc).split(BLOCK_MARK, 1)[1].strip()
+            raise CheckFailure(f"`{name}` uses the course library's own answer to this exercise ({label}): calling, "
+                               "wrapping or subclassing it is not allowed here; write your own.") from None
         raise LearnerError(name, exc) from exc
 
 
 class LearnerError(CheckFailure):
-    """The learner's code raised; the exception is kept so a mutant raising the same can match."""
+    """The learner's code raised. ``etype``/``etext`` (type name, first line of the message) let a
+    mutant that raises the same way match; they are plain strings, so they cross from the worker."""
 
-    def __init__(self, name: str, exc: BaseException):
-        self.original = exc
-        super().__init__(f"`{name}` raised {type(exc).__name__}: {exc}{learner_frame(exc)}")
+    def __init__(self, name: str, exc: BaseException | None = None, *, message: str | None = None,
+                 etype: str = "", etext: str = ""):
+        if exc is not None:
+            etype, etext = type(exc).__name__, _error_text(exc)
+            message = f"`{name}` raised {etype}: {_first_lines(exc)}{learner_frame(exc)}"
+        self.etype, self.etext = etype, etext
+        super().__init__(message or f"`{name}` raised {etype}: {etext}")
+
+
+def _first_lines(exc: BaseException, n: int = 3, limit: int = 500) -> str:
+    text = "\n".join(str(exc).splitlines()[:n])
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _guard_class(cls, name: str):
@@ -397,13 +421,57 @@ def _short(x) -> str:
     return text if len(text) < 200 else text[:200] + "…"
 
 
-class Tester:
-    """What a check uses: the learner's objects, comparisons, properties and diagnosis."""
+class LocalLearner:
+    """Runs probes on a namespace in this process, through the same conversion as the worker.
 
-    def __init__(self, spec: CheckSpec, learner_objects: dict, problems: list[str] | None = None):
+    Only for trusted namespaces (mutants and the reference in the grader's self-tests, a live kernel
+    namespace when nothing else is available). Learner submissions go to :class:`grader.worker.LearnerProcess`.
+    """
+
+    def __init__(self, namespace: dict, problems: list[str] | None = None):
+        self.impl = Impl(namespace, learner=True, problems=problems)
+        self.problems = list(problems or [])
+
+    def call(self, probe: Callable[[Impl], Any]):
+        from .plain import plain
+
+        with torch.random.fork_rng():
+            return plain(probe(self.impl))
+
+    def close(self) -> None:
+        pass
+
+
+def _captured(probe) -> list:
+    """Objects a probe closes over (its cells and defaults), one level deep."""
+    out = [c.cell_contents for c in (getattr(probe, "__closure__", None) or ()) if _cell_filled(c)]
+    out += list(getattr(probe, "__defaults__", None) or ())
+    return out
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+        return True
+    except ValueError:
+        return False
+
+
+class Tester:
+    """What a check uses: the learner's objects (behind a probe), comparisons, properties, diagnosis.
+
+    ``learner`` is the object that runs probes on the learner's code: a worker process
+    (:class:`grader.worker.LearnerProcess`) for submissions, a :class:`LocalLearner` for trusted
+    namespaces; either way its results are plain data.
+    """
+
+    def __init__(self, spec: CheckSpec, learner, problems: list[str] | None = None):
+        if isinstance(learner, dict):  # a trusted namespace (tests)
+            learner = LocalLearner(learner, problems)
         self.spec = spec
         self.exercise_id = spec.exercise_id
-        self.learner = Impl(learner_objects, learner=True, problems=problems)
+        self._learner = learner
+        self.problems = list(problems or [])
         self.reference = Impl(spec.reference(), learner=False)
 
     # -- diagnosis -------------------------------------------------------------------------
@@ -413,15 +481,23 @@ class Tester:
             if b.detect == "mutant":
                 yield b, Impl({**ref, **b.impl}, learner=False)
 
-    def diagnose(self, probe: Callable[[Impl], Any], actual, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
-        """Id of the first mutant whose ``probe`` result matches ``actual`` (within tolerance), else None."""
+    def diagnose(self, probe: Callable[[Impl], Any], actual, atol: float = 1e-5, rtol: float = 1e-4,
+                 pick: Callable[[Any], Any] | None = None) -> str | None:
+        """Id of the first mutant whose ``probe`` result matches ``actual`` (within tolerance), else None.
+
+        Mutants are course code: they run here, in the checker, through the same plain conversion.
+        """
+        from .plain import plain
+
         for b, impl in self.mutant_impls():
             try:
                 with torch.random.fork_rng():
-                    out = probe(impl)
+                    out = plain(probe(impl))
+                if pick is not None:
+                    out = pick(out)
             except Exception as exc:  # a mutant that raises matches a learner that raised the same way
-                if (isinstance(actual, LearnerError) and type(exc) is type(actual.original)
-                        and _error_text(exc) == _error_text(actual.original)):
+                if (isinstance(actual, LearnerError) and type(exc).__name__ == actual.etype
+                        and _error_text(exc) == actual.etext):
                     return b.id
                 continue
             if not isinstance(actual, LearnerError) and _same(actual, out, atol, rtol):
@@ -430,10 +506,12 @@ class Tester:
 
     # -- comparisons -----------------------------------------------------------------------
     def run(self, probe: Callable[[Impl], Any]):
-        """``probe(learner)``; when the learner's code raises, try to match a mutant that raises too."""
+        """``probe(learner)`` in the learner's process; its result as plain data.
+
+        When the learner's code raises, a mutant that raises the same way names the bug.
+        """
         try:
-            with torch.random.fork_rng():
-                return probe(self.learner)
+            return self._learner.call(probe)
         except LearnerError as err:
             bug_id = self.diagnose(probe, err)
             raise CheckFailure(err.message, bug_id=bug_id) from None
@@ -443,14 +521,15 @@ class Tester:
         """Run ``probe`` on the learner, compare (optionally ``pick(result)``) with ``expected``.
 
         On mismatch the failure message names ``what`` and the difference; the probe is re-run on
-        every mutant of the exercise to name a known bug.
+        every mutant of the exercise to name a known bug. ``pick`` runs here, on plain data.
         """
+        if any(obj is expected for obj in _captured(probe) if isinstance(obj, torch.Tensor)):
+            raise RuntimeError(f"grader bug: the probe for {what!r} captures the expected value")
         actual = self.run(probe)
         got = pick(actual) if pick else actual
         if not _same(got, expected, atol, rtol):
             detail = describe_difference(got, expected, atol, rtol)
-            bug_id = self.diagnose(lambda impl: (pick(probe(impl)) if pick else probe(impl)), got,
-                                   atol=max(atol, 1e-12), rtol=max(rtol, 1e-6))
+            bug_id = self.diagnose(probe, got, atol=max(atol, 1e-12), rtol=max(rtol, 1e-6), pick=pick)
             raise CheckFailure(f"{what}: {detail}", bug_id=bug_id)
         return actual
 
@@ -461,10 +540,18 @@ class Tester:
         not attempted.
         """
         try:
-            probe(self.learner)
+            self._learner.call(probe)
         except LearnerError as err:
-            return type(err.original).__name__
+            return err.etype
         return "no error"
+
+    def raised_error(self, probe: Callable[[Impl], Any]) -> tuple[str, str] | None:
+        """``(type name, first line of the message)`` of the learner's exception in ``probe``, or None."""
+        try:
+            self._learner.call(probe)
+        except LearnerError as err:
+            return err.etype, err.etext
+        return None
 
     def expect(self, condition: bool, message: str, bug: str | None = None) -> None:
         """A property; ``bug`` names the catalog entry this property detects when it fails."""
@@ -473,3 +560,24 @@ class Tester:
 
     def fail(self, message: str, bug: str | None = None):
         raise CheckFailure(message, bug_id=bug)
+
+
+def module_facts(obj) -> dict:
+    """Plain facts about a learner object, for structure checks (call inside a probe).
+
+    ``{"type": name, "is_module": bool, "state_dict": {key: shape}, "dtypes": {key: dtype},
+    "parameters": [names], "buffers": {name: (dtype, shape)}, "children": {name: type name},
+    "training": bool}``. These facts shape feedback only; a check passes on returned tensors.
+    """
+    obj = unwrap(obj)
+    facts: dict = {"type": type(obj).__name__, "is_module": isinstance(obj, torch.nn.Module)}
+    if not facts["is_module"]:
+        return facts
+    sd = obj.state_dict()
+    facts["state_dict"] = {k: tuple(v.shape) for k, v in sd.items()}
+    facts["dtypes"] = {k: v.dtype for k, v in sd.items()}
+    facts["parameters"] = [n for n, _ in obj.named_parameters()]
+    facts["buffers"] = {n: (b.dtype, tuple(b.shape)) for n, b in obj.named_buffers()}
+    facts["children"] = {n: f"{type(c).__module__}.{type(c).__qualname__}" for n, c in obj.named_children()}
+    facts["training"] = bool(obj.training)
+    return facts

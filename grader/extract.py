@@ -16,7 +16,7 @@ import ast
 import linecache
 from dataclasses import dataclass, field
 
-__all__ = ["Extracted", "extract_namespace", "code_cells_of_notebook", "CELL_PREFIX"]
+__all__ = ["Extracted", "extract_namespace", "code_cells_of_notebook", "restore_locked_cells", "CELL_PREFIX"]
 
 CELL_PREFIX = "<cell "
 _KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -34,6 +34,31 @@ class Extracted:
 def code_cells_of_notebook(nb) -> list[str]:
     """Sources of the code cells of an ``nbformat`` notebook, in order."""
     return [c.source for c in nb.cells if c.cell_type == "code"]
+
+
+def restore_locked_cells(nb, release) -> object:
+    """A copy of a submitted notebook with its locked cells restored from the released one.
+
+    As nbgrader's autograde does (``OverwriteCells``): a cell whose nbgrader ``grade_id`` is locked
+    in the release (test cells, read-only cells) gets the released source and cell type back, so
+    code typed into a test cell never counts. Answer (solution) cells keep what the student wrote,
+    including their cell type: an answer turned into markdown is not code. Both ``course check``
+    and ``course grade`` grade the code cells of this restored notebook.
+    """
+    import copy
+
+    released = {}
+    for cell in release.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade_id") and meta.get("locked") and not meta.get("solution"):
+            released[meta["grade_id"]] = cell
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in released:
+            cell.source = released[gid].source
+            cell.cell_type = released[gid].cell_type
+    return out
 
 
 def _strip_magics(source: str) -> str:
@@ -84,7 +109,15 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
                                     f"within {time_limit_s:.0f} s")
                 continue
             except Exception as exc:  # a failing import, a decorator that raises, ...
-                out.problems.append(f"code cell {index}, line {node.lineno}: {type(exc).__name__}: {exc}")
+                from .core import BLOCK_MARK
+
+                if BLOCK_MARK in str(exc):
+                    label = str(exc).split(BLOCK_MARK, 1)[1].strip()
+                    out.problems.append(f"code cell {index}, line {node.lineno}: this definition builds on the course "
+                                        f"library's own answer to this exercise ({label}); write your own")
+                else:
+                    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+                    out.problems.append(f"code cell {index}, line {node.lineno}: {type(exc).__name__}: {text}")
                 continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 out.defined_in[node.name] = index

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -24,12 +25,13 @@ from .core import (
     CHECK_TIME_LIMIT_S,
     CHECKS,
     CheckFailure,
+    LocalLearner,
     Tester,
     TimeLimitExceeded,
     Verdict,
     time_limit,
 )
-from .extract import Extracted, code_cells_of_notebook, extract_namespace
+from .extract import Extracted, code_cells_of_notebook, restore_locked_cells
 
 __all__ = ["GradeFailed", "check_notebook", "grade", "load_unit", "run_check", "run_unit"]
 
@@ -54,19 +56,56 @@ def _points(exercise_id: str) -> int:
         return 0
 
 
-def run_check(exercise_id: str, namespace: dict, problems: list[str] | None = None) -> Verdict:
-    """Run the check of ``exercise_id`` against a learner namespace; never raises."""
+def blocked_references(spec) -> list[tuple[str, str]]:
+    """``(module, qualname)`` of the course objects that answer this exercise (off limits in the worker)."""
+    try:
+        refs = spec.reference()
+    except Exception:  # noqa: BLE001 - a broken reference is reported by the check itself
+        return []
+    out = []
+    for name in spec.names:
+        obj = refs.get(name)
+        module = getattr(obj, "__module__", "") or ""
+        qualname = getattr(obj, "__qualname__", "") or ""
+        if module.startswith("llmcourse") and qualname and "<locals>" not in qualname:
+            out.append((module, qualname))
+    return out
+
+
+def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: dict | None = None,
+              problems: list[str] | None = None) -> Verdict:
+    """Run the check of ``exercise_id``; never raises.
+
+    Args:
+        sources: the code cells of a learner's notebook. Their definitions are extracted and run
+            only in a worker process (:class:`grader.worker.LearnerProcess`); this process decides.
+        namespace: a *trusted* namespace run in this process instead (the grader's self-tests run
+            the mutants this way); not for learner submissions.
+        problems: notes about the notebook (trusted namespaces only; a worker reports its own).
+    """
     load_unit(exercise_id[:2])
     max_points = _points(exercise_id)
     spec = CHECKS.get(exercise_id)
     if spec is None:
         return Verdict(exercise_id, "error", "No check is registered for this exercise.", max_points=max_points)
+    if (sources is None) == (namespace is None):
+        raise TypeError("run_check needs exactly one of sources= or namespace=")
     notes = list(problems or [])
+    learner = None
     try:
+        if namespace is not None:
+            learner = LocalLearner(namespace, problems)
+        else:
+            from .worker import LearnerProcess
+
+            learner = LearnerProcess(sources, blocked_references(spec))
+            notes = list(dict.fromkeys(learner.problems))
         # warnings would print grader file names and lines; learners get the verdict instead
         with warnings.catch_warnings(), time_limit(CHECK_TIME_LIMIT_S):
             warnings.simplefilter("ignore")
-            spec.func(Tester(spec, namespace, problems))
+            if hasattr(learner, "deadline"):
+                learner.deadline = time.monotonic() + CHECK_TIME_LIMIT_S
+            spec.func(Tester(spec, learner, notes))
     except CheckFailure as failure:
         v = Verdict(exercise_id, failure.status, failure.message, max_points=max_points, notes=notes)
         bugs = BUGS.get(exercise_id, [])
@@ -87,15 +126,45 @@ def run_check(exercise_id: str, namespace: dict, problems: list[str] | None = No
         return Verdict(exercise_id, "error", f"The grader itself failed ({type(exc).__name__}). Please report "
                        f"this to your instructor; set {DEBUG_ENV}=1 to see details.", max_points=max_points,
                        notes=notes)
+    finally:
+        if learner is not None:
+            learner.close()
     return Verdict(exercise_id, "passed", points=max_points, max_points=max_points, notes=notes)
 
 
-def run_unit(unit_id: str, extracted: Extracted) -> list[Verdict]:
-    """Every exercise of a unit (course.toml order) against one extracted namespace (copied per check)."""
+def run_unit(unit_id: str, learner: list[str] | Extracted) -> list[Verdict]:
+    """Every exercise of a unit (course.toml order).
+
+    ``learner`` is the notebook's code cells (isolated: a fresh worker per exercise) or an
+    :class:`Extracted` trusted namespace (copied per check, run in this process).
+    """
     from llmcourse.manifest import load_course
 
     unit = load_course().unit(unit_id)
-    return [run_check(e.id, dict(extracted.namespace), extracted.problems) for e in unit.exercises]
+    if isinstance(learner, Extracted):
+        return [run_check(e.id, namespace=dict(learner.namespace), problems=learner.problems) for e in unit.exercises]
+    return [run_check(e.id, list(learner)) for e in unit.exercises]
+
+
+def release_notebook(unit):
+    """The released exercise notebook of ``unit`` (what locked cells are restored from), or None."""
+    import nbformat
+
+    from llmcourse.manifest import load_course
+
+    path = load_course().root / unit.exercise
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def notebook_sources(nb, unit) -> list[str]:
+    """The code cells that are graded: the notebook's, after restoring locked cells from the release."""
+    release = release_notebook(unit)
+    if release is not None:
+        nb = restore_locked_cells(nb, release)
+    return code_cells_of_notebook(nb)
 
 
 def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
@@ -118,18 +187,23 @@ def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
         nb = nbformat.read(p, as_version=4)
     except Exception as exc:
         raise ValueError(f"{p} is not a readable Jupyter notebook ({type(exc).__name__})") from None
-    course = load_course()
-    unit = course.unit_for_notebook(p)
-    if unit is None:  # a renamed copy: recognise the unit by its graded cells (exNN_name)
-        from llmcourse.manifest import exercise_id_from_grade_id
+    unit = unit_of_notebook(nb, p)
+    if unit is None or not unit.exercises:
+        raise ValueError(f"{p.name} is not an exercise notebook of this course (see `course list`)")
+    return unit, run_unit(unit.id, notebook_sources(nb, unit))
 
+
+def unit_of_notebook(nb, path: Path | None = None):
+    """The course unit a notebook belongs to: by file name, else by its graded cells (exNN_name)."""
+    from llmcourse.manifest import exercise_id_from_grade_id, load_course
+
+    course = load_course()
+    unit = course.unit_for_notebook(path) if path is not None else None
+    if unit is None:  # a renamed copy: recognise the unit by its graded cells (exNN_name)
         ids = {exercise_id_from_grade_id(c.metadata.get("nbgrader", {}).get("grade_id", "")) for c in nb.cells}
         units = {i[:2] for i in ids if i}
         unit = course.unit(units.pop()) if len(units) == 1 else None
-    if unit is None or not unit.exercises:
-        raise ValueError(f"{p.name} is not an exercise notebook of this course (see `course list`)")
-    extracted = extract_namespace(code_cells_of_notebook(nb))
-    return unit, run_unit(unit.id, extracted)
+    return unit
 
 
 class GradeFailed(AssertionError):
@@ -183,17 +257,16 @@ def grade(exercise_id: str, namespace: dict | None = None) -> Verdict:
     ``namespace`` (mainly for tests) bypasses the kernel history.
     """
     if namespace is not None:
-        extracted = Extracted(namespace=namespace)
+        verdict = run_check(exercise_id, namespace=namespace)
     else:
         sources, live = _kernel_sources(exercise_id[:2])
         if sources is not None:
             # the current cell (this call) is among them; extraction keeps only imports/defs/classes
-            extracted = extract_namespace(sources)
+            verdict = run_check(exercise_id, sources)
         elif live is not None:
-            extracted = Extracted(namespace=live)
+            verdict = run_check(exercise_id, namespace=live)
         else:
             raise RuntimeError("grade() without a namespace must run inside an IPython kernel")
-    verdict = run_check(exercise_id, extracted.namespace, extracted.problems)
     print(verdict.render())
     if not verdict.passed:
         raise GradeFailed(verdict)

@@ -128,6 +128,9 @@ def cmd_map(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from grader.worker import start_forkserver
+
+    start_forkserver()  # the learner processes' parent preloads torch while this process reads the notebook
     from grader.runner import check_notebook
 
     try:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import check, forbid, unwrap
+from ..core import check, forbid, module_facts, unwrap
 
 U = "03"
 T = torch.tensor
@@ -272,14 +272,13 @@ def _loaded(cls_factory, state, *args):
 
 @check(f"{U}.SelfAttention", ["SelfAttention"], _ref)
 def check_self_attention(t):
-    m = t.run(lambda impl: impl.SelfAttention(3, 2))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "SelfAttention must be an nn.Module subclass")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.SelfAttention(3, 2)))
+    t.expect(facts["is_module"], "SelfAttention must be an nn.Module subclass")
+    shapes = facts["state_dict"]
     want = {"W_query.weight": (2, 3), "W_key.weight": (2, 3), "W_value.weight": (2, 3)}
     t.expect(shapes == want, f"state_dict keys/shapes for SelfAttention(3, 2) must be {want}; got {shapes}")
-    mb = unwrap(t.run(lambda impl: impl.SelfAttention(3, 2, qkv_bias=True)))
-    t.expect({k for k in mb.state_dict()} == set(want) | {"W_query.bias", "W_key.bias", "W_value.bias"},
+    fb = t.run(lambda impl: module_facts(impl.SelfAttention(3, 2, qkv_bias=True)))
+    t.expect(set(fb.get("state_dict", {})) == set(want) | {"W_query.bias", "W_key.bias", "W_value.bias"},
              "with qkv_bias=True the three projections must have biases")
 
     # fresh namespace, d_out = 5: the scale must come from this module's own width
@@ -310,20 +309,20 @@ def check_self_attention(t):
 @check(f"{U}.CausalSelfAttention", ["CausalSelfAttention"], _ref)
 def check_causal_self_attention(t):
     Ref = _ref()["CausalSelfAttention"]
-    m = t.run(lambda impl: impl.CausalSelfAttention(3, 2, 6))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "CausalSelfAttention must be an nn.Module subclass")
-    t.expect(isinstance(getattr(mod, "dropout", None), nn.Dropout), "self.dropout must be an nn.Dropout")
-    keys = set(mod.state_dict())
+    facts = t.run(lambda impl: module_facts(impl.CausalSelfAttention(3, 2, 6)))
+    t.expect(facts["is_module"], "CausalSelfAttention must be an nn.Module subclass")
+    t.expect(facts["children"].get("dropout") == "torch.nn.modules.dropout.Dropout",
+             "self.dropout must be an nn.Dropout")
+    keys = set(facts["state_dict"])
     want = {"W_query.weight", "W_key.weight", "W_value.weight"}
     t.expect(keys == want, f"state_dict keys must be {sorted(want)} (the mask is a non-persistent buffer); "
              f"got {sorted(keys)}")
-    buffers = dict(mod.named_buffers())
+    buffers = facts["buffers"]
     t.expect("mask" in buffers, "register the causal mask as a buffer named `mask`")
-    t.expect(buffers["mask"].dtype == torch.bool and tuple(buffers["mask"].shape) == (6, 6),
+    t.expect(buffers["mask"][0] == torch.bool and tuple(buffers["mask"][1]) == (6, 6),
              f"the `mask` buffer must be a (context_length, context_length) bool tensor; got "
-             f"{buffers['mask'].dtype} {tuple(buffers['mask'].shape)}")
-    t.expect(all(p is not buffers["mask"] for p in mod.parameters()), "the mask must not be a parameter")
+             f"{buffers['mask'][0]} {tuple(buffers['mask'][1])}")
+    t.expect("mask" not in facts["parameters"], "the mask must not be a parameter")
 
     state = f033_state_dict()
     x = X6.unsqueeze(0)
@@ -332,9 +331,10 @@ def check_causal_self_attention(t):
         mm = _loaded("CausalSelfAttention", state, 3, 2, 6)(impl)
         unwrap(mm).eval()
         out = mm(x)
-        return out, unwrap(mm).last_weights
+        w = unwrap(mm).last_weights
+        return out, w, bool(getattr(w, "requires_grad", False))
 
-    out, w = t.run(f034)
+    out, w, w_requires_grad = t.run(f034)
     t.expect(isinstance(w, torch.Tensor) and tuple(w.shape) == (1, 6, 6),
              f"after a call, self.last_weights must be the (B, T, T) weights; got {getattr(w, 'shape', w)}")
     t.expect(not bool(torch.isnan(w[0, 0]).any()), "row 0 of the weights is NaN: the first token may attend to nothing",
@@ -349,7 +349,7 @@ def check_causal_self_attention(t):
                  f"rows of last_weights sum to {[round(s, 4) for s in w.sum(-1)[0].tolist()]} (< 1)",
                  bug="B03.mask_after_softmax")
         t.fail("rows of last_weights must sum to 1")
-    t.expect(not w.requires_grad, "last_weights must be detached")
+    t.expect(not w_requires_grad, "last_weights must be detached")
     for r, row in F034_W_ROWS.items():
         t.compare(f034, T(row), f"causal weights row {r} of the worked example (F03.4)", atol=1e-4,
                   pick=lambda o, r=r: o[1][0, r])

@@ -1,0 +1,391 @@
+"""Learner code runs here, in a worker process of its own; the checker only ever sees plain data.
+
+Two sides:
+
+* **checker side** — :class:`LearnerProcess` starts one worker per exercise from a *forkserver*
+  whose process has ``torch`` and ``llmcourse`` preloaded (forking it costs ≈ 20 ms, a fresh
+  interpreter ≈ 1.5 s). The forkserver is a fresh interpreter, never a fork of the checker, so a
+  worker's memory holds no expected values, fixtures or reference outputs. Requests go down a
+  dedicated pipe as pickles made by the checker (trusted direction); replies come back up the same
+  pipe as ``torch.save`` bytes read with ``torch.load(weights_only=True)`` (:mod:`grader.plain`).
+  The worker's stdout and stderr are ``/dev/null``: nothing it prints can reach a verdict.
+* **worker side** — :func:`serve`: blocks ``import grader.checks`` / ``grader.bugs`` (the modules
+  that hold expected values), disables the exercise's own reference in ``llmcourse`` (see
+  :func:`block_reference`), extracts the learner's definitions (imports/defs/classes, as
+  :mod:`grader.extract` always did), then runs each probe it receives on them and replies with
+  :func:`grader.plain.plain` of the result or an error record.
+
+A worker that dies, hangs or runs out of memory (``RLIMIT_AS``; ``LLMCOURSE_WORKER_MEMORY_MB``,
+default 4096 MiB above what the preloaded interpreter maps) fails that exercise with a message that
+says so; the next exercise gets a fresh worker. Facts observed in the worker can only make a check
+fail: every pass is decided by the checker on returned data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+import types
+
+import torch
+
+from .core import BLOCK_MARK, CheckFailure, Impl, LearnerError, NotAttempted, TimeLimitExceeded
+from .extract import extract_namespace
+from .plain import Opaque, dumps, loads, plain
+
+__all__ = ["LearnerProcess", "WorkerDied", "block_reference", "serve"]
+
+PRELOAD = ["torch", "grader.worker", "llmcourse", "llmcourse.nn", "llmcourse.models", "llmcourse.train",
+           "llmcourse.data"]
+MEMORY_ENV = "LLMCOURSE_WORKER_MEMORY_MB"
+THREADS_ENV = "LLMCOURSE_WORKER_THREADS"
+LOAD_TIME_LIMIT_S = 60.0
+_BLOCKED_PACKAGES = ("grader.checks", "grader.bugs")
+
+
+class WorkerDied(CheckFailure):
+    """The learner's process ended before answering (killed, out of memory, ``os._exit``)."""
+
+
+# ============================================================================ checker side
+
+_CONTEXT = None
+
+
+def _context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        _CONTEXT = ctx
+    return _CONTEXT
+
+
+@contextlib.contextmanager
+def _without_main():
+    """Hide ``__main__`` while a worker starts: multiprocessing would re-import the checker's main
+    script (the ``course`` CLI, a kernel launcher, a test file) in every worker otherwise."""
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now (its preloading overlaps with the checker's own imports)."""
+    from multiprocessing import forkserver
+
+    _context()
+    with _without_main():
+        forkserver.ensure_running()
+
+
+def _register_checks_by_value() -> None:
+    """Probes defined in grader.checks travel by value: the worker cannot import those modules."""
+    import cloudpickle
+
+    import grader.checks
+
+    cloudpickle.register_pickle_by_value(grader.checks)
+
+
+class LearnerProcess:
+    """One worker process holding one learner's extracted definitions.
+
+    Args:
+        sources: the code cells of the notebook, in order.
+        blocked: ``(module, qualname)`` of the course objects that are this exercise's answer.
+        deadline: ``time.monotonic()`` value after which a pending request is abandoned.
+    """
+
+    def __init__(self, sources: list[str], blocked: list[tuple[str, str]] | None = None,
+                 deadline: float | None = None):
+        _register_checks_by_value()
+        ctx = _context()
+        self._conn, child = ctx.Pipe(duplex=True)
+        settings = {"memory_mb": int(os.environ.get(MEMORY_ENV, "4096")),
+                    "threads": int(os.environ.get(THREADS_ENV, "1"))}
+        self._proc = ctx.Process(target=serve, args=(child, settings), daemon=True, name="llmcourse-learner")
+        with _without_main():
+            self._proc.start()
+        child.close()
+        self.deadline = deadline
+        info = self._request({"op": "load", "sources": list(sources), "blocked": list(blocked or [])},
+                             timeout=LOAD_TIME_LIMIT_S)
+        self.problems = [str(p) for p in info.get("problems", [])] if isinstance(info, dict) else []
+
+    # -- protocol ----------------------------------------------------------------------------
+    def _request(self, message: dict, timeout: float | None = None):
+        if self._proc is None:
+            raise WorkerDied("The process running your code had already stopped.")
+        import cloudpickle
+
+        try:
+            self._conn.send_bytes(cloudpickle.dumps(message))
+        except (BrokenPipeError, OSError):
+            raise self._died() from None
+        limit = timeout if timeout is not None else (
+            max(self.deadline - time.monotonic(), 0.01) if self.deadline is not None else None)
+        try:
+            ready = self._conn.poll(limit)
+        except (EOFError, OSError):
+            raise self._died() from None
+        if not ready:
+            self.close()
+            raise TimeLimitExceeded(f"did not finish within {limit:.0f} s")
+        try:
+            data = self._conn.recv_bytes()
+        except (EOFError, OSError):
+            raise self._died() from None
+        try:
+            reply = loads(data)
+        except Exception:  # noqa: BLE001 - anything that is not plain data is refused
+            raise CheckFailure("Your code sent back something that is not plain data; it was refused.") from None
+        return _unpack(reply)
+
+    def _died(self) -> WorkerDied:
+        self._proc.join(2.0)
+        code = self._proc.exitcode
+        self.close()
+        if code is not None and code < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            cause = f"it was killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+        elif code is not None:
+            cause = f"it exited with status {code} (os._exit or sys.exit in your code?)"
+        else:
+            cause = "it stopped answering"
+        return WorkerDied(f"The process running your code ended before answering: {cause}.")
+
+    def call(self, probe):
+        """Run ``probe(learner impl)`` in the worker; its result as plain data, or the learner's error."""
+        import cloudpickle
+
+        try:
+            blob = cloudpickle.dumps(probe)
+        except Exception as exc:  # a grader bug: a probe that captured something unpicklable
+            raise RuntimeError(f"probe cannot be sent to the worker: {exc}") from exc
+        return self._request({"op": "probe", "probe": blob})
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.is_alive():
+                try:
+                    self._conn.send_bytes(pickle.dumps({"op": "exit"}))
+                except (BrokenPipeError, OSError):
+                    pass
+                proc.join(0.2)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(2.0)
+        finally:
+            self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _unpack(reply):
+    """Turn a reply record into a value or the matching exception (all fields plain strings)."""
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise CheckFailure("Your code's process sent back an unexpected reply.")
+    if reply["ok"] is True:
+        return reply.get("value")
+    status = str(reply.get("status", "failed"))
+    message = str(reply.get("message", ""))
+    if status == "not_attempted":
+        raise NotAttempted(message)
+    if status == "learner_error":
+        raise LearnerError("", message=message, etype=str(reply.get("etype", "")), etext=str(reply.get("etext", "")))
+    if status == "probe_error":
+        raise CheckFailure(f"While your code was being checked: {message}")
+    bug_id = reply.get("bug_id")
+    raise CheckFailure(message, bug_id=str(bug_id) if isinstance(bug_id, str) else None,
+                       status=status if status in {"failed", "missing", "not_attempted"} else "failed")
+
+
+# ============================================================================ worker side
+
+
+class _GraderImportBlocker:
+    """A meta-path finder that refuses the grader's check and bug modules inside the worker."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(_BLOCKED_PACKAGES):
+            raise ImportError(f"{fullname} is not available to learner code")
+        return None
+
+
+def _isolate_io() -> None:
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+
+def _limit_memory(extra_mb: int) -> None:
+    try:
+        import resource
+
+        with open("/proc/self/status") as fh:
+            vm = next((int(line.split()[1]) * 1024 for line in fh if line.startswith("VmSize:")), 0)
+        limit = vm + extra_mb * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (OSError, ValueError, ImportError):  # not Linux: no limit
+        pass
+
+
+def _raiser_code(nfree: int, label: str) -> types.CodeType:
+    """A code object that raises the block error, with ``nfree`` free variables (to fit any closure)."""
+    params = ", ".join(f"_f{i}" for i in range(nfree))
+    uses = "".join(f"        _f{i}\n" for i in range(nfree))
+    src = (f"def _outer({params}):\n    def _blocked(*args, **kwargs):\n{uses}"
+           f"        raise RuntimeError({(BLOCK_MARK + ' ' + label)!r})\n    return _blocked\n")
+    scope: dict = {}
+    exec(compile(src, "<blocked>", "exec"), scope)  # noqa: S102 - our own constant source
+    return scope["_outer"](*range(nfree)).__code__
+
+
+def _block_function(fn, label: str) -> None:
+    if isinstance(fn, types.FunctionType):
+        fn.__code__ = _raiser_code(len(fn.__code__.co_freevars), label)
+
+
+def block_reference(module_name: str, qualname: str) -> None:
+    """Make the course object ``module_name.qualname`` unusable in this process, under every alias.
+
+    Functions get a code object that raises; a class gets every function in its body replaced the
+    same way and an ``__init_subclass__`` that raises, so calling it, instantiating it, wrapping it,
+    subclassing it or fetching it from ``sys.modules`` or ``gc`` all end in the same error, which
+    :func:`grader.core.run_learner` reports as "uses the course library's own answer".
+    """
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return
+    label = f"{module_name}.{qualname}"
+    if isinstance(obj, type):
+        for value in list(vars(obj).values()):
+            if isinstance(value, (staticmethod, classmethod)):
+                _block_function(value.__func__, label)
+            elif isinstance(value, property):
+                for f in (value.fget, value.fset, value.fdel):
+                    _block_function(f, label)
+            else:
+                _block_function(value, label)
+
+        def _no_subclass(cls, **kwargs):
+            raise RuntimeError(f"{BLOCK_MARK} {label}")
+
+        obj.__init_subclass__ = classmethod(_no_subclass)
+    else:
+        _block_function(getattr(obj, "__wrapped__", None), label)
+        _block_function(obj, label)
+
+
+def _run_probe(probe, impl) -> dict:
+    try:
+        with torch.random.fork_rng():
+            value = probe(impl)
+            return {"ok": True, "value": plain(value)}
+    except NotAttempted as exc:
+        return {"ok": False, "status": "not_attempted", "message": exc.message}
+    except LearnerError as exc:
+        return {"ok": False, "status": "learner_error", "message": exc.message, "etype": exc.etype,
+                "etext": exc.etext}
+    except CheckFailure as exc:
+        return {"ok": False, "status": exc.status, "message": exc.message, "bug_id": exc.bug_id}
+    except MemoryError:
+        return {"ok": False, "status": "failed", "message": "Your code ran out of memory."}
+    except RecursionError:
+        return {"ok": False, "status": "failed", "message": "Your code recursed too deeply (RecursionError)."}
+    except BaseException as exc:  # noqa: BLE001 - the probe touched learner objects outside a guard
+        if BLOCK_MARK in str(exc):
+            return {"ok": False, "status": "failed", "message": "Your code uses the course library's own answer to "
+                    "this exercise; calling, wrapping or subclassing it is not allowed here; write your own."}
+        text = str(exc).splitlines()[0][:300] if str(exc) else ""
+        return {"ok": False, "status": "probe_error", "message": f"{type(exc).__name__}: {text}"}
+
+
+def _encode(reply: dict) -> bytes:
+    try:
+        return dumps(reply)
+    except Exception as exc:  # noqa: BLE001
+        return dumps({"ok": False, "status": "probe_error", "message": f"the result could not be sent back "
+                      f"({type(exc).__name__})"})
+
+
+def serve(conn, settings: dict) -> None:
+    """The worker's main loop (runs in the forked process)."""
+    _isolate_io()
+    _limit_memory(int(settings.get("memory_mb", 4096)))
+    torch.set_num_threads(max(1, int(settings.get("threads", 1))))
+    sys.meta_path.insert(0, _GraderImportBlocker())
+    for name in [m for m in sys.modules if m.startswith(_BLOCKED_PACKAGES)]:
+        del sys.modules[name]
+    impl = None
+    while True:
+        try:
+            request = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        op = request.get("op")
+        if op == "exit":
+            return
+        if op == "load":
+            for module_name, qualname in request.get("blocked", []):
+                block_reference(module_name, qualname)
+            try:
+                extracted = extract_namespace(request["sources"])
+                impl = Impl(extracted.namespace, learner=True, problems=extracted.problems)
+                reply = {"ok": True, "value": {"problems": [str(p) for p in extracted.problems]}}
+            except BaseException as exc:  # noqa: BLE001
+                reply = {"ok": False, "status": "failed", "message": f"Your notebook could not be loaded "
+                         f"({type(exc).__name__})."}
+        elif op == "probe":
+            if impl is None:
+                reply = {"ok": False, "status": "probe_error", "message": "nothing loaded"}
+            else:
+                try:
+                    probe = pickle.loads(request["probe"])
+                except BaseException as exc:  # noqa: BLE001
+                    reply = {"ok": False, "status": "probe_error", "message": f"probe not loadable: {exc}"}
+                else:
+                    reply = _run_probe(probe, impl)
+        else:
+            reply = {"ok": False, "status": "probe_error", "message": f"unknown request {op!r}"}
+        try:
+            conn.send_bytes(_encode(reply))
+        except (BrokenPipeError, OSError):
+            return
+
+
+__all__ += ["Opaque"]
