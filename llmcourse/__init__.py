@@ -27,6 +27,7 @@ from .data import (
     load_text,
 )
 from .manifest import course_root, load_course
+from .models import GPT2Config, GPT2Model
 from .nn import (
     GPTEmbedding,
     InputEmbeddings,
@@ -51,4 +52,5 @@ __all__ = [
     "seed_everything", "setup_notebook", "split_heads", "widgets_live",
     "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "sinusoidal_pe",
     "MultiHeadAttention",
+    "GPT2Config", "GPT2Model",
 ]

@@ -2,6 +2,22 @@
 
 from .attention_lm import AttentionOnlyLM
 from .encoder_classifier import BertEmbeddings, EncoderClassifier
+from .gpt2 import (
+    GPT2_PRESETS,
+    GPT2Block,
+    GPT2Config,
+    GPT2Model,
+    count_parameters,
+    gpt2_param_breakdown,
+    gpt2_param_count,
+    hf_gpt2_config,
+    load_hf_gpt2,
+    random_hf_gpt2,
+)
 from .transformer import Transformer
 
-__all__ = ["AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier", "Transformer"]
+__all__ = [
+    "AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier", "Transformer",
+    "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "gpt2_param_breakdown",
+    "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "random_hf_gpt2",
+]

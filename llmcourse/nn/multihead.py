@@ -105,8 +105,13 @@ class MultiHeadAttention(nn.Module):
     Parameters: ``d_out·d_in + 2·d_out·d_kv (+ 3·d_out) + d_out² + d_out``; for ``d_in = d_out = 768``:
     2,360,064 (2,362,368 with ``qkv_bias``).
 
-    ``store_weights`` (default ``False``): when set, each forward stores ``last_weights``
-    ``(B, H, T_q, T_k)``, post-softmax, pre-dropout, detached.
+    ``store_weights`` (default ``False``): when set, each forward runs the explicit path
+    (llmcourse's :func:`~llmcourse.nn.attention.scaled_dot_product_attention`: scores, mask, softmax,
+    dropout on the weights, ``@ V``) and stores ``last_weights`` ``(B, H, T_q, T_k)``, post-softmax,
+    pre-dropout, detached. Otherwise the attention runs in ``F.scaled_dot_product_attention`` (torch's
+    fused kernel; ``is_causal=True`` for square causal self-attention without a user mask, else the
+    boolean mask): the same function (``atol 1e-6``), faster and without the ``(T_q, T_k)`` weights in
+    memory. Dropout on the weights is ``dropout.p`` in training mode on both paths.
 
     ``forward(x_q, x_kv=None, mask=None)``: ``x_q`` ``(B, T_q, d_in)``; ``x_kv`` ``(B, T_k, d_kv)`` or
     ``None`` for self-attention; ``mask`` bool broadcastable to ``(B, H, T_q, T_k)``, ``True`` = attend
@@ -210,9 +215,18 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.W_query(x_q))           # (B, H, T_q, hd)
         k = self._split(self.W_key(x_kv))            # (B, H, T_k, hd)
         v = self._split(self.W_value(x_kv))          # (B, H, T_k, hd)
-        context, weights = scaled_dot_product_attention(q, k, v, mask=full_mask, dropout=self.dropout)
         if self.store_weights:
+            # explicit path: the attention weights are materialised for the head viewers
+            context, weights = scaled_dot_product_attention(q, k, v, mask=full_mask, dropout=self.dropout)
             self.last_weights = weights.detach()
+        else:
+            # fast path: torch's fused kernel; for square causal self-attention without a user mask the
+            # top-left is_causal alignment equals the course's bottom-right one
+            p = self.dropout.p if self.training else 0.0
+            if self.causal and mask is None and t_q == t_k:
+                context = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            else:
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=full_mask, dropout_p=p)
         return self.out_proj(merge_heads(context))   # (B, T_q, d_out)
 
 
