@@ -1,0 +1,373 @@
+"""Unit 09 (generation and sampling): temperature, top-k, top-p, sampling and ``generate``.
+
+Oracles: the syllabus's F09.1 numbers (typed here from the specification, never printed by the code under
+test), ``torch.topk``, the logits warpers of ``transformers`` (``TopKLogitsWarper``, ``TopPLogitsWarper``:
+the same keep rules, written differently), a pure-Python nucleus rule, the binomial standard error for
+sampled frequencies, and ``transformers.GPT2LMHeadModel.generate`` (greedy, with and without EOS) for the
+generation loop.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from llmcourse.models.attention_lm import AttentionOnlyLM
+from llmcourse.train.sampling import (
+    apply_temperature,
+    entropy,
+    filtered_probs,
+    generate,
+    sample_next_token,
+    top_k_filter,
+    top_p_filter,
+)
+
+Z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # F09.1
+INF = float("-inf")
+
+
+# ---------------------------------------------------------------- F09.1 and the temperature
+
+
+def test_f091_softmax_cumsum_entropy():
+    p = torch.softmax(Z, -1)
+    assert torch.allclose(p, torch.tensor([0.5630, 0.2071, 0.1256, 0.0762, 0.0280]), atol=1e-4)
+    assert torch.allclose(p.cumsum(-1), torch.tensor([0.5630, 0.7701, 0.8958, 0.9720, 1.0]), atol=1e-4)
+    assert abs(float(entropy(p)) - 1.2065) < 1e-4
+
+
+def test_temperature_f091_and_errors():
+    assert torch.equal(apply_temperature(Z, 0.5), Z / 0.5)
+    assert torch.allclose(apply_temperature(Z, 0.5).softmax(-1),
+                          torch.tensor([0.8292, 0.1122, 0.0413, 0.0152, 0.0021]), atol=1e-4)
+    assert torch.allclose(apply_temperature(Z, 2.0).softmax(-1),
+                          torch.tensor([0.3745, 0.2272, 0.1769, 0.1378, 0.0836]), atol=1e-4)
+    for bad in (0, 0.0, -1.0):
+        with pytest.raises(ValueError, match="temperature"):
+            apply_temperature(Z, bad)
+    with pytest.raises(TypeError):
+        apply_temperature(torch.tensor([1, 2]), 1.0)
+
+
+def test_temperature_keeps_argmax_and_orders_entropy():
+    z = torch.randn(6, 40, generator=torch.Generator().manual_seed(0))
+    entropies = []
+    for t in (0.1, 0.5, 1.0, 2.0, 10.0):
+        out = apply_temperature(z, t)
+        assert torch.equal(out.argmax(-1), z.argmax(-1))
+        entropies.append(entropy(out.softmax(-1)))
+    for lo, hi in zip(entropies, entropies[1:]):
+        assert bool((lo < hi).all())  # entropy rises with T
+    assert bool((entropies[-1] < math.log(40)).all()) and bool((entropies[-1] > 0.95 * math.log(40)).all())
+
+
+# ---------------------------------------------------------------- top-k
+
+
+def test_top_k_f091_and_ties():
+    out = top_k_filter(Z, 2)
+    assert torch.equal(out, torch.tensor([2.0, 1.0, INF, INF, INF]))
+    assert torch.allclose(out.softmax(-1), torch.tensor([0.7311, 0.2689, 0, 0, 0]), atol=1e-4)
+    tied = top_k_filter(torch.tensor([3.0, 1.0, 1.0, 0.0]), 2)
+    assert torch.isfinite(tied).nonzero().flatten().tolist() == [0, 1, 2]
+
+
+def test_top_k_matches_torch_topk_and_transformers_per_row():
+    from transformers.generation.logits_process import TopKLogitsWarper
+
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(5, 30, generator=g) * torch.tensor([[0.1], [1.0], [10.0], [100.0], [3.0]])
+    for k in (1, 3, 17, 29):
+        vals, ids = torch.topk(z, k, dim=-1)
+        expected = torch.full_like(z, INF).scatter(-1, ids, vals)
+        out = top_k_filter(z, k)
+        assert torch.equal(out, expected)
+        assert torch.equal(out, TopKLogitsWarper(k)(None, z.clone()))
+        for b in range(5):  # per row: the same as filtering the row alone
+            assert torch.equal(out[b], top_k_filter(z[b], k))
+
+
+def test_top_k_off_and_shapes_and_no_inplace():
+    z = torch.randn(2, 3, 7, generator=torch.Generator().manual_seed(2))
+    before = z.clone()
+    for k in (None, 7, 100):
+        out = top_k_filter(z, k)
+        assert torch.equal(out, z) and out is not z
+    assert top_k_filter(z, 2).shape == (2, 3, 7)
+    assert int(torch.isfinite(top_k_filter(z, 2)).sum()) == 2 * 3 * 2
+    assert torch.equal(z, before)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="top_k"):
+            top_k_filter(z, bad)
+
+
+# ---------------------------------------------------------------- top-p
+
+
+def _nucleus_oracle(row: list[float], p: float) -> list[bool]:
+    """Keep rule in plain Python (double precision): stable descending order, mass before < p."""
+    m = max(row)
+    e = [math.exp(x - m) if x != INF else 0.0 for x in row]
+    s = sum(e)
+    probs = [x / s for x in e]
+    order = sorted(range(len(row)), key=lambda i: -probs[i])  # Python's sort is stable
+    keep, before = [False] * len(row), 0.0
+    for i in order:
+        keep[i] = before < p
+        before += probs[i]
+    return keep
+
+
+@pytest.mark.parametrize(("p", "expected"), [
+    (0.5, [1.0, 0, 0, 0, 0]),
+    (0.6, [0.7311, 0.2689, 0, 0, 0]),
+    (0.8, [0.6285, 0.2312, 0.1402, 0, 0]),
+    (0.9, [0.5793, 0.2131, 0.1293, 0.0784, 0]),
+])
+def test_top_p_f091(p, expected):
+    out = top_p_filter(Z, p)
+    assert torch.allclose(out.softmax(-1), torch.tensor(expected), atol=1e-4)
+    kept = torch.isfinite(out)
+    assert torch.equal(out[kept], Z[kept])  # kept logits untouched
+
+
+def test_top_p_exact_threshold_and_stable_ties():
+    # uniform over 4: the mass before the third token is exactly 0.5, so p = 0.5 keeps two tokens
+    u = torch.zeros(4)
+    assert torch.isfinite(top_p_filter(u, 0.5)).tolist() == [True, True, False, False]
+    assert int(torch.isfinite(top_p_filter(u, 0.5001)).sum()) == 3
+    assert int(torch.isfinite(top_p_filter(torch.zeros(8), 0.25)).sum()) == 2
+    assert int(torch.isfinite(top_p_filter(torch.zeros(8), 0.75)).sum()) == 6
+    # many ties across a large vocabulary: equal probabilities keep their vocabulary order
+    z = torch.zeros(256)
+    z[::7] = 2.0
+    out = top_p_filter(z, 0.5)
+    keep = _nucleus_oracle(z.tolist(), 0.5)
+    assert torch.isfinite(out).tolist() == keep
+
+
+def test_top_p_matches_oracles_on_random_rows():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(16, 50, generator=g) * torch.linspace(0.2, 5.0, 16)[:, None]
+    for p in (0.05, 0.3, 0.5, 0.75, 0.9, 0.99):
+        out = top_p_filter(z, p)
+        for b in range(z.shape[0]):
+            assert torch.isfinite(out[b]).tolist() == _nucleus_oracle(z[b].tolist(), p), (p, b)
+        assert torch.equal(out, TopPLogitsWarper(p)(None, z.clone()))
+        probs = z.softmax(-1)
+        kept = torch.isfinite(out)
+        mass = (probs * kept).sum(-1)
+        assert bool((mass >= p - 1e-6).all())                  # the kept mass reaches p
+        smallest = torch.where(kept, probs, torch.ones_like(probs)).min(-1).values
+        assert bool((mass - smallest < p + 1e-6).all())        # and no kept token is superfluous
+        assert bool((kept.sum(-1) >= 1).all())
+
+
+def test_top_p_original_order_after_top_k_and_off():
+    perm = torch.tensor([3, 0, 4, 1, 2])
+    zp = Z[perm]
+    assert torch.equal(top_p_filter(zp, 0.8), top_p_filter(Z, 0.8)[perm])
+    after_k = top_p_filter(top_k_filter(Z, 2), 0.6)             # renormalised over the two survivors
+    assert torch.equal(after_k, torch.tensor([2.0, INF, INF, INF, INF]))
+    for p in (None, 1.0, 1.5):
+        assert torch.equal(top_p_filter(Z, p), Z)
+    assert torch.equal(top_p_filter(Z, 1e-9), torch.tensor([2.0, INF, INF, INF, INF]))
+    x = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(4))
+    before = x.clone()
+    y = top_p_filter(x, 0.7)
+    assert y.shape == x.shape and torch.equal(x, before)
+    for b in range(2):
+        for t in range(3):
+            assert torch.equal(y[b, t], top_p_filter(x[b, t], 0.7))
+    with pytest.raises(ValueError, match="top_p"):
+        top_p_filter(Z, 0.0)
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def _frequencies(samples: torch.Tensor, v: int) -> torch.Tensor:
+    return torch.bincount(samples.flatten(), minlength=v).double() / samples.numel()
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p", "expected"), [
+    (1.0, None, None, [0.5630, 0.2071, 0.1256, 0.0762, 0.0280]),
+    (0.5, None, None, [0.8292, 0.1122, 0.0413, 0.0152, 0.0021]),
+    (2.0, None, None, [0.3745, 0.2272, 0.1769, 0.1378, 0.0836]),
+    (1.0, 2, None, [0.7311, 0.2689, 0, 0, 0]),
+    (1.0, None, 0.8, [0.6285, 0.2312, 0.1402, 0, 0]),
+    (1.0, 2, 0.6, [1.0, 0, 0, 0, 0]),                            # top-k first, then top-p on the survivors
+])
+def test_sampled_frequencies_match_the_filtered_distribution(temperature, top_k, top_p, expected):
+    n = 20_000
+    out = sample_next_token(Z.expand(n, 5), temperature, top_k, top_p, torch.Generator().manual_seed(0))
+    assert out.shape == (n, 1) and out.dtype == torch.long
+    freq, p = _frequencies(out, 5), torch.tensor(expected, dtype=torch.double)
+    se = (p * (1 - p) / n).sqrt()
+    assert bool(((freq - p).abs() <= 4 * se + 1e-4).all()), (freq, p)
+    assert bool((freq[p == 0] == 0).all())                     # support is exact
+    assert torch.allclose(filtered_probs(Z, temperature, top_k, top_p).double(), p, atol=1e-4)
+
+
+def test_sampling_uses_the_generator_and_one_multinomial_call():
+    z = torch.randn(64, 11, generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(1)
+    a = sample_next_token(z, 0.8, 6, 0.9, torch.Generator().manual_seed(7))
+    torch.manual_seed(2)
+    b = sample_next_token(z, 0.8, 6, 0.9, torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    probs = torch.softmax(top_p_filter(top_k_filter(z / 0.8, 6), 0.9), -1)
+    assert torch.equal(a, torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(7)))
+
+
+def test_temperature_zero_is_argmax_and_ignores_filters():
+    z = torch.randn(9, 13, generator=torch.Generator().manual_seed(6))
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    out = sample_next_token(z, 0.0, top_k=1, top_p=1e-3, generator=g)
+    assert torch.equal(out, z.argmax(-1, keepdim=True))
+    assert torch.equal(g.get_state(), state)                  # greedy draws no random number
+    assert torch.equal(filtered_probs(z, 0.0), nn.functional.one_hot(z.argmax(-1), 13).float())
+    with pytest.raises(ValueError):
+        sample_next_token(z, -0.5)
+    with pytest.raises(ValueError, match=r"\(B, V\)"):
+        sample_next_token(z[None], 1.0)
+
+
+# ---------------------------------------------------------------- generate
+
+
+def _tiny_lm(context=8, vocab=11, dropout=0.0, seed=0):
+    torch.manual_seed(seed)
+    return AttentionOnlyLM(vocab, 16, context, dropout=dropout).eval()
+
+
+def _greedy_by_hand(model, idx, n, context):
+    for _ in range(n):
+        logits = model(idx[:, -context:])
+        idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    return idx
+
+
+def test_generate_greedy_crops_and_keeps_prompt():
+    model = _tiny_lm()
+    idx = torch.randint(0, 11, (3, 13), generator=torch.Generator().manual_seed(0))  # T0 > context_length
+    with torch.no_grad():
+        expected = _greedy_by_hand(model, idx, 9, 8)
+    out = generate(model, idx, 9, context_length=8)
+    assert out.shape == (3, 22) and out.dtype == torch.long and torch.equal(out, expected)
+    # a smaller window than the model's own: the argument is what counts
+    with torch.no_grad():
+        assert torch.equal(generate(model, idx, 5, context_length=3), _greedy_by_hand(model, idx, 5, 3))
+    with pytest.raises(ValueError, match="exceeds"):              # the model itself refuses a longer input
+        model(idx)
+    assert torch.equal(generate(model, idx, 0, 8), idx)
+
+
+def _hf_model(seed=0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=23, n_positions=32, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+    hf = GPT2LMHeadModel(cfg).eval()
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = None
+    return hf
+
+
+class _Logits(nn.Module):
+    def __init__(self, hf):
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, idx):
+        return self.hf(idx).logits
+
+
+def test_generate_greedy_and_eos_match_transformers():
+    hf = _hf_model()
+    idx = torch.randint(0, 23, (4, 5), generator=torch.Generator().manual_seed(1))
+    ours = generate(_Logits(hf), idx, 12, context_length=32)
+    theirs = hf.generate(idx, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(ours, theirs)
+    # EOS: pick a token that some rows produce early; HF pads finished rows with pad_token_id = eos_id
+    eos = int(ours[0, 7])
+    ours = generate(_Logits(hf), idx, 12, context_length=32, eos_id=eos)
+    theirs = hf.generate(idx, max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+    assert torch.equal(ours, theirs)
+    new = ours[:, 5:]
+    for row in new.tolist():
+        if eos in row:
+            first = row.index(eos)
+            assert all(t == eos for t in row[first:])
+
+
+class _Counter(nn.Module):
+    """Next token = (current token + 1) mod V at every position: the EOS step of each row is known."""
+
+    def __init__(self, vocab=10):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx):
+        return 5.0 * nn.functional.one_hot((idx + 1) % self.vocab, self.vocab).float()
+
+
+def test_generate_freezes_finished_rows_and_stops_when_all_have():
+    idx = torch.tensor([[0, 7], [0, 4], [0, 8]])                 # rows reach 9 after 2, 5 and 1 steps
+    out = generate(_Counter(), idx, 30, context_length=4, eos_id=9)
+    assert out.tolist() == [[0, 7, 8, 9, 9, 9, 9], [0, 4, 5, 6, 7, 8, 9], [0, 8, 9, 9, 9, 9, 9]]
+    short = generate(_Counter(), idx, 3, context_length=4, eos_id=9)     # max_new_tokens reached first
+    assert short.tolist() == [[0, 7, 8, 9, 9], [0, 4, 5, 6, 7], [0, 8, 9, 9, 9]]
+    assert generate(_Counter(), idx, 6, 4).tolist()[1] == [0, 4, 5, 6, 7, 8, 9, 0]  # no eos_id: no stop
+
+
+def test_generate_eval_mode_inside_and_mode_restored():
+    model = _tiny_lm(dropout=0.5, seed=4).train()
+    idx = torch.randint(0, 11, (4, 6), generator=torch.Generator().manual_seed(3))
+    a = generate(model, idx, 20, 8)
+    b = generate(model, idx, 20, 8)
+    assert torch.equal(a, b) and model.training
+    model.eval()
+    generate(model, idx, 3, 8)
+    assert not model.training
+
+    class Boom(nn.Module):
+        def forward(self, idx):
+            raise RuntimeError("boom")
+
+    boom = Boom().train()
+    with pytest.raises(RuntimeError):
+        generate(boom, idx, 2, 8)
+    assert boom.training
+
+
+def test_generate_sampling_stays_in_top_k_and_is_reproducible():
+    model = _tiny_lm(vocab=11, seed=5)
+    idx = torch.randint(0, 11, (3, 4), generator=torch.Generator().manual_seed(4))
+    out = generate(model, idx, 10, 8, temperature=1.3, top_k=3, generator=torch.Generator().manual_seed(9))
+    again = generate(model, idx, 10, 8, temperature=1.3, top_k=3, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(out, again)
+    with torch.no_grad():
+        for t in range(4, out.shape[1]):
+            top3 = model(out[:, max(0, t - 8):t])[:, -1].topk(3, -1).indices
+            assert bool((top3 == out[:, t:t + 1]).any(-1).all())
+    greedy = generate(model, idx, 10, 8)
+    assert torch.equal(generate(model, idx, 10, 8, temperature=1.0, top_k=1), greedy)
+
+
+def test_generate_rejects_bad_arguments():
+    model = _tiny_lm()
+    with pytest.raises(ValueError, match="idx"):
+        generate(model, torch.zeros(5, dtype=torch.long), 2, 8)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), -1, 8)
+    with pytest.raises(ValueError, match="context_length"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 1, 0)
