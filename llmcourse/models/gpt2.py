@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -40,15 +39,8 @@ __all__ = [
     "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "random_hf_gpt2",
 ]
 
-# name -> the fields that differ from the GPT2Config defaults (which are GPT-2 small's)
-GPT2_PRESETS: dict[str, dict] = {
-    "gpt2-small": {"n_layers": 12, "d_model": 768, "n_heads": 12},
-    "gpt2-medium": {"n_layers": 24, "d_model": 1024, "n_heads": 16},
-    "gpt2-large": {"n_layers": 36, "d_model": 1280, "n_heads": 20},
-    "gpt2-xl": {"n_layers": 48, "d_model": 1600, "n_heads": 25},
-    "gpt2-char-tiny": {"vocab_size": 65, "context_length": 64, "d_model": 128, "n_heads": 4, "n_layers": 4,
-                       "dropout": 0.0},
-}
+# the preset names of GPT2Config.preset (the table itself lives in that method)
+GPT2_PRESETS: tuple[str, ...] = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt2-char-tiny")
 
 
 @dataclass
@@ -61,7 +53,7 @@ class GPT2Config:
     ``*_pdrop``), ``qkv_bias`` (GPT-2's Q/K/V projections have biases), ``layer_norm_eps``,
     ``tie_weights`` (``lm_head.weight`` is ``tok_emb.weight``). The FFN width is ``d_ff = 4·D``.
 
-    ``GPT2Config.preset(name)`` returns one of :data:`GPT2_PRESETS`: ``"gpt2-small"``, ``"gpt2-medium"``,
+    ``GPT2Config.preset(name)`` returns a new config for one of :data:`GPT2_PRESETS`: ``"gpt2-small"``, ``"gpt2-medium"``,
     ``"gpt2-large"``, ``"gpt2-xl"`` (the four released sizes) and ``"gpt2-char-tiny"`` (the course's
     character model: V 65, C 64, D 128, H 4, L 4, dropout 0.0; 809,856 parameters). Unknown names raise
     ``KeyError``. ``to_dict()`` / ``GPT2Config(**d)`` round-trip through plain Python types (checkpoints
@@ -78,13 +70,19 @@ class GPT2Config:
     layer_norm_eps: float = 1e-5
     tie_weights: bool = True
 
-    PRESETS: ClassVar[dict[str, dict]] = GPT2_PRESETS
-
     @classmethod
     def preset(cls, name: str) -> GPT2Config:
-        if name not in GPT2_PRESETS:
-            raise KeyError(f"unknown GPT-2 preset {name!r}; choose one of {sorted(GPT2_PRESETS)}")
-        return cls(**GPT2_PRESETS[name])
+        table = {  # the fields that differ from the defaults (GPT-2 small's)
+            "gpt2-small": {"n_layers": 12, "d_model": 768, "n_heads": 12},
+            "gpt2-medium": {"n_layers": 24, "d_model": 1024, "n_heads": 16},
+            "gpt2-large": {"n_layers": 36, "d_model": 1280, "n_heads": 20},
+            "gpt2-xl": {"n_layers": 48, "d_model": 1600, "n_heads": 25},
+            "gpt2-char-tiny": {"vocab_size": 65, "context_length": 64, "d_model": 128, "n_heads": 4, "n_layers": 4,
+                               "dropout": 0.0},
+        }
+        if name not in table:
+            raise KeyError(f"unknown GPT-2 preset {name!r}; choose one of {sorted(table)}")
+        return cls(**table[name])
 
     @property
     def d_ff(self) -> int:
@@ -284,6 +282,8 @@ def gpt2_param_breakdown(cfg: GPT2Config) -> dict[str, int]:
         "lm_head": 0 if cfg.tie_weights else v * d,
     }
     parts["total"] = sum(parts.values())
+    if parts["total"] != gpt2_param_count(cfg):  # two independent routes to the same number
+        raise RuntimeError("gpt2_param_breakdown disagrees with gpt2_param_count")
     return parts
 
 

@@ -1,0 +1,392 @@
+"""Checks of unit 08 (GPT-2).
+
+Oracle: ``transformers.GPT2LMHeadModel`` on the syllabus's two tiny configs (F08.4, eager attention,
+eval mode), with **every** tensor re-drawn from N(0, 0.2) (LayerNorm weights 1 + N(0, 0.2)) so that
+each layout mistake moves the logits far beyond ``atol 1e-5``. Its logits are computed here, in the
+checker. ``08.GPT2Model`` receives weights already mapped by the **reference** loader, so it is graded
+independently of ``08.load_hf_gpt2``; ``08.load_hf_gpt2`` loads into the **reference** model, and its
+result is judged by running the returned ``state_dict`` through a reference model here. Fixtures:
+the F08.1 parameter counts (literal values). Properties: causality, tying (re-derived from returned
+tensors: an in-place change of the token embedding must show in the head), ``init_weights``
+statistics, ``ValueError`` contracts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import nn
+
+from ..core import check, module_facts, run_learner, unwrap
+
+U = "08"
+
+CONFIG_FIELDS = ("vocab_size", "context_length", "d_model", "n_heads", "n_layers", "dropout", "qkv_bias",
+                 "layer_norm_eps", "tie_weights")
+DEFAULTS = {"vocab_size": 50257, "context_length": 1024, "d_model": 768, "n_heads": 12, "n_layers": 12,
+            "dropout": 0.1, "qkv_bias": True, "layer_norm_eps": 1e-5, "tie_weights": True}
+PRESETS = {
+    "gpt2-small": {"n_layers": 12, "d_model": 768, "n_heads": 12},
+    "gpt2-medium": {"n_layers": 24, "d_model": 1024, "n_heads": 16},
+    "gpt2-large": {"n_layers": 36, "d_model": 1280, "n_heads": 20},
+    "gpt2-xl": {"n_layers": 48, "d_model": 1600, "n_heads": 25},
+    "gpt2-char-tiny": {"vocab_size": 65, "context_length": 64, "d_model": 128, "n_heads": 4, "n_layers": 4,
+                       "dropout": 0.0},
+}
+# F08.1: (preset, tie_weights, qkv_bias) -> parameters
+F081 = {
+    ("gpt2-small", True, True): 124_439_808, ("gpt2-small", False, True): 163_037_184,
+    ("gpt2-small", True, False): 124_412_160, ("gpt2-small", False, False): 163_009_536,
+    ("gpt2-medium", True, True): 354_823_168, ("gpt2-large", True, True): 774_030_080,
+    ("gpt2-xl", True, True): 1_557_611_200,
+    ("gpt2-char-tiny", True, True): 809_856, ("gpt2-char-tiny", False, True): 818_176,
+}
+# F08.4: (n_embd, n_head, n_layer), vocab 1000, 128 positions, no dropout
+F084 = [(64, 4, 2), (48, 3, 3)]
+HF_SEEDS = (11, 12)
+
+
+def _ref():
+    from llmcourse.models import gpt2 as G
+
+    # GPT2Block and gpt2_param_breakdown are listed so that the worker blocks them too (they hold answers)
+    return {"GPT2Config": G.GPT2Config, "GPT2Model": G.GPT2Model, "GPT2Block": G.GPT2Block,
+            "gpt2_param_count": G.gpt2_param_count, "gpt2_param_breakdown": G.gpt2_param_breakdown,
+            "count_parameters": G.count_parameters, "load_hf_gpt2": G.load_hf_gpt2}
+
+
+def _cfg(**fields):
+    from llmcourse.models.gpt2 import GPT2Config
+
+    return GPT2Config(**fields)
+
+
+def _parity_cfg(d, h, n, **extra):
+    return _cfg(vocab_size=1000, context_length=128, d_model=d, n_heads=h, n_layers=n, dropout=0.0, **extra)
+
+
+def _idx():
+    return torch.randint(0, 1000, (2, 17), generator=torch.Generator().manual_seed(0))
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_cases() -> tuple:
+    """Per F08.4 config: (course config, HF state dict, course state dict (reference loader), HF logits)."""
+    from llmcourse.models.gpt2 import GPT2Model, load_hf_gpt2, random_hf_gpt2
+
+    cases = []
+    for (d, h, n), seed in zip(F084, HF_SEEDS):
+        cfg = _parity_cfg(d, h, n)
+        hf = random_hf_gpt2(cfg, seed=seed, std=0.2)
+        hf_sd = {k: v.clone() for k, v in hf.state_dict().items()}
+        with torch.no_grad():
+            logits = hf(_idx()).logits.clone()
+        course = load_hf_gpt2(GPT2Model(cfg).eval(), hf_sd)
+        course_sd = {k: v.clone() for k, v in course.state_dict().items()}
+        cases.append((cfg, hf_sd, course_sd, logits))
+    return tuple(cases)
+
+
+def _describe(cfg) -> str:
+    return f"d_model={cfg.d_model}, n_heads={cfg.n_heads}, n_layers={cfg.n_layers}"
+
+
+# ================================================================== 08.GPT2Config
+
+
+def _fields(c) -> dict:
+    return {f: getattr(c, f, "<missing>") for f in CONFIG_FIELDS}
+
+
+def _preset(impl, name):
+    """``impl.GPT2Config.preset(name)``; the learner's classmethod runs under the grader's guard."""
+    cls = impl.GPT2Config
+    real = getattr(cls, "__wrapped__", cls)
+    preset = getattr(real, "preset", None)
+    if preset is None:
+        from ..core import CheckFailure
+
+        raise CheckFailure("GPT2Config has no classmethod `preset`")
+    return run_learner(preset, "GPT2Config.preset", (name,), {})
+
+
+@check(f"{U}.GPT2Config", ["GPT2Config"], _ref)
+def check_gpt2_config(t):
+    t.compare(lambda impl: _fields(impl.GPT2Config()), DEFAULTS,
+              "GPT2Config() fields (the defaults are GPT-2 small's)")
+    for name, fields in PRESETS.items():
+        expected = {**DEFAULTS, **fields}
+        got = t.run(lambda impl, name=name: _fields(_preset(impl, name)))
+        t.expect(got == expected, f"GPT2Config.preset({name!r}) must have the fields {expected}; got {got}")
+    kind = t.run(lambda impl: [type(_preset(impl, "gpt2-small")).__name__, type(unwrap(impl.GPT2Config())).__name__])
+    t.expect(kind[0] == kind[1], f"GPT2Config.preset must return a GPT2Config instance, got a {kind[0]}")
+    custom = {"vocab_size": 10, "context_length": 8, "d_model": 16, "n_heads": 2, "n_layers": 1, "dropout": 0.0,
+              "qkv_bias": False, "layer_norm_eps": 1e-6, "tie_weights": False}
+    t.compare(lambda impl: _fields(impl.GPT2Config(**custom)), custom,
+              "GPT2Config(**fields) must keep every field it is given")
+
+    def fresh(impl):
+        a = _preset(impl, "gpt2-char-tiny")
+        a.n_layers = 99
+        return _preset(impl, "gpt2-char-tiny").n_layers
+
+    t.expect(t.run(fresh) == 4, "GPT2Config.preset must return a new object each time (changing one preset "
+             "changed the next call's result)")
+    err = t.raised(lambda impl: _preset(impl, "gpt-5"))
+    t.expect(err == "KeyError", f"GPT2Config.preset('gpt-5') must raise KeyError (unknown name); got {err}")
+
+
+# ================================================================== 08.GPT2Model
+
+STRUCT_CFG = dict(vocab_size=50, context_length=16, d_model=32, n_heads=4, n_layers=2, dropout=0.0)
+
+
+def _tying(model) -> dict:
+    """Head and embedding before and after an in-place change of the embedding (plain tensors)."""
+    m = unwrap(model)
+    before = (m.lm_head.weight.detach().clone(), m.tok_emb.weight.detach().clone())
+    with torch.no_grad():
+        m.tok_emb.weight.add_(1.0)
+    return {"head0": before[0], "emb0": before[1], "head1": m.lm_head.weight.detach().clone(),
+            "emb1": m.tok_emb.weight.detach().clone()}
+
+
+def _loaded_logits(impl, cfg, state, idx):
+    """Build the implementation's model, load ``state`` (course keys, no lm_head) and run ``idx``."""
+    m = impl.GPT2Model(cfg)
+    unwrap(m).eval()
+    result = unwrap(m).load_state_dict(state, strict=False)
+    with torch.no_grad():
+        return {"missing": sorted(result.missing_keys), "unexpected": sorted(result.unexpected_keys),
+                "logits": m(idx)}
+
+
+@check(f"{U}.GPT2Model", ["GPT2Model", "GPT2Block"], _ref)
+def check_gpt2_model(t):
+    ref = _ref()
+    cfg = _cfg(**STRUCT_CFG)
+    torch.manual_seed(0)
+    want = {k: tuple(v.shape) for k, v in ref["GPT2Model"](cfg).state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.GPT2Model(cfg)))
+    t.expect(facts.get("is_module"), f"GPT2Model must be an nn.Module subclass, got {facts.get('type')}")
+    got = facts["state_dict"]
+    if "blocks.0.attn.W_query.weight" in got and "blocks.0.attn.W_query.bias" not in got:
+        t.fail("blocks.{i}.attn.W_query/W_key/W_value need biases (qkv_bias=True in the config)", bug="B08.no_qkv_bias")
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    t.expect(not missing and not extra, f"state_dict keys of GPT2Model({_describe(cfg)}, V=50, C=16): missing "
+             f"{missing[:6]}, unexpected {extra[:6]}")
+    wrong = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    t.expect(not wrong, f"state_dict shapes (got, expected): {dict(list(wrong.items())[:4])}")
+    t.expect(not facts["buffers"] or all(not n.endswith("weight") for n in facts["buffers"]),
+             f"weights must be parameters, not buffers: {list(facts['buffers'])}")
+    # tying: the head must be the token embedding's Parameter (re-derived from returned tensors)
+    tie = t.run(lambda impl: _tying(impl.GPT2Model(cfg)))
+    if not torch.equal(tie["head0"], tie["emb0"]):
+        t.fail("lm_head.weight must be the same Parameter as tok_emb.weight (tie_weights=True); after "
+               "construction their values already differ", bug="B08.untied_head")
+    t.expect(torch.equal(tie["emb1"], tie["emb0"] + 1.0), "tok_emb.weight must be a trainable Parameter "
+             "(changing it in place did not change it)")
+    if not torch.equal(tie["head1"], tie["emb1"]):
+        t.fail("lm_head.weight must be the same Parameter as tok_emb.weight: after changing tok_emb.weight in place "
+               "the head kept its old values", bug="B08.tied_by_copy")
+    # count unique parameters here, from the returned names and shapes
+    n_params = sum(math.prod(got[n]) for n in facts["parameters"] if n in got)
+    expected_count = ref["gpt2_param_count"](cfg)
+    t.expect(n_params == expected_count, f"GPT2Model({_describe(cfg)}, V=50, C=16) has {n_params:,} unique parameters; "
+             f"the formula gives {expected_count:,} (is the head tied, and is anything counted twice?)")
+
+    untied = _cfg(**{**STRUCT_CFG, "tie_weights": False})
+    tie_u = t.run(lambda impl: _tying(impl.GPT2Model(untied)))
+    t.expect(torch.equal(tie_u["head1"], tie_u["head0"]), "with tie_weights=False the head must be its own "
+             "Parameter (changing tok_emb.weight changed lm_head.weight)")
+    facts_u = t.run(lambda impl: module_facts(impl.GPT2Model(untied)))
+    n_u = sum(math.prod(facts_u["state_dict"][n]) for n in facts_u["parameters"])
+    t.expect(n_u == ref["gpt2_param_count"](untied), f"with tie_weights=False the model must have "
+             f"{ref['gpt2_param_count'](untied):,} parameters (a separate (V, D) head without bias); got {n_u:,}")
+
+    # parity with transformers (weights mapped by the reference loader; lm_head follows tok_emb)
+    for cfg_p, _hf_sd, course_sd, hf_logits in _hf_cases():
+        state = {k: v for k, v in course_sd.items() if k != "lm_head.weight"}
+        idx = _idx()
+        probe = functools.partial(_loaded_logits, cfg=cfg_p, state=state, idx=idx)
+        out = t.run(probe)
+        t.expect(not out["unexpected"] and set(out["missing"]) <= {"lm_head.weight"},
+                 f"loading GPT-2 weights into your model: missing keys {out['missing'][:6]}, unexpected "
+                 f"{out['unexpected'][:6]}")
+        t.compare(probe, hf_logits, f"logits vs transformers' GPT2LMHeadModel with the same weights ({_describe(cfg_p)}, "
+                  f"idx (2, 17), eval mode)", atol=1e-5, rtol=1e-5, pick=lambda o: o["logits"])
+    t.expect(out["logits"].dtype == torch.float32, f"logits must be float32, got {out['logits'].dtype}")
+
+    # causality: changing tokens t0.. must leave the logits before t0 unchanged
+    tiny = _cfg(**PRESETS["gpt2-char-tiny"])
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(0, 65, (2, 24), generator=g)
+    b = a.clone()
+    b[:, 10:] = torch.randint(0, 65, (2, 14), generator=g)
+
+    def causal_probe(impl):
+        torch.manual_seed(1)
+        m = impl.GPT2Model(tiny)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(a), m(b)
+
+    la, lb = t.run(causal_probe)
+    t.expect(tuple(la.shape) == (2, 24, 65), f"logits must have shape (B, T, V) = (2, 24, 65), got {tuple(la.shape)}")
+    t.expect(bool(torch.allclose(la[:, :10], lb[:, :10], atol=1e-6)),
+             "changing the tokens at positions ≥ 10 changed the logits at positions < 10: the model looks ahead")
+    full = t.run(lambda impl: tuple(impl.GPT2Model(tiny)(torch.zeros(1, 64, dtype=torch.long)).shape))
+    t.expect(full == (1, 64, 65), f"a sequence of exactly context_length=64 tokens must work; got shape {full}")
+    err = t.raised(lambda impl: impl.GPT2Model(tiny)(torch.zeros(1, 65, dtype=torch.long)))
+    t.expect(err == "ValueError", f"T = 65 > context_length = 64 must raise ValueError; got {err}")
+
+    # init_weights statistics on gpt2-char-tiny
+    def init_probe(impl):
+        torch.manual_seed(2)
+        m = impl.GPT2Model(tiny)
+        with torch.no_grad():
+            for p in unwrap(m).parameters():
+                p.fill_(0.5)
+        m.init_weights()
+        return {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+
+    st = t.run(init_probe)
+    resid = 0.02 / math.sqrt(2 * tiny.n_layers)
+    for key, v in st.items():
+        if key.endswith("norm1.weight") or key.endswith("norm2.weight") or key == "final_norm.weight":
+            t.expect(bool((v == 1).all()), f"init_weights: {key} must be all ones")
+        elif key.endswith(".bias"):
+            t.expect(bool((v == 0).all()), f"init_weights: {key} must be all zeros")
+        else:
+            target = resid if key.endswith("attn.out_proj.weight") or key.endswith("ffn.fc2.weight") else 0.02
+            std = float(v.std())
+            t.expect(abs(std - target) <= 0.1 * target and abs(float(v.mean())) < 0.2 * target,
+                     f"init_weights: {key} must be drawn from N(0, {target:.5f}²); its std is {std:.5f}"
+                     + (" (the residual projections use 0.02/√(2·n_layers))" if target == resid else ""))
+
+
+# ================================================================== 08.gpt2_param_count
+
+
+@check(f"{U}.gpt2_param_count", ["gpt2_param_count", "count_parameters", "gpt2_param_breakdown"], _ref)
+def check_gpt2_param_count(t):
+    for (name, tied, bias), expected in F081.items():
+        cfg = _cfg(**{**PRESETS[name], "tie_weights": tied, "qkv_bias": bias})
+        t.compare(lambda impl, cfg=cfg: impl.gpt2_param_count(cfg), expected,
+                  f"gpt2_param_count({name}, tie_weights={tied}, qkv_bias={bias}) (F08.1)", atol=0, rtol=0)
+    # count_parameters: an nn.Module with one shared tensor, then GPT-2 presets built on the meta device
+    lin = nn.Linear(3, 4)
+
+    def shared(impl):
+        net = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+        net[1].weight = net[0].weight
+        return impl.count_parameters(net)
+
+    t.compare(shared, 15, "count_parameters of nn.Sequential(Embedding(5, 3), Linear(3, 5, bias=False)) with the "
+              "Linear's weight tied to the embedding (15 unique values)", atol=0, rtol=0)
+    t.compare(lambda impl: impl.count_parameters(nn.Sequential(lin, nn.ReLU(), nn.Linear(4, 2))), 26,
+              "count_parameters(Linear(3, 4), ReLU, Linear(4, 2))", atol=0, rtol=0)
+    for (name, tied, bias) in (("gpt2-medium", True, True), ("gpt2-char-tiny", False, True),
+                               ("gpt2-small", True, True)):
+        cfg = _cfg(**{**PRESETS[name], "tie_weights": tied, "qkv_bias": bias})
+
+        def meta(impl, cfg=cfg):
+            from llmcourse.models.gpt2 import GPT2Model
+
+            with torch.device("meta"):
+                model = GPT2Model(cfg)
+            return impl.count_parameters(model)
+
+        t.compare(meta, F081[(name, tied, bias)], f"count_parameters of the course's GPT2Model({name}, "
+                  f"tie_weights={tied}) built on the meta device", atol=0, rtol=0)
+
+
+# ================================================================== 08.load_hf_gpt2
+
+
+def _load_probe(impl, cfg, hf_sd):
+    """Load into the reference model; return its state (course keys) and a tying probe."""
+    from llmcourse.models.gpt2 import GPT2Model
+
+    torch.manual_seed(0)
+    model = GPT2Model(cfg).eval()
+    out = impl.load_hf_gpt2(model, dict(hf_sd))
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    tie = _tying(model)
+    return {"returned_model": out is model, "state": state, "tie": tie}
+
+
+@functools.lru_cache(maxsize=4)
+def _ref_model(cfg_key: tuple):
+    from llmcourse.models.gpt2 import GPT2Model
+
+    return GPT2Model(_cfg(**dict(cfg_key))).eval()
+
+
+def _logits_of(out, cfg):
+    """Run the returned state dict through a reference model here (checker side)."""
+    if not isinstance(out, dict) or not isinstance(out.get("state"), dict):
+        return None
+    model = _ref_model(tuple(sorted(cfg.to_dict().items())))
+    state = out["state"]
+    want = model.state_dict()
+    if set(state) != set(want) or any(tuple(state[k].shape) != tuple(want[k].shape) for k in want):
+        return None
+    with torch.no_grad():
+        model.load_state_dict({k: v for k, v in state.items() if k != "lm_head.weight"}, strict=False)
+        return model(_idx()).clone()
+
+
+def _conv1d_pre_transposed(hf_sd: dict, which=("attn.c_proj", "mlp.c_fc", "mlp.c_proj")) -> dict:
+    return {k: (v.T.contiguous() if any(f".{w}.weight" in k for w in which) else v) for k, v in hf_sd.items()}
+
+
+def _c_attn_linear_layout(hf_sd: dict) -> dict:
+    return {k: (v.T.contiguous() if k.endswith("attn.c_attn.weight") else v) for k, v in hf_sd.items()}
+
+
+@check(f"{U}.load_hf_gpt2", ["load_hf_gpt2"], _ref)
+def check_load_hf_gpt2(t):
+    for cfg, hf_sd, _course_sd, hf_logits in _hf_cases():
+        probe = functools.partial(_load_probe, cfg=cfg, hf_sd=hf_sd)
+        failed = t.raised_error(probe)
+        if failed is not None:
+            # recognise a loader that expects nn.Linear layouts: it works once the weights are pre-transposed
+            for variant, bug in ((_conv1d_pre_transposed(hf_sd), "B08.conv1d_not_transposed"),
+                                 (_c_attn_linear_layout(hf_sd), "B08.c_attn_split_dim0")):
+                alt = functools.partial(_load_probe, cfg=cfg, hf_sd=variant)
+                if t.raised_error(alt) is None:
+                    got = _logits_of(t.run(alt), cfg)
+                    if got is not None and torch.allclose(got, hf_logits, atol=1e-5, rtol=1e-5):
+                        t.fail(f"load_hf_gpt2 raised {failed[0]} on a GPT2LMHeadModel state dict ({_describe(cfg)}), "
+                               f"but works when those weights are given in nn.Linear's (out, in) layout", bug=bug)
+        out = t.run(probe)  # raises with the learner's error (and a mutant's name when one raises alike)
+        t.compare(probe, hf_logits, f"logits of the loaded model vs transformers' GPT2LMHeadModel ({_describe(cfg)}, "
+                  f"every HF tensor random)", atol=1e-5, rtol=1e-5, pick=lambda o, cfg=cfg: _logits_of(o, cfg))
+        tie = out["tie"]
+        if not (torch.equal(tie["head0"], tie["emb0"]) and torch.equal(tie["head1"], tie["emb1"])):
+            t.fail("after loading, lm_head.weight must still be the same Parameter as tok_emb.weight (copy into the "
+                   "existing tensors instead of assigning new Parameters)", bug="B08.tied_by_copy")
+        t.expect(out["returned_model"] is True, "load_hf_gpt2 must return the model it was given (loaded in place)")
+
+    cfg, hf_sd, _course_sd, hf_logits = _hf_cases()[0]
+    # old checkpoints carry non-parameter buffers: ignored
+    old = dict(hf_sd)
+    for i in range(cfg.n_layers):
+        old[f"transformer.h.{i}.attn.bias"] = torch.ones(1, 1, 128, 128, dtype=torch.bool).tril()
+        old[f"transformer.h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    t.compare(functools.partial(_load_probe, cfg=cfg, hf_sd=old), hf_logits,
+              "a state dict that also holds the old '.attn.bias' / '.attn.masked_bias' buffers (ignore them)",
+              atol=1e-5, rtol=1e-5, pick=lambda o: _logits_of(o, cfg))
+    # shape mismatches: another config, one transposed c_fc
+    other = _hf_cases()[1][1]
+    err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=other))
+    t.expect(err == "ValueError", f"loading a d_model=48 checkpoint into a d_model=64 model must raise ValueError; "
+             f"got {err}")
+    bad = dict(hf_sd)
+    bad["transformer.h.1.mlp.c_fc.weight"] = bad["transformer.h.1.mlp.c_fc.weight"][:, :-4].contiguous()
+    err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=bad))
+    t.expect(err == "ValueError", f"a c_fc weight of shape (64, 252) instead of (64, 256) must raise ValueError; "
+             f"got {err}")
