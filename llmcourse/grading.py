@@ -7,10 +7,12 @@ the course: ``solutions/``, ``exercises/``, ``.grading/``) with the course's
 * :func:`release` regenerates ``exercises/`` from ``solutions/``. It records the SHA-256 of every
   notebook it writes in ``exercises/.release.json``; a notebook whose bytes no longer match was edited
   in place (by a student) and is never overwritten: release refuses and says how to proceed.
-* :func:`grade` autogrades a folder of submissions laid out as nbgrader's
-  ``submitted/<student>/<assignment>/<notebook>.ipynb``, one student at a time, so a broken
-  submission is recorded and the run goes on. It writes feedback HTML (hidden checks stripped by
-  ``grader.feedback``) and ``grades.csv``.
+* :func:`grade` grades a folder of submissions laid out as nbgrader's
+  ``submitted/<student>/<assignment>/<notebook>.ipynb``. Scores come from the course's checker
+  (a process started from a hashed copy of the grading code, where learner code never runs; see
+  ``grader/worker.py``); nbgrader executes the notebooks, keeps the gradebook and writes feedback
+  HTML (hidden checks stripped by ``grader.feedback``). Only these scores are trusted: nbgrader's
+  own Autograde button runs the hidden cells inside the student's kernel.
 """
 
 from __future__ import annotations
@@ -156,9 +158,156 @@ def _submitted_root(path: Path) -> Path:
     return path / "submitted" if (path / "submitted").is_dir() else path
 
 
+class GradingTampered(RuntimeError):
+    """Grading code changed on disk while submissions ran: no score of the run is trusted or written."""
+
+
+SNAPSHOT_ITEMS = ("grader", "llmcourse", "course.toml", "assets")
+
+
+def _tree_digest(root: Path, items=SNAPSHOT_ITEMS) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``items`` (bytecode caches ignored)."""
+    out: dict[str, str] = {}
+    for item in items:
+        base = root / item
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
+        for f in files:
+            if "__pycache__" in f.parts or f.suffix == ".pyc":
+                continue
+            out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+class GradingSnapshot:
+    """A hashed copy of the grading code, taken before the first submission runs.
+
+    The checker process imports ``grader/`` and ``llmcourse/`` from this copy; :meth:`verify` compares
+    both the originals and the copy with their digests and raises :class:`GradingTampered` naming
+    the changed files and what was running when the change was seen.
+    """
+
+    def __init__(self, course_root: Path):
+        self.course_root = Path(course_root)
+        self.path = Path(tempfile.mkdtemp(prefix="llmcourse-checker-"))
+        for item in SNAPSHOT_ITEMS:
+            src = self.course_root / item
+            if src.is_dir():
+                shutil.copytree(src, self.path / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif src.is_file():
+                shutil.copy2(src, self.path / item)
+        self.original_digest = _tree_digest(self.course_root)
+        self.digest = _tree_digest(self.path)
+        if self.digest != self.original_digest:
+            raise GradingTampered("the grading code changed while it was being copied; run `course grade` again")
+
+    def changed(self) -> list[str]:
+        now_orig, now_copy = _tree_digest(self.course_root), _tree_digest(self.path)
+        changed = sorted({k for k in set(now_orig) | set(self.original_digest)
+                          if now_orig.get(k) != self.original_digest.get(k)})
+        changed += sorted(f"(checker copy) {k}" for k in set(now_copy) | set(self.digest)
+                          if now_copy.get(k) != self.digest.get(k))
+        return changed
+
+    def verify(self, during: str) -> None:
+        changed = self.changed()
+        if changed:
+            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise GradingTampered(
+                f"course grade stopped: grading files changed {during}: {shown}. No scores were written. "
+                "Restore them (e.g. `git checkout -- grader llmcourse course.toml assets`), set that submission "
+                "aside and run `course grade` again.")
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+class CheckerProcess:
+    """``grader.checker`` started from a snapshot; verdicts come back over a dedicated pipe."""
+
+    def __init__(self, snapshot: GradingSnapshot, log_path: Path):
+        req_r, self._req_w = os.pipe()
+        self._rep_r, rep_w = os.pipe()
+        code = (f"import sys; sys.path.insert(0, {str(snapshot.path)!r}); "
+                "from grader.checker import main; sys.exit(main())")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env.update({"LLMCOURSE_ROOT": str(snapshot.path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        self._log = open(log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
+                                     cwd=snapshot.path, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=self._log)
+        os.close(req_r)
+        os.close(rep_w)
+        self._out = os.fdopen(self._req_w, "w", encoding="utf-8")
+        self._in = os.fdopen(self._rep_r, "r", encoding="utf-8")
+        hello = self._read()
+        if not hello or not hello.get("ready") or Path(hello.get("root", "")).resolve() != snapshot.path.resolve():
+            raise RuntimeError(f"the checker process did not start from the snapshot (see {log_path})")
+
+    def _read(self) -> dict | None:
+        line = self._in.readline()
+        return json.loads(line) if line else None
+
+    def verdicts(self, key: list[str], unit_id: str, sources: list[str]) -> tuple[list[dict] | None, str]:
+        """``(verdict dicts, "")``, or ``(None, cause)`` when none could be computed (fail closed)."""
+        try:
+            self._out.write(json.dumps({"key": key, "unit": unit_id, "sources": sources}) + "\n")
+            self._out.flush()
+            reply = self._read()
+        except (OSError, ValueError) as exc:
+            return None, f"the checker failed ({type(exc).__name__})"
+        if reply is None:
+            return None, "the checker process ended unexpectedly"
+        if "error" in reply:
+            return None, f"the checker failed: {reply['error']}"
+        return reply["verdicts"], ""
+
+    def close(self) -> None:
+        try:
+            self._out.write(json.dumps({"op": "exit"}) + "\n")
+            self._out.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._in.close()
+        self._log.close()
+
+
+def _submission_sources(path: Path, unit) -> tuple[list[str], list[str]]:
+    """The graded code cells of a submitted notebook (locked cells restored) and notes."""
+    import nbformat
+
+    from grader.runner import notebook_sources
+
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # noqa: BLE001
+        return [], [f"{path.name} is not a readable notebook ({type(exc).__name__})"]
+    return notebook_sources(nb, unit), []
+
+
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
           course=None) -> GradeReport:
-    """Autograde every ``<student>/<assignment>/`` under ``submissions`` and write feedback and grades.
+    """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
+
+    The scores are decided by the course's checker, never by code that ran next to a submission:
+
+    1. ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are copied and hashed
+       (:class:`GradingSnapshot`) before anything of a submission runs.
+    2. Every submission is read into memory; its locked cells are restored from the release.
+    3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
+       per exercise; learner definitions run only in its worker processes.
+    4. nbgrader autogrades each submission (execution, gradebook entries, formgrader); the hidden
+       cells' in-kernel output there is instant feedback only, never a score.
+    5. The originals and the copy are verified after every submission (:class:`GradingTampered`
+       stops the run: nothing is written). Then each grade cell's score in the gradebook is set
+       from the verdicts held in this process (manual scores cleared, max scores from course.toml),
+       each grade cell's outputs in the autograded notebook are replaced by the rendered verdict,
+       and nbgrader generates the feedback.
+
+    A verdict that cannot be computed scores 0 with its cause (fail closed).
 
     Args:
         submissions: nbgrader's ``submitted/`` folder, or a folder containing one.
@@ -166,11 +315,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         cell_timeout: seconds per cell (default ``$LLMCOURSE_CELL_TIMEOUT`` or 600).
 
     Returns:
-        :class:`GradeReport`: a row per submission with score, max score and notes (an nbgrader
-        failure, cells that errored or timed out). Never raises for a broken submission.
+        :class:`GradeReport`: a row per submission with score, max score and notes.
 
     Raises:
         FileNotFoundError: ``submissions`` does not exist. ValueError: it holds no known assignment.
+        GradingTampered: grading files changed while submissions ran.
     """
     course = course or load_course()
     src = _submitted_root(Path(submissions))
@@ -188,27 +337,123 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     (work / ".grading").mkdir(parents=True)
     shutil.copytree(src, work / ".grading" / "submitted")
     env_extra = {"LLMCOURSE_CELL_TIMEOUT": str(cell_timeout)} if cell_timeout else {}
-    report = GradeReport(out_dir=work)
-    for assignment in sorted({a for _, a in pairs}):
-        u = known[assignment]
-        shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
-        proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
-        for student in sorted(s for s, a in pairs if a == assignment):
-            notes = []
+
+    snapshot = GradingSnapshot(course.root)
+    try:
+        # 2. every submission in memory before any of them runs
+        jobs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+        for student, assignment in pairs:
+            u = known[assignment]
+            path = work / ".grading" / "submitted" / student / assignment / Path(u.exercise).name
+            jobs[(student, assignment)] = _submission_sources(path, u) if path.exists() else (
+                [], [f"{Path(u.exercise).name} is missing from the submission"])
+        # 3. verdicts from the checker process (learner code only in its workers)
+        verdicts: dict[tuple[str, str], list[dict]] = {}
+        causes: dict[tuple[str, str], str] = {}
+        checker = CheckerProcess(snapshot, work / ".grading" / "checker.log")
+        try:
+            for (student, assignment), (sources, _) in jobs.items():
+                got, cause = checker.verdicts([student, assignment], known[assignment].id, sources)
+                if got is None:
+                    causes[(student, assignment)] = cause
+                else:
+                    verdicts[(student, assignment)] = got
+                snapshot.verify(f"while the checker ran {student}/{assignment}")
+        finally:
+            checker.close()
+        # 4. nbgrader: release into the work root, autograde (execution + gradebook rows)
+        report = GradeReport(out_dir=work)
+        for assignment in sorted({a for _, a in pairs}):
+            u = known[assignment]
+            shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
+            proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
+            if proc.returncode != 0:
+                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
+        nb_notes: dict[tuple[str, str], list[str]] = {}
+        for student, assignment in pairs:
+            notes = list(jobs[(student, assignment)][1])
             proc = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force"], work,
                              course.root, env_extra=env_extra)
+            snapshot.verify(f"while nbgrader ran {student}/{assignment}")
             if proc.returncode != 0:
                 notes.append("autograde reported errors: " + _last_error(proc))
+            notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
+            nb_notes[(student, assignment)] = notes
+        # 5. scores and verdicts from this process, then feedback
+        snapshot.verify("before the scores were written")
+        for key in pairs:
+            student, assignment = key
+            u = known[assignment]
+            per = _verdict_points(u, verdicts.get(key), causes.get(key))
+            notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
+            notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key))
+            report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
+                                "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
+        for student, assignment in pairs:
             fb = _nbgrader(["generate_feedback", assignment, f"--student={student}", "--force"], work, course.root)
             if fb.returncode != 0:
-                notes.append("feedback failed: " + _last_error(fb))
-            notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
-            report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
-                                **_scores(work, student, assignment, u.points)})
+                row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
+                row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(fb)]))
+        snapshot.verify("while the feedback was generated")
+    except GradingTampered:
+        db = work / ".grading" / "gradebook.db"
+        if db.exists():  # nbgrader's own in-kernel scores are not trusted: keep none of them
+            db.replace(db.with_name("gradebook.db.untrusted"))
+        raise
+    finally:
+        snapshot.cleanup()
     report.grades_csv = _write_grades(work, report.rows, course)
     return report
+
+
+def _verdict_points(unit, verdicts: list[dict] | None, cause: str | None) -> dict[str, float]:
+    """``{grade_id: points}`` from the checker's verdicts (0 for an exercise without one)."""
+    by_id = {v["exercise_id"]: v for v in verdicts or []}
+    return {e.grade_id: float(by_id[e.id]["points"]) if e.id in by_id and by_id[e.id]["status"] == "passed" else 0.0
+            for e in unit.exercises}
+
+
+def _render(v: dict) -> str:
+    from grader.core import Verdict
+
+    fields = {k: v.get(k) for k in ("exercise_id", "status", "message", "bug_id", "hint", "points", "max_points")}
+    return Verdict(**fields, notes=list(v.get("notes") or [])).render()
+
+
+def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str, float],
+                  verdicts: list[dict] | None, cause: str | None) -> list[str]:
+    """Set the gradebook's scores from ``per`` and put each verdict into its grade cell's output."""
+    import nbformat
+    from nbgrader.api import Gradebook, MissingEntry
+
+    notes: list[str] = []
+    nb_name = Path(unit.exercise).stem
+    with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:
+        for e in unit.exercises:
+            try:
+                g = gb.find_grade(e.grade_id, nb_name, assignment, student)
+            except MissingEntry:
+                continue
+            g.auto_score = per[e.grade_id]
+            g.manual_score = None
+            g.extra_credit = None
+            g.needs_manual_grade = False
+            g.cell.max_score = float(e.points)
+        gb.db.commit()
+    path = work / ".grading" / "autograded" / student / assignment / Path(unit.exercise).name
+    if not path.exists():
+        return ["no autograded notebook (nbgrader could not run it); scores are in grades.csv"]
+    by_id = {v["exercise_id"]: v for v in verdicts or []}
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        e = next((x for x in unit.exercises if x.grade_id == gid), None)
+        if e is None or cell.cell_type != "code" or not cell.metadata["nbgrader"].get("grade"):
+            continue
+        text = _render(by_id[e.id]) if e.id in by_id else f"{e.id}: not graded (0/{e.points} points): {cause}"
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
+    nbformat.write(nb, path)
+    return notes
 
 
 def _last_error(proc: subprocess.CompletedProcess) -> str:
@@ -236,22 +481,6 @@ def _execution_notes(folder: Path) -> list[str]:
         if errors:
             notes.append(f"{errors} cell(s) raised errors")
     return notes
-
-
-def _scores(work: Path, student: str, assignment: str, max_points: int) -> dict:
-    """Total and per-exercise scores of one submission, from nbgrader's gradebook (0 when none recorded)."""
-    from nbgrader.api import Gradebook, MissingEntry
-
-    per: dict[str, float] = {}
-    try:
-        with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:
-            submission = gb.find_submission(assignment, student)
-            for nb in submission.notebooks:
-                for g in nb.grades:
-                    per[g.name] = float(g.score or 0.0)
-    except MissingEntry:
-        pass
-    return {"score": float(sum(per.values())), "max_score": float(max_points), "per_exercise": per}
 
 
 def _write_grades(work: Path, rows: list[dict], course) -> Path:

@@ -49,3 +49,41 @@ def pytest_generate_tests(metafunc):
             load_unit(u.id)
         cases = [(ex_id, b) for u in units for e in u.exercises for ex_id in [e.id] for b in BUGS.get(ex_id, [])]
         metafunc.parametrize("bug_case", cases, ids=[f"{ex}:{b.id}" for ex, b in cases])
+
+
+def copy_course(dest: Path, units: tuple[str, ...] = ("03",)) -> Path:
+    """A private copy of the course (grading code, manifest, assets, the given units' notebooks).
+
+    The grading tests run ``course grade`` on such a copy: its snapshot/tamper checks hash the copy,
+    so nothing else editing the repository can disturb them, and a hostile notebook can only ever
+    write to the copy.
+    """
+    import shutil
+
+    from llmcourse.manifest import load_course
+
+    course = load_course(ROOT)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for item in ("grader", "llmcourse"):
+        shutil.copytree(ROOT / item, dest / item, ignore=ignore)
+    for item in ("course.toml", "nbgrader_config.py", "pyproject.toml"):
+        shutil.copy2(ROOT / item, dest / item)
+    shutil.copytree(ROOT / "assets", dest / "assets", ignore=ignore)
+    (dest / "exercises").mkdir()
+    shutil.copy2(ROOT / "exercises" / ".release.json", dest / "exercises" / ".release.json")
+    for uid in units:
+        u = course.unit(uid)
+        for rel in (u.solution, u.exercise):
+            shutil.copytree((ROOT / rel).parent, (dest / rel).parent, ignore=ignore)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def course_copy(tmp_path_factory):
+    """``make(units=("03",))`` -> a loaded private copy of the course (see :func:`copy_course`)."""
+    from llmcourse.manifest import load_course
+
+    def make(units: tuple[str, ...] = ("03",)):
+        return load_course(copy_course(tmp_path_factory.mktemp("course"), units))
+
+    return make
