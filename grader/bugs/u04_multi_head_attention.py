@@ -6,6 +6,9 @@ entries by a property the check names explicitly (the future leaks, identical co
 for an indivisible width). The grader's self-tests run every mutant through its check and require the
 verdict to name it.
 
+``B04.sdpa_delegates`` (not in the syllabus's table) is an answer that calls the module's own forward,
+which runs ``F.scaled_dot_product_attention`` itself since the library took the fast path.
+
 Note on ``B04.sdpa_mask_and_causal``: the syllabus expects an error when ``attn_mask`` and
 ``is_causal=True`` are passed together; torch 2.13 on CPU accepts both and ANDs ``attn_mask`` with a
 **top-left** causal mask, so the mistake shows up as wrong rows for ``T_q < T_k`` with a user mask.
@@ -194,3 +197,50 @@ bug_group("B04.sdpa_top_left", f"{U}.mha_forward_sdpa",
           {"mha_forward_sdpa": _sdpa_top_left})
 bug_group("B04.sdpa_mask_and_causal", f"{U}.mha_forward_sdpa",
           "Combine the masks yourself and pass only attn_mask.", {"mha_forward_sdpa": _sdpa_mask_and_causal})
+
+
+# not in the syllabus's table: since the library's MultiHeadAttention runs F.scaled_dot_product_attention
+# in its own forward, calling the module matches every expected value; the check names it (a detector),
+# whether the forward is reached through the module, its class, or a reference to it taken in advance,
+# or its fast path is written out (is_causal=True for square causal self-attention, which the task forbids)
+def _sdpa_delegates(mha, x_q, x_kv=None, mask=None):
+    return mha(x_q, x_kv, mask)
+
+
+def _sdpa_delegates_forward(mha, x_q, x_kv=None, mask=None):
+    return type(mha).forward(mha, x_q, x_kv, mask=mask)
+
+
+def _sdpa_delegates_captured():
+    forward = _ref().MultiHeadAttention.forward  # taken when the notebook is loaded, before any check runs
+
+    def mha_forward_sdpa(mha, x_q, x_kv=None, mask=None):
+        return forward(mha, x_q, x_kv, mask)
+
+    return mha_forward_sdpa
+
+
+def _sdpa_square_is_causal(mha, x_q, x_kv=None, mask=None):
+    """The module's own fast path, written out: is_causal=True for square causal self-attention."""
+    x_kv = x_q if x_kv is None else x_kv
+    b, t_q, _ = x_q.shape
+    t_k = x_kv.shape[1]
+    h, hd = mha.num_heads, mha.head_dim
+
+    def split(y, t):
+        return y.view(b, t, h, hd).transpose(1, 2)
+
+    q, k, v = split(mha.W_query(x_q), t_q), split(mha.W_key(x_kv), t_k), split(mha.W_value(x_kv), t_k)
+    if mha.causal and mask is None and t_q == t_k:
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mha.attention_mask(t_q, t_k, mask, batch=b))
+    return mha.out_proj(ctx.transpose(1, 2).contiguous().view(b, t_q, h * hd))
+
+
+_DELEGATES_HINT = ("Recompute the forward pass yourself: projections, heads, the combined mask passed as attn_mask "
+                   "(never is_causal=True), F.scaled_dot_product_attention, out_proj. Calling the module or its "
+                   "forward is not the exercise.")
+for _f in (_sdpa_delegates, _sdpa_delegates_forward, _sdpa_delegates_captured(), _sdpa_square_is_causal):
+    bug_group("B04.sdpa_delegates", f"{U}.mha_forward_sdpa", _DELEGATES_HINT, {"mha_forward_sdpa": _f},
+              detect="detector")

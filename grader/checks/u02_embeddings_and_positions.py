@@ -18,9 +18,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..core import CheckFailure, check, forbid, unwrap
+from ..core import CheckFailure, check, forbid, module_facts, unwrap
 
 U = "02"
 T = torch.tensor
@@ -158,10 +157,9 @@ def check_embedding_lookup(t):
 
 @check(f"{U}.InputEmbeddings", ["InputEmbeddings"], _ref)
 def check_input_embeddings(t):
-    m = t.run(lambda impl: impl.InputEmbeddings(5, 3))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "InputEmbeddings must be an nn.Module subclass")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.InputEmbeddings(5, 3)))
+    t.expect(facts["is_module"], "InputEmbeddings must be an nn.Module subclass")
+    shapes = facts["state_dict"]
     t.expect(shapes == {"embedding.weight": (5, 3)},
              f"InputEmbeddings(5, 3).state_dict() must hold exactly embedding.weight of shape (5, 3) "
              f"(self.embedding = nn.Embedding(vocab_size, d_model)); got {shapes}")
@@ -245,26 +243,32 @@ def check_sinusoidal_pe(t):
 def check_positional_encoding(t):
     d, max_len = 16, 10
     ref_pe = pe_float64(max_len, d).float().unsqueeze(0)
-    m = t.run(lambda impl: impl.PositionalEncoding(d, max_len, dropout=0.0))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "PositionalEncoding must be an nn.Module subclass")
-    params = [name for name, _ in mod.named_parameters()]
+    def structure(impl):
+        mm = impl.PositionalEncoding(d, max_len, dropout=0.0)
+        facts = module_facts(mm)
+        if facts["is_module"]:
+            pe = getattr(unwrap(mm), "pe", None)
+            facts["pe"] = (pe.dtype, tuple(pe.shape)) if isinstance(pe, torch.Tensor) else None
+            unwrap(mm).to(torch.float64)
+            pe64 = getattr(unwrap(mm), "pe", None)
+            facts["pe_after_to_float64"] = pe64.dtype if isinstance(pe64, torch.Tensor) else None
+        return facts
+
+    facts = t.run(structure)
+    t.expect(facts["is_module"], "PositionalEncoding must be an nn.Module subclass")
+    params = facts["parameters"]
     t.expect(not params, f"PositionalEncoding must have no parameters, but parameters() holds {params}: the fixed "
              "table would be trained and saved", bug="B02.pe_parameter")
-    pe = getattr(mod, "pe", None)
-    t.expect(isinstance(pe, torch.Tensor), "store the table as self.pe (a buffer of shape (1, max_len, d_model))")
-    t.expect(tuple(pe.shape) == (1, max_len, d) and pe.dtype == torch.float32,
-             f"self.pe must be float32 of shape (1, max_len, d_model) = (1, {max_len}, {d}); got {pe.dtype} "
-             f"{tuple(pe.shape)}")
-
-    m64 = unwrap(t.run(lambda impl: impl.PositionalEncoding(d, max_len, dropout=0.0)))
-    m64.to(torch.float64)
-    t.expect(getattr(m64, "pe", pe).dtype == torch.float64,
+    pe = facts["pe"]
+    t.expect(pe is not None, "store the table as self.pe (a buffer of shape (1, max_len, d_model))")
+    t.expect(tuple(pe[1]) == (1, max_len, d) and pe[0] == torch.float32,
+             f"self.pe must be float32 of shape (1, max_len, d_model) = (1, {max_len}, {d}); got {pe[0]} "
+             f"{tuple(pe[1])}")
+    t.expect(facts["pe_after_to_float64"] in (None, torch.float64),
              "after module.to(torch.float64) self.pe is still float32: a plain tensor attribute does not follow the "
              "module", bug="B02.pe_attribute")
-    buffers = dict(mod.named_buffers())
-    t.expect("pe" in buffers, "register the table with self.register_buffer('pe', ..., persistent=False)")
-    keys = list(mod.state_dict())
+    t.expect("pe" in facts["buffers"], "register the table with self.register_buffer('pe', ..., persistent=False)")
+    keys = list(facts["state_dict"])
     t.expect(not keys, f"state_dict() must be empty (register the buffer with persistent=False); got {keys}")
 
     t.compare(lambda impl: unwrap(impl.PositionalEncoding(d, max_len, dropout=0.0)).pe, ref_pe,
@@ -382,10 +386,9 @@ def check_shift_matrix(t):
 @check(f"{U}.GPTEmbedding", ["GPTEmbedding"], _ref)
 def check_gpt_embedding(t):
     V, C, D = 50, 8, 12
-    m = t.run(lambda impl: impl.GPTEmbedding(V, C, D))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "GPTEmbedding must be an nn.Module subclass")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.GPTEmbedding(V, C, D)))
+    t.expect(facts["is_module"], "GPTEmbedding must be an nn.Module subclass")
+    shapes = facts["state_dict"]
     want = {"tok_emb.weight": (V, D), "pos_emb.weight": (C, D)}
     t.expect(shapes == want, f"GPTEmbedding({V}, {C}, {D}).state_dict() must be {want}; got {shapes}")
 

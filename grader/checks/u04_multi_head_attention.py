@@ -6,6 +6,14 @@ row slices of the projection weights) for the non-square and cross-attention cas
 (seed 123). Properties: the future never leaks, appended masked-out keys change nothing,
 ``last_weights`` rows sum to 1, heads are independent. Every comparison shares weights (the
 reference's ``state_dict`` is loaded into the learner's module), and everything runs in eval mode.
+
+Isolation: a course module handed to the learner's function (``mha_from_wrapper``, ``to_torch_mha``,
+``mha_forward_sdpa``) is rebuilt inside the probe from its constructor arguments and state_dict; what
+comes back is tensors and plain facts (shapes, type names). ``mha_forward_sdpa`` must not delegate to the
+module's own forward (which runs ``F.scaled_dot_product_attention`` itself): the forward's code raises
+while the learner's function runs, and the fused kernel's output carries a mark (a different one for
+``is_causal=True``), so that the call is proven by the returned values, not by a spy in the learner's
+process.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import CheckFailure, check, run_learner, unwrap
+from ..core import CheckFailure, check, module_facts, run_learner, unwrap
 
 U = "04"
 T = torch.tensor
@@ -69,6 +77,44 @@ def _load(module, state: dict, what: str):
     return module
 
 
+def _spec(module) -> tuple:
+    """What a probe needs to rebuild a course ``MultiHeadAttention`` in the learner's process: its
+    constructor arguments and a copy of its state_dict (inputs only, never the module itself)."""
+    kwargs = {"dropout": module.dropout.p, "qkv_bias": module.W_query.bias is not None, "causal": module.causal,
+              "context_length": module.context_length, "d_kv": module.d_kv}
+    return (module.d_in, module.d_out, module.num_heads), kwargs, _state(module)
+
+
+def _course_mha(spec):
+    """Inside a probe: the course ``MultiHeadAttention`` described by ``spec``, in eval mode."""
+    from llmcourse.nn.multihead import MultiHeadAttention
+
+    args, kwargs, state = spec
+    m = MultiHeadAttention(*args, **kwargs)
+    m.load_state_dict(state)
+    return m.eval()
+
+
+def _course_wrapper(spec):
+    """Inside a probe: the course ``MultiHeadAttentionWrapper`` described by ``spec`` (args, state), eval mode."""
+    from llmcourse.nn.multihead import MultiHeadAttentionWrapper
+
+    args, kwargs, state = spec
+    w = MultiHeadAttentionWrapper(*args, **kwargs)
+    w.load_state_dict(state)
+    return w.eval()
+
+
+def _path(obj, dotted: str):
+    """``obj.a.b`` or None (inside a probe: a learner object may lack an attribute)."""
+    for part in dotted.split("."):
+        try:
+            obj = getattr(obj, part)
+        except Exception:  # noqa: BLE001 - a missing or raising attribute is reported as missing
+            return None
+    return obj
+
+
 def torch_mha_oracle(mha, x, attn_mask=None, key_padding_mask=None, need_weights=False):
     """nn.MultiheadAttention with mha's weights packed [Wq; Wk; Wv]; masks in torch polarity (True = blocked)."""
     d, h = mha.d_out, mha.num_heads
@@ -113,12 +159,17 @@ def per_head_loop(mha, x_q, x_kv=None, mask=None):
 
 @check(f"{U}.MultiHeadAttentionWrapper", ["MultiHeadAttentionWrapper"], _ref)
 def check_wrapper(t):
-    m = t.run(lambda impl: impl.MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "MultiHeadAttentionWrapper must be an nn.Module subclass")
-    t.expect(isinstance(getattr(mod, "heads", None), nn.ModuleList) and len(mod.heads) == 2,
-             "self.heads must be an nn.ModuleList with num_heads heads")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    def structure(impl):
+        m = impl.MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2)
+        facts = module_facts(m)
+        heads = getattr(unwrap(m), "heads", None)
+        facts["heads"] = len(heads) if isinstance(heads, nn.ModuleList) else None
+        return facts
+
+    facts = t.run(structure)
+    t.expect(facts["is_module"], "MultiHeadAttentionWrapper must be an nn.Module subclass")
+    t.expect(facts["heads"] == 2, "self.heads must be an nn.ModuleList with num_heads heads")
+    shapes = facts["state_dict"]
     want = {f"heads.{h}.W_{n}.weight": (2, 3) for h in range(2) for n in ("query", "key", "value")}
     t.expect(shapes == want, f"state_dict keys/shapes of MultiHeadAttentionWrapper(d_in=3, head_dim=2, "
              f"context_length=6, dropout=0.0, num_heads=2) must be {want}; got {shapes}")
@@ -183,25 +234,25 @@ def _make(st, *args, **kwargs):
 @check(f"{U}.MultiHeadAttention", ["MultiHeadAttention"], _ref)
 def check_mha(t):
     # structure
-    m = t.run(lambda impl: impl.MultiHeadAttention(6, 4, 2, qkv_bias=True, causal=True, context_length=8, d_kv=5))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "MultiHeadAttention must be an nn.Module subclass")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.MultiHeadAttention(6, 4, 2, qkv_bias=True, causal=True,
+                                                                    context_length=8, d_kv=5)))
+    t.expect(facts["is_module"], "MultiHeadAttention must be an nn.Module subclass")
+    shapes = facts["state_dict"]
     want = {"W_query.weight": (4, 6), "W_query.bias": (4,), "W_key.weight": (4, 5), "W_key.bias": (4,),
             "W_value.weight": (4, 5), "W_value.bias": (4,), "out_proj.weight": (4, 4), "out_proj.bias": (4,)}
     t.expect(shapes == want, "state_dict of MultiHeadAttention(d_in=6, d_out=4, num_heads=2, qkv_bias=True, "
              f"causal=True, context_length=8, d_kv=5) must be {want} (the causal mask is a non-persistent buffer); "
              f"got {shapes}")
-    buffers = dict(mod.named_buffers())
-    t.expect("causal_mask" in buffers and buffers["causal_mask"].dtype == torch.bool
-             and tuple(buffers["causal_mask"].shape) == (8, 8),
+    buffers = facts["buffers"]
+    t.expect("causal_mask" in buffers and buffers["causal_mask"][0] == torch.bool
+             and tuple(buffers["causal_mask"][1]) == (8, 8),
              "a causal module must register a (context_length, context_length) bool buffer named `causal_mask`")
-    t.expect(all(p is not buffers["causal_mask"] for p in mod.parameters()), "the mask must not be a parameter")
-    nb = unwrap(t.run(lambda impl: impl.MultiHeadAttention(6, 6, 3)))
-    t.expect(set(nb.state_dict()) == {"W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight",
-                                      "out_proj.bias"},
+    t.expect("causal_mask" not in facts["parameters"], "the mask must not be a parameter")
+    nb = t.run(lambda impl: module_facts(impl.MultiHeadAttention(6, 6, 3)))
+    nb_keys = set(nb.get("state_dict", {}))
+    t.expect(nb_keys == {"W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight", "out_proj.bias"},
              f"without qkv_bias the keys must be W_query/W_key/W_value.weight and out_proj.weight/.bias; got "
-             f"{sorted(nb.state_dict())}")
+             f"{sorted(nb_keys)}")
     got = t.raised(lambda impl: impl.MultiHeadAttention(256, 256, 6))
     t.expect(got == "ValueError", f"MultiHeadAttention(d_in=256, d_out=256, num_heads=6) must raise ValueError "
              f"(256 is not divisible by 6); got {got}", bug="B04.head_dim_floor")
@@ -277,15 +328,16 @@ def check_mha(t):
         mm = _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)
         mm.store_weights = True
         mm(x)
-        return getattr(unwrap(mm), "last_weights", None)
+        w = getattr(unwrap(mm), "last_weights", None)
+        return w, bool(getattr(w, "requires_grad", False))
 
-    w = t.run(weights)
+    w, w_requires_grad = t.run(weights)
     t.expect(isinstance(w, torch.Tensor) and tuple(w.shape) == (2, 2, 6, 6),
              f"with store_weights = True, last_weights must be the (B, H, T_q, T_k) = (2, 2, 6, 6) weights; got "
              f"{getattr(w, 'shape', w)}")
     t.expect(bool(torch.allclose(w.sum(-1), torch.ones(2, 2, 6), atol=1e-5)), "rows of last_weights must sum to 1")
     t.expect(bool((w.triu(1) == 0).all()), "causal module: last_weights must be exactly 0 above the diagonal")
-    t.expect(not w.requires_grad, "last_weights must be detached")
+    t.expect(not w_requires_grad, "last_weights must be detached")
 
     # the head count matters: 4 heads of 2 are not 1 head of 8
     ref4 = _ref_mha(8, 8, 4, seed=13)
@@ -305,27 +357,40 @@ def check_mha_from_wrapper(t):
                                                            (5, 3, 4, 1, False, (1, 4, 5))]):
         torch.manual_seed(100 + seed)
         wrapper = Wrapper(d_in, hd, ctx, 0.1, h, qkv_bias=bias).eval()
+        spec = ((d_in, hd, ctx, 0.1, h), {"qkv_bias": bias}, _state(wrapper))
         x = _rand(*shape, seed=seed)
         expected = wrapper(x)
-        mha = unwrap(t.run(lambda impl, wrapper=wrapper: impl.mha_from_wrapper(wrapper)))
-        t.expect(isinstance(mha, nn.Module), f"mha_from_wrapper must return an nn.Module, got {type(mha).__name__}")
-        missing = [a for a in ("W_query", "W_key", "W_value", "out_proj", "dropout") if not hasattr(mha, a)]
+
+        def structure(impl, spec=spec):
+            mha = unwrap(impl.mha_from_wrapper(_course_wrapper(spec)))
+            facts = {"type": type(mha).__name__, "is_module": isinstance(mha, nn.Module)}
+            facts["missing"] = [a for a in ("W_query", "W_key", "W_value", "out_proj", "dropout")
+                                if _path(mha, a) is None]
+            for key in ("W_query.weight", "W_key.weight", "out_proj.weight", "out_proj.bias", "dropout.p"):
+                facts[key] = _path(mha, key)
+            return facts
+
+        facts = t.run(structure)
+        t.expect(facts["is_module"], f"mha_from_wrapper must return an nn.Module, got {facts['type']}")
+        missing = facts["missing"]
         t.expect(not missing, f"the module returned by mha_from_wrapper has no attribute(s) {missing}")
         what = f"wrapper with {h} heads of width {hd} (d_in={d_in}, qkv_bias={bias})"
-        t.expect(tuple(mha.W_query.weight.shape) == (h * hd, d_in),
+        wq = facts["W_query.weight"]
+        t.expect(isinstance(wq, torch.Tensor) and tuple(wq.shape) == (h * hd, d_in),
                  f"{what}: W_query.weight must be (num_heads·head_dim, d_in) = {(h * hd, d_in)}; got "
-                 f"{tuple(mha.W_query.weight.shape)}")
+                 f"{tuple(getattr(wq, 'shape', ())) or wq}")
         eye = torch.eye(h * hd)
-        t.expect(bool(torch.equal(mha.out_proj.weight.detach(), eye)) and bool((mha.out_proj.bias == 0).all()),
-                 f"{what}: out_proj must be the identity (weight = I, bias = 0)")
-        stacked = torch.cat([hh.W_key.weight for hh in wrapper.heads], 0)
-        t.expect(bool(torch.equal(mha.W_key.weight.detach(), stacked)),
+        ow, ob = facts["out_proj.weight"], facts["out_proj.bias"]
+        t.expect(isinstance(ow, torch.Tensor) and isinstance(ob, torch.Tensor) and bool(torch.equal(ow, eye))
+                 and bool((ob == 0).all()), f"{what}: out_proj must be the identity (weight = I, bias = 0)")
+        stacked = torch.cat([hh.W_key.weight for hh in wrapper.heads], 0).detach()
+        wk = facts["W_key.weight"]
+        t.expect(isinstance(wk, torch.Tensor) and wk.shape == stacked.shape and bool(torch.equal(wk, stacked)),
                  f"{what}: W_key.weight must stack the heads' W_key weights row-wise, head 0 first")
-        t.expect(getattr(mha.dropout, "p", None) == 0.1, f"{what}: the dropout probability must be copied (0.1)")
-        mha.eval()
+        t.expect(facts["dropout.p"] == 0.1, f"{what}: the dropout probability must be copied (0.1)")
 
-        def run(impl, wrapper=wrapper, x=x):
-            out = unwrap(impl.mha_from_wrapper(wrapper))
+        def run(impl, spec=spec, x=x):
+            out = unwrap(impl.mha_from_wrapper(_course_wrapper(spec)))
             out.eval()
             return run_learner(out, "the module returned by mha_from_wrapper", (x,), {})
 
@@ -346,17 +411,24 @@ def check_to_torch_mha(t):
     t.compare(lambda impl: impl.to_torch_attn_mask(cm), ~cm,
               "to_torch_attn_mask(causal mask (5, 5)): nn.MultiheadAttention's boolean masks mean 'blocked'")
     ref = _ref_mha(8, 8, 2, qkv_bias=True, seed=21)
-    tm = unwrap(t.run(lambda impl: impl.to_torch_mha(ref)))
-    t.expect(isinstance(tm, nn.MultiheadAttention), f"to_torch_mha must return nn.MultiheadAttention, got "
-             f"{type(tm).__name__}")
-    t.expect(bool(getattr(tm, "batch_first", False)), "create the nn.MultiheadAttention with batch_first=True")
+    spec = _spec(ref)
+
+    def structure(impl):
+        tm = unwrap(impl.to_torch_mha(_course_mha(spec)))
+        return {"type": type(tm).__name__, "is_torch_mha": isinstance(tm, nn.MultiheadAttention),
+                "batch_first": bool(getattr(tm, "batch_first", False))}
+
+    facts = t.run(structure)
+    t.expect(facts["is_torch_mha"], f"to_torch_mha must return nn.MultiheadAttention, got {facts['type']}")
+    t.expect(facts["batch_first"], "create the nn.MultiheadAttention with batch_first=True")
     packed = torch.cat([ref.W_query.weight, ref.W_key.weight, ref.W_value.weight]).detach()
-    t.compare(lambda impl: impl.to_torch_mha(ref).in_proj_weight.detach(), packed,
+    t.compare(lambda impl: impl.to_torch_mha(_course_mha(spec)).in_proj_weight.detach(), packed,
               "in_proj_weight (3·d, d)", atol=0, rtol=0)
-    t.compare(lambda impl: _in_bias(impl.to_torch_mha(ref)),
+    t.compare(lambda impl: _in_bias(impl.to_torch_mha(_course_mha(spec))),
               torch.cat([ref.W_query.bias, ref.W_key.bias, ref.W_value.bias]).detach(), "in_proj_bias", atol=0, rtol=0)
     nobias = _ref_mha(8, 8, 4, seed=22)
-    t.compare(lambda impl: _in_bias(impl.to_torch_mha(nobias)), torch.zeros(24),
+    spec_nb = _spec(nobias)
+    t.compare(lambda impl: _in_bias(impl.to_torch_mha(_course_mha(spec_nb))), torch.zeros(24),
               "in_proj_bias of a module without qkv_bias (zeros; create nn.MultiheadAttention with bias=True, "
               "since out_proj needs its bias)", atol=0, rtol=0)
 
@@ -367,11 +439,12 @@ def check_to_torch_mha(t):
     for what, module, mask in [("causal mask", ref, cm), ("random (T, T) mask", ref, rmask),
                                ("causal mask, 4 heads, no qkv bias", nobias, cm)]:
         expected = module(x, mask=mask)
+        spec_m = _spec(module)
 
-        def run(impl, module=module, mask=mask):
-            torch_mha = unwrap(impl.to_torch_mha(module)).eval()
+        def run(impl, spec=spec_m, mask=mask):
+            torch_mha = unwrap(impl.to_torch_mha(_course_mha(spec))).eval()
             return run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
-                                {"attn_mask": impl.to_torch_attn_mask(mask), "need_weights": False})[0]
+                               {"attn_mask": impl.to_torch_attn_mask(mask), "need_weights": False})[0]
 
         t.compare(run, expected, f"nn.MultiheadAttention from to_torch_mha with attn_mask=to_torch_attn_mask(m), "
                   f"{what}, vs mha(x, mask=m)", atol=1e-5)
@@ -383,10 +456,10 @@ def check_to_torch_mha(t):
     ref.store_weights = False
 
     def weights(impl):
-        torch_mha = unwrap(impl.to_torch_mha(ref)).eval()
+        torch_mha = unwrap(impl.to_torch_mha(_course_mha(spec))).eval()
         return run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (x, x, x),
-                            {"attn_mask": impl.to_torch_attn_mask(cm), "need_weights": True,
-                             "average_attn_weights": True})[1]
+                           {"attn_mask": impl.to_torch_attn_mask(cm), "need_weights": True,
+                            "average_attn_weights": True})[1]
 
     t.compare(weights, expected_w, "need_weights=True, average_attn_weights=True: weights vs mha.last_weights.mean(1)",
               atol=1e-5)
@@ -397,16 +470,71 @@ def check_to_torch_mha(t):
 # ================================================================== 04.mha_forward_sdpa
 
 
+DELEGATES = "B04.sdpa_delegates"
+
+
+def _delegation_trap(*args, **kwargs):
+    # runs with the globals of llmcourse.nn.multihead (its code replaces MultiHeadAttention.forward's): only
+    # builtins and constants here
+    from grader.core import CheckFailure
+
+    raise CheckFailure("mha_forward_sdpa calls the module's own forward (`mha(...)` or `mha.forward(...)`), which "
+                       "already uses F.scaled_dot_product_attention: this exercise asks you to compute it yourself "
+                       "from mha.W_query, mha.W_key, mha.W_value, the mask and mha.out_proj.",
+                       bug_id="B04.sdpa_delegates")
+
+
 @contextlib.contextmanager
-def _spy_on_sdpa(t, spy):
-    """Route F.scaled_dot_product_attention (and names the learner imported it as) through ``spy``."""
+def _no_module_forward():
+    """Inside a probe: the course ``MultiHeadAttention.forward`` raises while the learner's function runs.
+
+    The module's own forward already runs ``F.scaled_dot_product_attention``, so an answer that calls
+    ``mha(...)``, ``mha.forward(...)``, ``MultiHeadAttention.forward(mha, ...)`` or a reference to that
+    function taken in advance would match every expected value; this exercise asks for the computation
+    itself. The function's code is swapped (not the class attribute), so every route to it ends here.
+    A fact of the learner's process: it can only make the check fail.
+    """
+    from llmcourse.nn.multihead import MultiHeadAttention
+
+    forward = MultiHeadAttention.__dict__["forward"]
+    saved = forward.__code__
+    swap = not saved.co_freevars  # a code object can only replace one with the same free variables
+    if swap:
+        forward.__code__ = _delegation_trap.__code__
+    try:
+        yield
+    finally:
+        if swap:
+            forward.__code__ = saved
+
+
+def _sdpa_marked(*args, **kwargs):
+    """``F.scaled_dot_product_attention`` with a recognisable mark on its output: ``2·out + 1`` elementwise,
+    or ``−3·out + 1`` when called with ``is_causal=True``.
+
+    An answer that computes its attention with the fused kernel carries the mark into its result (the
+    merge is a permutation, ``out_proj`` is affine); one that does not, does not; one that passes
+    ``is_causal=True`` (as the library module's own fast path does) carries the other mark. The checker
+    compares with the reference run under the same marks, so what was called is proven by returned values.
+    """
+    causal = kwargs.get("is_causal", args[5] if len(args) > 5 else False)
+    out = _SDPA(*args, **kwargs)
+    return out * (-3.0 if causal else 2.0) + 1.0
+
+
+_SDPA = F.scaled_dot_product_attention
+
+
+@contextlib.contextmanager
+def _marked_sdpa(fn):
+    """Route F.scaled_dot_product_attention (and the names ``fn``'s module imported it as) through the mark."""
     original = F.scaled_dot_product_attention
-    fn = t.learner._objects.get("mha_forward_sdpa")
+    fn = getattr(fn, "__wrapped__", fn)
     namespace = getattr(fn, "__globals__", {})
-    aliases = [k for k, v in namespace.items() if v is original]
-    F.scaled_dot_product_attention = spy
+    aliases = [k for k, v in list(namespace.items()) if v is original]
+    F.scaled_dot_product_attention = _sdpa_marked
     for k in aliases:
-        namespace[k] = spy
+        namespace[k] = _sdpa_marked
     try:
         yield
     finally:
@@ -417,13 +545,6 @@ def _spy_on_sdpa(t, spy):
 
 @check(f"{U}.mha_forward_sdpa", ["mha_forward_sdpa"], _ref)
 def check_mha_forward_sdpa(t):
-    calls = []
-    original = F.scaled_dot_product_attention
-
-    def spy(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
     ref_c = _ref_mha(8, 8, 2, qkv_bias=True, causal=True, context_length=10, seed=31)
     x = _rand(2, 6, 8, seed=32)
     keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])[:, None, None, :]
@@ -443,11 +564,39 @@ def check_mha_forward_sdpa(t):
     ]
     for what, module, xq_, xkv_, mask in cases:
         expected = module(xq_, xkv_, mask=mask)
+        spec_m = _spec(module)
 
-        def run(impl, module=module, xq_=xq_, xkv_=xkv_, mask=mask):
-            return impl.mha_forward_sdpa(module, xq_, xkv_, mask)
+        def run(impl, spec=spec_m, xq_=xq_, xkv_=xkv_, mask=mask):
+            mha = _course_mha(spec)
+            with _no_module_forward():
+                return impl.mha_forward_sdpa(mha, xq_, xkv_, mask)
 
-        with _spy_on_sdpa(t, spy):
-            t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
-    t.expect(len(calls) > 0, "mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention "
-             "(it was never called)")
+        t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
+
+    # the attention must come from F.scaled_dot_product_attention, called with attn_mask only: its output
+    # carries a mark here. Square causal self-attention without a user mask is the case where the module's
+    # own forward passes is_causal=True, so a forward reached by any route shows the other mark.
+    spec_c = _spec(ref_c)
+
+    def marked(impl):
+        mha = _course_mha(spec_c)
+        with _no_module_forward(), _marked_sdpa(impl.mha_forward_sdpa):
+            return impl.mha_forward_sdpa(mha, x)
+
+    reference = _ref()["mha_forward_sdpa"]
+    with _marked_sdpa(reference):
+        expected = reference(ref_c, x)
+        via_forward = ref_c(x)
+    got = t.run(marked)
+
+    def close(a, b):
+        return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5, rtol=1e-5))
+
+    if close(got, expected):
+        return
+    if not close(via_forward, expected) and close(got, via_forward):
+        t.fail("mha_forward_sdpa gives what the module's own forward gives when F.scaled_dot_product_attention is "
+               "called with is_causal=True: compute the forward yourself and pass the combined boolean mask as "
+               "attn_mask, never is_causal=True", bug=DELEGATES)
+    t.fail("mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention (it was never called, "
+           "or its output was not used)")
