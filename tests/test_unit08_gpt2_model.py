@@ -234,3 +234,74 @@ def test_fast_path_equals_explicit_path():
     w = model.blocks[0].attn.last_weights
     assert w.shape == (2, 4, 40, 40)
     assert torch.all(w.triu(1) == 0)
+
+
+# ---------------------------------------------------------------- widgets (compute functions + static fallbacks)
+
+
+def test_param_groups_sum_to_the_formula():
+    from llmcourse.viz.gpt2 import param_groups
+
+    for tied in (True, False):
+        cfg = GPT2Config.preset("gpt2-small")
+        cfg.tie_weights = tied
+        rows = param_groups(cfg)
+        assert sum(n for _, _, n in rows) == (124_439_808 if tied else 163_037_184)
+        assert ("untied head" in {g for g, _, _ in rows}) == (not tied)
+    rows = param_groups(GPT2Config.preset("gpt2-small"))
+    assert dict((c, n) for _, c, n in rows)["token embedding"] == 38_597_376
+
+
+def test_layer_divergence_locates_each_injected_bug():
+    from llmcourse.viz.gpt2 import BUGS_TO_INJECT, layer_divergence
+
+    expected_first = {"none": None, "no transpose": 1, "exact GELU": 1, "untied": 5, "post-LN": 1}
+    assert set(expected_first) == set(BUGS_TO_INJECT)
+    for bug, first in expected_first.items():
+        r = layer_divergence(bug)
+        assert len(r["diffs"]) == len(r["labels"]) == 6  # embeddings, 4 blocks, logits
+        assert r["first"] == first, (bug, r["diffs"])
+        assert r["diffs"][0] < 1e-6  # the embeddings never differ
+    # the exact-GELU gap is small but far above float noise: the "≈1e-3 is rounding" claim is wrong
+    gelu = layer_divergence("exact GELU")["diffs"]
+    clean = layer_divergence("none")["diffs"]
+    assert max(clean) < 3e-5 and 1e-4 < max(gelu) < 0.1
+    with pytest.raises(ValueError):
+        layer_divergence("typo")
+
+
+def test_architecture_shapes_from_meta_run():
+    from llmcourse.viz.gpt2 import architecture_shapes
+
+    cfg = GPT2Config.preset("gpt2-char-tiny")
+    rows = {r["name"]: r for r in architecture_shapes(cfg, batch=2, seq=10)}
+    assert rows["tok_emb"]["shape"] == (2, 10, 128) and rows["pos_emb"]["shape"] == (10, 128)
+    assert rows["blocks.0.ffn.fc1"]["shape"] == (2, 10, 512)
+    assert rows["blocks.0.attn.weights"]["shape"] == (2, 4, 10, 10)
+    assert rows["lm_head"]["shape"] == (2, 10, 65)
+    assert rows["blocks.0"]["params"] == 12 * 128**2 + 13 * 128
+    assert rows["blocks.1 … blocks.3"]["params"] == 3 * rows["blocks.0"]["params"]
+    big = {r["name"]: r for r in architecture_shapes(GPT2Config.preset("gpt2-xl"), batch=1)}
+    assert big["lm_head"]["shape"] == (1, 1024, 50257)
+    with pytest.raises(ValueError):
+        architecture_shapes(cfg, seq=65)
+
+
+def test_widgets_static_fallbacks_render():
+    from llmcourse.viz import gpt2 as V
+    from llmcourse.viz.base import StaticFigure
+
+    for show in (V.show_param_sunburst, V.show_architecture_map, V.show_divergence_finder):
+        out = show(static=True)
+        assert isinstance(out, StaticFigure)
+        assert out._repr_png_()[:4] == b"\x89PNG"
+        assert "llmcourse-static" in out._repr_html_()
+
+
+def test_widgets_live_build():
+    pytest.importorskip("ipywidgets")
+    from llmcourse.viz import gpt2 as V
+
+    for show, cls in ((V.show_param_sunburst, "llmcourse-w08-1"), (V.show_architecture_map, "llmcourse-w08-3")):
+        w = show(static=False)
+        assert cls in w._dom_classes
