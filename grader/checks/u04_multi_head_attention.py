@@ -501,11 +501,15 @@ def _no_module_forward():
     swap = not saved.co_freevars  # a code object can only replace one with the same free variables
     if swap:
         forward.__code__ = _delegation_trap.__code__
+    else:  # (a forward that uses super() has a free variable): replace the class attribute instead
+        MultiHeadAttention.forward = _delegation_trap
     try:
         yield
     finally:
         if swap:
             forward.__code__ = saved
+        else:
+            MultiHeadAttention.forward = forward
 
 
 def _sdpa_marked(*args, **kwargs):
