@@ -297,6 +297,9 @@ def run_learner(fn, name, args, kwargs):
             bug_id="name_error",
         ) from exc
     except Exception as exc:
+        if isinstance(exc, MemoryError) or "allocate memory" in str(exc):
+            raise CheckFailure(f"`{name}` ran out of memory{learner_frame(exc)}: the process running your code "
+                               "has a memory limit; are you building a far larger tensor than the task needs?") from None
         if BLOCK_MARK in str(exc):
             label = str(exc).split(BLOCK_MARK, 1)[1].strip()
             raise CheckFailure(f"`{name}` uses the course library's own answer to this exercise ({label}): calling, "
