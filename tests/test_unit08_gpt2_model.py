@@ -305,3 +305,25 @@ def test_widgets_live_build():
     for show, cls in ((V.show_param_sunburst, "llmcourse-w08-1"), (V.show_architecture_map, "llmcourse-w08-3")):
         w = show(static=False)
         assert cls in w._dom_classes
+
+
+# ---------------------------------------------------------------- optional real weights: the loader on a saved checkpoint
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["safetensors", "bin"])
+def test_load_pretrained_from_a_saved_hf_checkpoint(tmp_path, monkeypatch, safe):
+    from llmcourse.models import find_pretrained_gpt2, load_pretrained_gpt2, pretrained_gpt2_dir
+
+    monkeypatch.setenv("LLMCOURSE_CACHE", str(tmp_path / "cache"))
+    assert find_pretrained_gpt2() is None
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_pretrained_gpt2()
+    cfg = PARITY_CONFIGS[1]
+    hf = random_hf_gpt2(cfg, seed=9)
+    hf.save_pretrained(pretrained_gpt2_dir(), safe_serialization=safe)
+    assert find_pretrained_gpt2() is not None
+    model = load_pretrained_gpt2()
+    assert (model.cfg.d_model, model.cfg.n_layers, model.cfg.vocab_size) == (48, 3, 1000)
+    assert not model.training and model.lm_head.weight is model.tok_emb.weight
+    with torch.no_grad():
+        torch.testing.assert_close(model(_idx()), hf(_idx()).logits, atol=1e-5, rtol=1e-5)

@@ -8,10 +8,13 @@ from .gpt2 import (
     GPT2Config,
     GPT2Model,
     count_parameters,
+    find_pretrained_gpt2,
     gpt2_param_breakdown,
     gpt2_param_count,
     hf_gpt2_config,
     load_hf_gpt2,
+    load_pretrained_gpt2,
+    pretrained_gpt2_dir,
     random_hf_gpt2,
 )
 from .transformer import Transformer
@@ -20,4 +23,5 @@ __all__ = [
     "AttentionOnlyLM", "BertEmbeddings", "EncoderClassifier", "Transformer",
     "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "gpt2_param_breakdown",
     "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "random_hf_gpt2",
+    "find_pretrained_gpt2", "load_pretrained_gpt2", "pretrained_gpt2_dir",
 ]

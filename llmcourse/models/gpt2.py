@@ -35,8 +35,9 @@ from ..nn.multihead import MultiHeadAttention
 from ..nn.norms import LayerNorm
 
 __all__ = [
-    "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "gpt2_param_breakdown",
-    "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "random_hf_gpt2",
+    "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "find_pretrained_gpt2",
+    "gpt2_param_breakdown", "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "load_pretrained_gpt2",
+    "pretrained_gpt2_dir", "random_hf_gpt2",
 ]
 
 # the preset names of GPT2Config.preset (the table itself lives in that method)
@@ -412,3 +413,78 @@ def random_hf_gpt2(cfg: GPT2Config, seed: int = 0, std: float = 0.2, attn_implem
         noise = std * torch.randn(p.shape, generator=g)
         p.copy_(1.0 + noise if (".ln_" in name and name.endswith("weight")) else noise)
     return hf.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# optional: the real GPT-2 weights, when the learner has a local copy
+# ------------------------------------------------------------------------------------------------
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def pretrained_gpt2_dir(name: str = "gpt2"):
+    """``<user cache>/pretrained/<name>`` (``~/.cache/llmcourse/pretrained/gpt2`` by default).
+
+    The course never downloads these weights; a learner with the internet can place a Hugging Face
+    GPT-2 checkpoint there (``config.json`` plus ``model.safetensors`` or ``pytorch_model.bin``, e.g.
+    from ``huggingface_hub.snapshot_download("openai-community/gpt2", local_dir=...)``).
+    """
+    from ..data.resolve import cache_dir
+
+    return cache_dir() / "pretrained" / name
+
+
+def find_pretrained_gpt2(path=None):
+    """The weight file of a local GPT-2 checkpoint, or ``None`` when there is none.
+
+    ``path`` is a checkpoint folder or a weight file; default :func:`pretrained_gpt2_dir`.
+    """
+    from pathlib import Path
+
+    path = Path(path) if path is not None else pretrained_gpt2_dir()
+    if path.is_file():
+        return path
+    for name in _WEIGHT_FILES:
+        if (path / name).is_file():
+            return path / name
+    return None
+
+
+@torch.no_grad()
+def load_pretrained_gpt2(path=None, dropout: float = 0.0) -> GPT2Model:
+    """A :class:`GPT2Model` holding a local Hugging Face GPT-2 checkpoint, in eval mode.
+
+    Args:
+        path: a checkpoint folder or weight file (default :func:`pretrained_gpt2_dir`).
+        dropout: the model's dropout (0 for inference).
+
+    The config comes from the folder's ``config.json`` (``n_embd``, ``n_head``, ``n_layer``,
+    ``n_positions``, ``vocab_size``, ``layer_norm_epsilon``, ``tie_word_embeddings``), else GPT-2 small.
+    ``.safetensors`` files are read with ``safetensors``; ``.bin`` files with
+    ``torch.load(weights_only=True)``. Weights are mapped by :func:`load_hf_gpt2`.
+
+    Raises:
+        FileNotFoundError: no checkpoint there (the message says where to put one).
+    """
+    import json
+
+    file = find_pretrained_gpt2(path)
+    if file is None:
+        where = path if path is not None else pretrained_gpt2_dir()
+        raise FileNotFoundError(f"no GPT-2 checkpoint in {where}: put config.json and model.safetensors (or "
+                                f"pytorch_model.bin) of a Hugging Face GPT-2 there")
+    cfg = GPT2Config(dropout=dropout)
+    config_file = file.parent / "config.json"
+    if config_file.is_file():
+        hf = json.loads(config_file.read_text(encoding="utf-8"))
+        cfg = GPT2Config(vocab_size=hf.get("vocab_size", 50257), context_length=hf.get("n_positions", 1024),
+                         d_model=hf.get("n_embd", 768), n_heads=hf.get("n_head", 12), n_layers=hf.get("n_layer", 12),
+                         dropout=dropout, layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                         tie_weights=hf.get("tie_word_embeddings", True))
+    if file.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        state = load_file(str(file))
+    else:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    return load_hf_gpt2(GPT2Model(cfg), state).eval()
