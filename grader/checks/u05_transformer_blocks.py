@@ -6,9 +6,14 @@ loaded with the block's weights in **both** norm placements. Fixtures: F05.1 (st
 output = √(128/127)), F05.2 (the two GELUs at x = −3), F05.3 (parameter counts).
 
 The learner's ``EncoderBlock``/``DecoderBlock``/``FeedForward`` normally use the learner's own
-``LayerNorm``/``FeedForward``/``gelu`` from the same notebook. While a check runs, those names are
-temporarily bound to the course's finished versions, so a mistake in ``LayerNorm`` costs points in
-``05.LayerNorm`` only and is not counted again in every block.
+``LayerNorm``/``FeedForward``/``gelu`` from the same notebook. While a probe runs on the learner's
+code (in the worker process), those names are temporarily bound to the course's finished versions,
+so a mistake in ``LayerNorm`` costs points in ``05.LayerNorm`` only and is not counted again in
+every block.
+
+Isolated design: every probe builds the learner's module itself and returns plain data (output
+tensors, a ``state_dict``, :func:`~grader.core.module_facts`, parameter counts); structural facts
+only ever make a check fail, and every pass is decided on returned tensors.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import check, forbid, unwrap
+from ..core import _same, check, forbid, module_facts, unwrap
 
 U = "05"
 T = torch.tensor
@@ -38,8 +43,18 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _learner_globals(t, name):
-    obj = t.learner._objects.get(name)
+def _course_parts() -> dict:
+    """The finished pieces a block is built from (unit 05's, never blocked while a block is checked)."""
+    from llmcourse.nn import feedforward, norms
+
+    return {"LayerNorm": norms.LayerNorm, "FeedForward": feedforward.FeedForward, "gelu": feedforward.gelu}
+
+
+def _learner_globals(impl, name):
+    """The globals of the learner's ``name`` (the notebook's namespace), or None (reference, mutants)."""
+    if not getattr(impl, "_learner", False):
+        return None
+    obj = getattr(impl, "_objects", {}).get(name)
     if obj is None:
         return None
     if hasattr(obj, "__globals__"):
@@ -52,14 +67,13 @@ def _learner_globals(t, name):
 
 
 @contextlib.contextmanager
-def course_parts(t, name):
-    """Bind LayerNorm/FeedForward/gelu in the learner's globals to llmcourse's while the check runs."""
-    g = _learner_globals(t, name)
-    parts = {k: v for k, v in _ref().items() if k in {"LayerNorm", "FeedForward", "gelu"} and k != name}
+def course_parts(impl, name):
+    """Bind LayerNorm/FeedForward/gelu in the learner's globals to llmcourse's while a probe runs."""
+    g = _learner_globals(impl, name)
     saved = {}
     if g is not None:
-        for k, v in parts.items():
-            if k in g:
+        for k, v in _course_parts().items():
+            if k != name and k in g:
                 saved[k] = g[k]
                 g[k] = v
     try:
@@ -69,12 +83,47 @@ def course_parts(t, name):
             g.update(saved)
 
 
+def with_course_parts(name, probe):
+    """``probe`` run with :func:`course_parts` (inside the learner's process, around the whole probe)."""
+
+    def wrapped(impl):
+        with course_parts(impl, name):
+            return probe(impl)
+
+    return wrapped
+
+
+def _structure(name, *args, **kwargs):
+    """Probe: module facts of ``impl.<name>(*args, **kwargs)`` plus its parameter count."""
+
+    def probe(impl):
+        m = unwrap(getattr(impl, name)(*args, **kwargs))
+        facts = module_facts(m)
+        if facts["is_module"]:
+            facts["n_params"] = sum(p.numel() for p in m.parameters())
+        return facts
+
+    return with_course_parts(name, probe)
+
+
+def _param_count(name, *args):
+    """Probe: the parameter count of ``impl.<name>(*args)`` (None when it is not an nn.Module)."""
+
+    def probe(impl):
+        m = unwrap(getattr(impl, name)(*args))
+        return sum(p.numel() for p in m.parameters()) if isinstance(m, nn.Module) else None
+
+    return with_course_parts(name, probe)
+
+
 def _state_dict(module) -> dict:
-    return {k: v.detach().clone() for k, v in unwrap(module).state_dict().items()}
+    """A reference module's state_dict (checker side only)."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def _shapes(module) -> dict:
-    return {k: tuple(v.shape) for k, v in unwrap(module).state_dict().items()}
+    """A reference module's state_dict shapes (checker side only)."""
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
 def _randomised(module, seed):
@@ -106,20 +155,30 @@ def _ln_state(d, seed):
 
 @check(f"{U}.LayerNorm", ["LayerNorm"], _ref)
 def check_layernorm(t):
-    ln = t.run(lambda impl: impl.LayerNorm(16))
-    mod = unwrap(ln)
-    t.expect(isinstance(mod, nn.Module), "LayerNorm must be an nn.Module subclass")
-    shapes = _shapes(mod)
-    buffers = dict(mod.named_buffers())
+    def fresh(impl):
+        mod = unwrap(impl.LayerNorm(16))
+        facts = module_facts(mod)
+        if facts["is_module"]:
+            facts["sd"] = dict(mod.state_dict())
+            facts["has_eps"] = hasattr(mod, "eps")
+            facts["eps"] = getattr(mod, "eps", None)
+        return facts
+
+    facts = t.run(fresh)
+    t.expect(facts["is_module"], "LayerNorm must be an nn.Module subclass")
+    shapes = facts["state_dict"]
+    buffers = facts["buffers"]
     t.expect(not buffers, f"LayerNorm must have no buffers (it keeps no running statistics); found "
              f"{sorted(buffers)}", bug="B05.ln_running_stats")
     t.expect(shapes == {"weight": (16,), "bias": (16,)},
              f"state_dict of LayerNorm(16) must be {{'weight': (16,), 'bias': (16,)}}; got {shapes}")
-    sd = mod.state_dict()
+    sd = facts["sd"]
     t.expect(bool(torch.equal(sd["weight"], torch.ones(16))) and bool(torch.equal(sd["bias"], torch.zeros(16))),
              "a new LayerNorm must start with weight = 1 and bias = 0 (the identity affine map)")
-    t.expect(getattr(mod, "eps", 1e-5) == 1e-5 or abs(float(getattr(mod, "eps", 1e-5)) - 1e-5) < 1e-12,
-             f"the default eps must be 1e-5; got {getattr(mod, 'eps', None)}")
+    eps = facts["eps"]
+    t.expect(not facts["has_eps"] or (isinstance(eps, (int, float)) and not isinstance(eps, bool)
+                                      and abs(float(eps) - 1e-5) < 1e-12),
+             f"the default eps must be 1e-5; got {eps}")
 
     def run(x, state=None, d=16, mode="eval", eps=None):
         def probe(impl):
@@ -143,9 +202,9 @@ def check_layernorm(t):
              "in both modes", bug="B05.ln_running_stats")
 
     # F05.1: the std (unbiased) of all 128 outputs is √(128/127) for any non-degenerate (2, 4, 16) input
-    t.compare(lambda impl: run(x)(impl).std().detach().reshape(1), torch.tensor([F051_STD]),
+    t.compare(run(x), torch.tensor([F051_STD]),
               "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (F05.1: √(128/127) = 1.00393)",
-              atol=1e-4, rtol=0.0)
+              atol=1e-4, rtol=0.0, pick=lambda y: y.std().reshape(1) if isinstance(y, torch.Tensor) else y)
 
     # oracle: nn.LayerNorm with the same state_dict, several shapes and scales
     cases = [
@@ -169,8 +228,7 @@ def check_layernorm(t):
         expected = oracle(xx)
     t.compare(run(xx, None, 16, eps=1e-3), expected, "LayerNorm(16, eps=1e-3) vs nn.LayerNorm(16, eps=1e-3)",
               atol=1e-6, rtol=1e-5)
-    # the state_dict loads into nn.LayerNorm (interchangeable keys)
-    sd = _state_dict(t.run(lambda impl: impl.LayerNorm(16)))
+    # the state_dict loads into nn.LayerNorm (interchangeable keys); sd is the fresh module's, returned above
     try:
         nn.LayerNorm(16).load_state_dict(sd)
     except RuntimeError as exc:
@@ -213,56 +271,57 @@ def check_gelu(t):
 # ================================================================== 05.FeedForward
 
 
+def _count(n) -> str:
+    return f"{n:,}" if isinstance(n, int) else repr(n)
+
+
 @check(f"{U}.FeedForward", ["FeedForward"], _ref)
 def check_feedforward(t):
-    with course_parts(t, "FeedForward"):
-        m = t.run(lambda impl: impl.FeedForward(8, 32))
-        mod = unwrap(m)
-        t.expect(isinstance(mod, nn.Module), "FeedForward must be an nn.Module subclass")
-        want = {"fc1.weight": (32, 8), "fc1.bias": (32,), "fc2.weight": (8, 32), "fc2.bias": (8,)}
-        got = _shapes(mod)
-        t.expect(got == want, f"state_dict of FeedForward(8, 32) must be {want}; got {got}")
-        n = sum(p.numel() for p in mod.parameters())
-        t.expect(n == 2 * 8 * 32 + 32 + 8, f"FeedForward(8, 32) must have 2·D·d_ff + d_ff + D = 552 parameters; got {n}")
-        big = unwrap(t.run(lambda impl: impl.FeedForward(512, 2048)))
-        n = sum(p.numel() for p in big.parameters())
-        t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters (F05.3); got {n:,}")
+    facts = t.run(_structure("FeedForward", 8, 32))
+    t.expect(facts["is_module"], "FeedForward must be an nn.Module subclass")
+    want = {"fc1.weight": (32, 8), "fc1.bias": (32,), "fc2.weight": (8, 32), "fc2.bias": (8,)}
+    got = facts["state_dict"]
+    t.expect(got == want, f"state_dict of FeedForward(8, 32) must be {want}; got {got}")
+    n = facts["n_params"]
+    t.expect(n == 2 * 8 * 32 + 32 + 8, f"FeedForward(8, 32) must have 2·D·d_ff + d_ff + D = 552 parameters; got {n}")
+    n = t.run(_param_count("FeedForward", 512, 2048))
+    t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters (F05.3); got {_count(n)}")
 
-        ref_cls = t.reference.FeedForward
-        for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
-                                       ("gelu_tanh", lambda z: F.gelu(z, approximate="tanh"))):
-            torch.manual_seed(3)
-            ref = ref_cls(8, 32, activation)
-            st = _state_dict(ref)
-            x = _rand(3, 5, 8, seed=4)
-            with torch.no_grad():
-                expected = F.linear(oracle_act(F.linear(x, st["fc1.weight"], st["fc1.bias"])),
-                                    st["fc2.weight"], st["fc2.bias"])
+    ref_cls = t.reference.FeedForward
+    for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
+                                   ("gelu_tanh", lambda z: F.gelu(z, approximate="tanh"))):
+        torch.manual_seed(3)
+        ref = ref_cls(8, 32, activation)
+        st = _state_dict(ref)
+        x = _rand(3, 5, 8, seed=4)
+        with torch.no_grad():
+            expected = F.linear(oracle_act(F.linear(x, st["fc1.weight"], st["fc1.bias"])),
+                                st["fc2.weight"], st["fc2.bias"])
 
-            def probe(impl, st=st, x=x, activation=activation):
-                mm = impl.FeedForward(8, 32, activation)
-                unwrap(mm).load_state_dict(st)
-                unwrap(mm).train()  # no dropout inside: train mode gives the same result
-                return mm(x)
-
-            t.compare(probe, expected, f"FeedForward(8, 32, activation={activation!r}) on a (3, 5, 8) batch "
-                      "(shared weights, train mode)", atol=1e-5, rtol=1e-5)
-
-        # position-wise: permuting positions permutes outputs the same way
-        torch.manual_seed(5)
-        st = _state_dict(ref_cls(8, 32, "gelu"))
-        x = _rand(2, 7, 8, seed=6)
-        perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
-
-        def both(impl):
-            mm = impl.FeedForward(8, 32, "gelu")
+        def probe(impl, st=st, x=x, activation=activation):
+            mm = impl.FeedForward(8, 32, activation)
             unwrap(mm).load_state_dict(st)
-            return mm(x), mm(x[:, perm])
+            unwrap(mm).train()  # no dropout inside: train mode gives the same result
+            return mm(x)
 
-        y, y_perm = t.run(both)
-        t.expect(bool(torch.allclose(y[:, perm], y_perm, atol=1e-6)),
-                 "FeedForward must act on each position independently: permuting the positions of the input "
-                 "must permute the outputs in the same way")
+        t.compare(with_course_parts("FeedForward", probe), expected, f"FeedForward(8, 32, activation={activation!r}) "
+                  "on a (3, 5, 8) batch (shared weights, train mode)", atol=1e-5, rtol=1e-5)
+
+    # position-wise: permuting positions permutes outputs the same way
+    torch.manual_seed(5)
+    st = _state_dict(ref_cls(8, 32, "gelu"))
+    x = _rand(2, 7, 8, seed=6)
+    perm = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+
+    def both(impl):
+        mm = impl.FeedForward(8, 32, "gelu")
+        unwrap(mm).load_state_dict(st)
+        return mm(x), mm(x[:, perm])
+
+    y, y_perm = t.run(with_course_parts("FeedForward", both))
+    t.expect(bool(torch.allclose(y[:, perm], y_perm, atol=1e-6)),
+             "FeedForward must act on each position independently: permuting the positions of the input "
+             "must permute the outputs in the same way")
 
 
 # ================================================================== blocks: shared helpers
@@ -274,14 +333,12 @@ def _enc_probe(st, x, mask, norm_first, activation="relu", d=16, h=4, d_ff=32):
         unwrap(m).load_state_dict(st)
         unwrap(m).eval()
         return m(x, mask=mask)
-    return probe
+    return with_course_parts("EncoderBlock", probe)
 
 
 def _compare_orderings(t, probe, expected, other, what):
     """Compare with the requested ordering; name B05.post_for_pre when the output is the other one's."""
     got = t.run(probe)
-    from ..core import _same
-
     if _same(got, expected, 1e-5, 1e-5):
         return got
     if _same(got, other, 1e-5, 1e-5):
@@ -295,6 +352,26 @@ def _keep(lengths, t_max):
     return torch.arange(t_max)[None, :] < torch.tensor(lengths)[:, None]
 
 
+def _torch_padding_mask(keep, t_q, num_heads=4):
+    """The key-padding mask ``keep`` (B, T_k) as torch's per-head ``attn_mask`` (B·H, T_q, T_k), True = blocked.
+
+    Same outputs as ``key_padding_mask=~keep``; that route runs ``torch._check_with``, whose first call
+    imports sympy (about a second), so the oracles take the padding through ``attn_mask`` instead.
+    """
+    b, t_k = keep.shape
+    return (~keep)[:, None, None, :].expand(b, num_heads, t_q, t_k).reshape(b * num_heads, t_q, t_k)
+
+
+def _check_block_structure(t, name, want, n_big, args_big, what_big):
+    """The module facts of ``name(16, 4, 32)`` against the reference's keys, and the parameter count."""
+    facts = t.run(_structure(name, 16, 4, 32))
+    t.expect(facts["is_module"], f"{name} must be an nn.Module subclass")
+    got = facts["state_dict"]
+    t.expect(got == want, f"state_dict keys/shapes of {name}(16, 4, 32) must be {want}; got {got}")
+    n = t.run(_param_count(name, *args_big))
+    t.expect(n == n_big, f"{name}(512, 8, 2048) must have {n_big:,} parameters ({what_big}); got {_count(n)}")
+
+
 # ================================================================== 05.EncoderBlock
 
 
@@ -302,65 +379,57 @@ def _keep(lengths, t_max):
 def check_encoder_block(t):
     from llmcourse.nn.blocks import to_torch_encoder_layer
 
-    with course_parts(t, "EncoderBlock"):
-        blk = t.run(lambda impl: impl.EncoderBlock(16, 4, 32))
-        mod = unwrap(blk)
-        t.expect(isinstance(mod, nn.Module), "EncoderBlock must be an nn.Module subclass")
-        ref_cls = t.reference.EncoderBlock
-        want = _shapes(ref_cls(16, 4, 32))
-        got = _shapes(mod)
-        t.expect(got == want, f"state_dict keys/shapes of EncoderBlock(16, 4, 32) must be {want}; got {got}")
-        n = sum(p.numel() for p in unwrap(t.run(lambda impl: impl.EncoderBlock(512, 8, 2048))).parameters())
-        t.expect(n == 3_152_384, f"EncoderBlock(512, 8, 2048) must have 3,152,384 parameters (F05.3, all biases, "
-                 f"as nn.TransformerEncoderLayer); got {n:,}")
+    ref_cls = t.reference.EncoderBlock
+    _check_block_structure(t, "EncoderBlock", _shapes(ref_cls(16, 4, 32)), 3_152_384, (512, 8, 2048),
+                           "F05.3, all biases, as nn.TransformerEncoderLayer")
 
-        x = _rand(3, 7, 16, seed=1)
-        keep = _keep([7, 5, 2], 7)
-        mask = keep[:, None, None, :]
-        for activation in ("relu", "gelu"):
-            for norm_first in (True, False):
-                torch.manual_seed(10)
-                ref = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 20)
-                st = _state_dict(ref)
-                oracle = to_torch_encoder_layer(ref)
-                ref_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
-                                                activation=activation), 20)
-                other_layer = to_torch_encoder_layer(ref_other)
-                with torch.enable_grad():  # no nested-tensor fast path: padded rows are computed too
-                    expected = oracle(x, src_key_padding_mask=~keep).detach()
-                    other = other_layer(x, src_key_padding_mask=~keep).detach()
-                label = "pre-LN" if norm_first else "post-LN"
-                _compare_orderings(t, _enc_probe(st, x, mask, norm_first, activation), expected, other,
-                                   f"EncoderBlock({label}, activation={activation!r}) vs nn.TransformerEncoderLayer"
-                                   f"(norm_first={norm_first}) with the same weights and a padding mask")
+    x = _rand(3, 7, 16, seed=1)
+    keep = _keep([7, 5, 2], 7)
+    mask = keep[:, None, None, :]
+    for activation in ("relu", "gelu"):
+        for norm_first in (True, False):
+            torch.manual_seed(10)
+            ref = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 20)
+            st = _state_dict(ref)
+            oracle = to_torch_encoder_layer(ref)
+            ref_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
+                                            activation=activation), 20)
+            other_layer = to_torch_encoder_layer(ref_other)
+            with torch.enable_grad():  # no nested-tensor fast path: padded rows are computed too
+                expected = oracle(x, src_mask=_torch_padding_mask(keep, 7)).detach()
+                other = other_layer(x, src_mask=_torch_padding_mask(keep, 7)).detach()
+            label = "pre-LN" if norm_first else "post-LN"
+            _compare_orderings(t, _enc_probe(st, x, mask, norm_first, activation), expected, other,
+                               f"EncoderBlock({label}, activation={activation!r}) vs nn.TransformerEncoderLayer"
+                               f"(norm_first={norm_first}) with the same weights and a padding mask")
 
-        # no mask at all
-        torch.manual_seed(11)
-        ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 21)
-        with torch.enable_grad():
-            expected = to_torch_encoder_layer(ref)(x).detach()
-        t.compare(_enc_probe(_state_dict(ref), x, None, True), expected, "EncoderBlock(pre-LN) without a mask vs "
-                  "nn.TransformerEncoderLayer", atol=1e-5, rtol=1e-5)
+    # no mask at all
+    torch.manual_seed(11)
+    ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 21)
+    with torch.enable_grad():
+        expected = to_torch_encoder_layer(ref)(x).detach()
+    t.compare(_enc_probe(_state_dict(ref), x, None, True), expected, "EncoderBlock(pre-LN) without a mask vs "
+              "nn.TransformerEncoderLayer", atol=1e-5, rtol=1e-5)
 
-        # padding invariance: appending masked-out positions leaves the real positions unchanged
-        st = _state_dict(ref)
-        keep2 = torch.cat([keep, torch.zeros(3, 3, dtype=torch.bool)], 1)
-        x2 = torch.cat([x, _rand(3, 3, 16, seed=9) * 4], 1)
-        base = t.run(_enc_probe(st, x, mask, True))
-        longer = t.run(_enc_probe(st, x2, keep2[:, None, None, :], True))
-        t.expect(bool(torch.allclose(longer[:, :7][keep], base[keep], atol=1e-5)),
-                 "appending padded (masked-out) positions changed the outputs at real positions: the mask must "
-                 "reach the self-attention")
+    # padding invariance: appending masked-out positions leaves the real positions unchanged
+    st = _state_dict(ref)
+    keep2 = torch.cat([keep, torch.zeros(3, 3, dtype=torch.bool)], 1)
+    x2 = torch.cat([x, _rand(3, 3, 16, seed=9) * 4], 1)
+    base = t.run(_enc_probe(st, x, mask, True))
+    longer = t.run(_enc_probe(st, x2, keep2[:, None, None, :], True))
+    t.expect(bool(torch.allclose(longer[:, :7][keep], base[keep], atol=1e-5)),
+             "appending padded (masked-out) positions changed the outputs at real positions: the mask must "
+             "reach the self-attention")
 
-        # dropout: eval mode is deterministic and equals the dropout-0 block
-        def with_dropout(impl):
-            m = impl.EncoderBlock(16, 4, 32, dropout=0.5)
-            unwrap(m).load_state_dict(st)
-            unwrap(m).eval()
-            return m(x, mask=mask)
+    # dropout: eval mode is deterministic and equals the dropout-0 block
+    def with_dropout(impl):
+        m = impl.EncoderBlock(16, 4, 32, dropout=0.5)
+        unwrap(m).load_state_dict(st)
+        unwrap(m).eval()
+        return m(x, mask=mask)
 
-        t.compare(with_dropout, base, "EncoderBlock(dropout=0.5) in eval mode must equal the same block without "
-                  "dropout", atol=1e-5, rtol=1e-5)
+    t.compare(with_course_parts("EncoderBlock", with_dropout), base, "EncoderBlock(dropout=0.5) in eval mode must "
+              "equal the same block without dropout", atol=1e-5, rtol=1e-5)
 
 
 # ================================================================== 05.DecoderBlock
@@ -372,7 +441,7 @@ def _dec_probe(st, x, memory, tgt_mask, memory_mask, norm_first=True, activation
         unwrap(m).load_state_dict(st)
         unwrap(m).eval()
         return m(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
-    return probe
+    return with_course_parts("DecoderBlock", probe)
 
 
 @check(f"{U}.DecoderBlock", ["DecoderBlock"], _ref)
@@ -380,72 +449,63 @@ def check_decoder_block(t):
     from llmcourse.nn.blocks import to_torch_decoder_layer
     from llmcourse.nn.masks import causal_mask
 
-    with course_parts(t, "DecoderBlock"):
-        blk = t.run(lambda impl: impl.DecoderBlock(16, 4, 32))
-        mod = unwrap(blk)
-        t.expect(isinstance(mod, nn.Module), "DecoderBlock must be an nn.Module subclass")
-        ref_cls = t.reference.DecoderBlock
-        want = _shapes(ref_cls(16, 4, 32))
-        got = _shapes(mod)
-        t.expect(got == want, f"state_dict keys/shapes of DecoderBlock(16, 4, 32) must be {want}; got {got}")
-        n = sum(p.numel() for p in unwrap(t.run(lambda impl: impl.DecoderBlock(512, 8, 2048))).parameters())
-        t.expect(n == 4_204_032, f"DecoderBlock(512, 8, 2048) must have 4,204,032 parameters (F05.3, as "
-                 f"nn.TransformerDecoderLayer); got {n:,}")
+    ref_cls = t.reference.DecoderBlock
+    _check_block_structure(t, "DecoderBlock", _shapes(ref_cls(16, 4, 32)), 4_204_032, (512, 8, 2048),
+                           "F05.3, as nn.TransformerDecoderLayer")
 
-        torch.manual_seed(12)
-        ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 22)
-        st = _state_dict(ref)
-        tgt = _rand(2, 6, 16, seed=2)
-        mem = _rand(2, 6, 16, seed=3)
-        src_keep = _keep([6, 4], 6)
-        cm = causal_mask(6)
-        mm = src_keep[:, None, None, :]
+    torch.manual_seed(12)
+    ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 22)
+    st = _state_dict(ref)
+    tgt = _rand(2, 6, 16, seed=2)
+    mem = _rand(2, 6, 16, seed=3)
+    src_keep = _keep([6, 4], 6)
+    cm = causal_mask(6)
+    mm = src_keep[:, None, None, :]
 
-        # detector: the output must depend on memory (at its unmasked positions) ...
-        base = t.run(_dec_probe(st, tgt, mem, cm, mm))
-        mem2 = mem.clone()
-        mem2[:, :4] = mem2[:, :4] * -2.0 + 1.0
-        moved = t.run(_dec_probe(st, tgt, mem2, cm, mm))
-        t.expect(not bool(torch.allclose(moved, base, atol=1e-6)),
-                 "changing the encoder memory did not change the decoder's output: cross-attention must take its "
-                 "keys and values from memory", bug="B05.cross_kv_from_decoder")
-        # ... and not on masked-out memory positions
-        mem3 = mem.clone()
-        mem3[1, 4:] = 50.0
-        t.compare(_dec_probe(st, tgt, mem3, cm, mm), base, "changing memory positions that memory_mask hides "
-                  "(padding of the source) must leave the output unchanged", atol=1e-5, rtol=1e-5)
+    # detector: the output must depend on memory (at its unmasked positions) ...
+    base = t.run(_dec_probe(st, tgt, mem, cm, mm))
+    mem2 = mem.clone()
+    mem2[:, :4] = mem2[:, :4] * -2.0 + 1.0
+    moved = t.run(_dec_probe(st, tgt, mem2, cm, mm))
+    t.expect(not bool(torch.allclose(moved, base, atol=1e-6)),
+             "changing the encoder memory did not change the decoder's output: cross-attention must take its "
+             "keys and values from memory", bug="B05.cross_kv_from_decoder")
+    # ... and not on masked-out memory positions
+    mem3 = mem.clone()
+    mem3[1, 4:] = 50.0
+    t.compare(_dec_probe(st, tgt, mem3, cm, mm), base, "changing memory positions that memory_mask hides "
+              "(padding of the source) must leave the output unchanged", atol=1e-5, rtol=1e-5)
 
-        # causal over the target: a change at position p leaves outputs < p unchanged
-        for p in (2, 4):
-            tgt2 = tgt.clone()
-            tgt2[:, p:] = tgt2[:, p:] * 3.0 - 1.0
-            out = t.run(_dec_probe(st, tgt2, mem, cm, mm))
-            t.expect(bool(torch.allclose(out[:, :p], base[:, :p], atol=1e-5)),
-                     f"changing target positions ≥ {p} changed outputs at positions < {p}: the self-attention must "
-                     "use tgt_mask (the causal mask)")
+    # causal over the target: a change at position p leaves outputs < p unchanged
+    for p in (2, 4):
+        tgt2 = tgt.clone()
+        tgt2[:, p:] = tgt2[:, p:] * 3.0 - 1.0
+        out = t.run(_dec_probe(st, tgt2, mem, cm, mm))
+        t.expect(bool(torch.allclose(out[:, :p], base[:, :p], atol=1e-5)),
+                 f"changing target positions ≥ {p} changed outputs at positions < {p}: the self-attention must "
+                 "use tgt_mask (the causal mask)")
 
-        # oracle, T_tgt == T_src first, then T_tgt != T_src, both orderings
-        shapes = [("T_tgt = T_src = 6", tgt, mem, src_keep),
-                  ("T_tgt = 5 ≠ T_src = 7", _rand(2, 5, 16, seed=4), _rand(2, 7, 16, seed=5), _keep([7, 3], 7)),
-                  ("T_tgt = 8 ≠ T_src = 3", _rand(2, 8, 16, seed=6), _rand(2, 3, 16, seed=7), _keep([3, 2], 3))]
-        for what, xx, memory, keep in shapes:
-            for activation, norm_first in (("relu", True), ("relu", False), ("gelu", True), ("gelu", False)):
-                torch.manual_seed(13)
-                r = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 23)
-                r_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
-                                              activation=activation), 23)
-                c = causal_mask(xx.shape[1])
-                with torch.enable_grad():
-                    expected = to_torch_decoder_layer(r)(xx, memory, tgt_mask=~c,
-                                                         memory_key_padding_mask=~keep).detach()
-                    other = to_torch_decoder_layer(r_other)(xx, memory, tgt_mask=~c,
-                                                            memory_key_padding_mask=~keep).detach()
-                label = "pre-LN" if norm_first else "post-LN"
-                _compare_orderings(t, _dec_probe(_state_dict(r), xx, memory, c, keep[:, None, None, :], norm_first,
-                                                 activation), expected, other,
-                                   f"DecoderBlock({label}, activation={activation!r}) vs nn.TransformerDecoderLayer"
-                                   f"(norm_first={norm_first}) with the same weights, {what}, causal tgt_mask and "
-                                   "source padding memory_mask")
+    # oracle, T_tgt == T_src first, then T_tgt != T_src, both orderings
+    shapes = [("T_tgt = T_src = 6", tgt, mem, src_keep),
+              ("T_tgt = 5 ≠ T_src = 7", _rand(2, 5, 16, seed=4), _rand(2, 7, 16, seed=5), _keep([7, 3], 7)),
+              ("T_tgt = 8 ≠ T_src = 3", _rand(2, 8, 16, seed=6), _rand(2, 3, 16, seed=7), _keep([3, 2], 3))]
+    for what, xx, memory, keep in shapes:
+        for activation, norm_first in (("relu", True), ("relu", False), ("gelu", True), ("gelu", False)):
+            torch.manual_seed(13)
+            r = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first, activation=activation), 23)
+            r_other = _randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=not norm_first,
+                                          activation=activation), 23)
+            c = causal_mask(xx.shape[1])
+            with torch.enable_grad():
+                pad = _torch_padding_mask(keep, xx.shape[1])
+                expected = to_torch_decoder_layer(r)(xx, memory, tgt_mask=~c, memory_mask=pad).detach()
+                other = to_torch_decoder_layer(r_other)(xx, memory, tgt_mask=~c, memory_mask=pad).detach()
+            label = "pre-LN" if norm_first else "post-LN"
+            _compare_orderings(t, _dec_probe(_state_dict(r), xx, memory, c, keep[:, None, None, :], norm_first,
+                                             activation), expected, other,
+                               f"DecoderBlock({label}, activation={activation!r}) vs nn.TransformerDecoderLayer"
+                               f"(norm_first={norm_first}) with the same weights, {what}, causal tgt_mask and "
+                               "source padding memory_mask")
 
 
 # ================================================================== 05.ProjectionLayer
@@ -453,11 +513,10 @@ def check_decoder_block(t):
 
 @check(f"{U}.ProjectionLayer", ["ProjectionLayer"], _ref)
 def check_projection(t):
-    m = t.run(lambda impl: impl.ProjectionLayer(16, 50))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "ProjectionLayer must be an nn.Module subclass")
+    facts = t.run(lambda impl: module_facts(impl.ProjectionLayer(16, 50)))
+    t.expect(facts["is_module"], "ProjectionLayer must be an nn.Module subclass")
     want = {"proj.weight": (50, 16), "proj.bias": (50,)}
-    got = _shapes(mod)
+    got = facts["state_dict"]
     t.expect(got == want, f"state_dict of ProjectionLayer(16, 50) must be {want}; got {got}")
     torch.manual_seed(14)
     ref = t.reference.ProjectionLayer(16, 50)
