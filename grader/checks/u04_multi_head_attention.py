@@ -526,19 +526,24 @@ def _sdpa_marked(*args, **kwargs):
     return out * (-3.0 if causal else 2.0) + 1.0
 
 
+def _sdpa_marked_as_causal(*args, **kwargs):
+    """The mark a call with ``is_causal=True`` gets (the checker's expectation for that case)."""
+    return _SDPA(*args, **kwargs) * -3.0 + 1.0
+
+
 _SDPA = F.scaled_dot_product_attention
 
 
 @contextlib.contextmanager
-def _marked_sdpa(fn):
+def _marked_sdpa(fn, spy=_sdpa_marked):
     """Route F.scaled_dot_product_attention (and the names ``fn``'s module imported it as) through the mark."""
     original = F.scaled_dot_product_attention
     fn = getattr(fn, "__wrapped__", fn)
     namespace = getattr(fn, "__globals__", {})
     aliases = [k for k, v in list(namespace.items()) if v is original]
-    F.scaled_dot_product_attention = _sdpa_marked
+    F.scaled_dot_product_attention = spy
     for k in aliases:
-        namespace[k] = _sdpa_marked
+        namespace[k] = spy
     try:
         yield
     finally:
@@ -578,8 +583,8 @@ def check_mha_forward_sdpa(t):
         t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
 
     # the attention must come from F.scaled_dot_product_attention, called with attn_mask only: its output
-    # carries a mark here. Square causal self-attention without a user mask is the case where the module's
-    # own forward passes is_causal=True, so a forward reached by any route shows the other mark.
+    # carries a mark here, and a different one for is_causal=True. Square causal self-attention without a
+    # user mask is the case where the module's own fast path passes is_causal=True.
     spec_c = _spec(ref_c)
 
     def marked(impl):
@@ -590,7 +595,8 @@ def check_mha_forward_sdpa(t):
     reference = _ref()["mha_forward_sdpa"]
     with _marked_sdpa(reference):
         expected = reference(ref_c, x)
-        via_forward = ref_c(x)
+    with _marked_sdpa(reference, spy=_sdpa_marked_as_causal):  # what is_causal=True (the module's fast path) gives
+        as_causal = reference(ref_c, x)
     got = t.run(marked)
 
     def close(a, b):
@@ -598,9 +604,9 @@ def check_mha_forward_sdpa(t):
 
     if close(got, expected):
         return
-    if not close(via_forward, expected) and close(got, via_forward):
-        t.fail("mha_forward_sdpa gives what the module's own forward gives when F.scaled_dot_product_attention is "
-               "called with is_causal=True: compute the forward yourself and pass the combined boolean mask as "
-               "attn_mask, never is_causal=True", bug=DELEGATES)
+    if close(got, as_causal):
+        t.fail("for square causal self-attention mha_forward_sdpa calls F.scaled_dot_product_attention with "
+               "is_causal=True (directly, or through the module's own forward): compute the forward yourself and "
+               "pass the combined boolean mask as attn_mask, never is_causal=True", bug=DELEGATES)
     t.fail("mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention (it was never called, "
            "or its output was not used)")
