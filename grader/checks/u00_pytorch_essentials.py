@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core import CheckFailure, LearnerError, NotAttempted, check, forbid, unwrap
+from ..core import CheckFailure, LearnerError, check, forbid, unwrap
+from ..plain import Opaque
 
 U = "00"
 T = torch.tensor
@@ -43,15 +44,11 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _raised(t, fn):
-    """Name of the exception the learner's code raises in ``fn(learner)``, or ``"no error"``."""
-    try:
-        fn(t.learner)
-    except NotAttempted:
-        raise
-    except LearnerError as err:
-        return type(err.original).__name__
-    return "no error"
+def _tname(x) -> str:
+    """The type name of a value that came back from a probe (an opaque marker names the learner's type)."""
+    if isinstance(x, Opaque):
+        return x.type_name.rsplit(".", 1)[-1]
+    return type(x).__name__
 
 
 def _is_tensor(x, shape=None) -> bool:
@@ -59,10 +56,21 @@ def _is_tensor(x, shape=None) -> bool:
 
 
 def _shape(x):
-    return tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+    return tuple(x.shape) if isinstance(x, torch.Tensor) else _tname(x)
 
 
 # ================================================================== 00.split_merge_heads
+
+
+def _merged_is_contiguous(y):
+    """A probe: whether ``merge_heads(y)`` is contiguous (a fact only the learner's process can see:
+    results come back as contiguous copies). It can only make the check fail."""
+
+    def probe(impl):
+        out = impl.merge_heads(y)
+        return bool(out.is_contiguous()) if isinstance(out, torch.Tensor) else False
+
+    return probe
 
 
 @check(f"{U}.split_merge_heads", ["split_heads", "merge_heads"], _ref)
@@ -80,16 +88,19 @@ def check_split_merge_heads(t):
 
     # merge_heads on a contiguous (B, H, T, hd) tensor, as attention returns it
     y = _rand(2, 4, 6, 4, seed=2)
-    m = t.compare(lambda impl: impl.merge_heads(y), y.transpose(1, 2).reshape(2, 6, 16),
-                  "merge_heads of a contiguous (2, 4, 6, 4) tensor (the shape of attention's output)", atol=0, rtol=0)
-    t.expect(m.is_contiguous(), "merge_heads must return a contiguous tensor (call .contiguous() before .view)")
+    t.compare(lambda impl: impl.merge_heads(y), y.transpose(1, 2).reshape(2, 6, 16),
+              "merge_heads of a contiguous (2, 4, 6, 4) tensor (the shape of attention's output)", atol=0, rtol=0)
+    # returned tensors arrive as contiguous copies: the layout is read where the learner's code ran
+    t.expect(t.run(_merged_is_contiguous(y)),
+             "merge_heads must return a contiguous tensor (call .contiguous() before .view)")
     y = _rand(3, 2, 5, 7, seed=3)
     t.compare(lambda impl: impl.merge_heads(y), y.transpose(1, 2).reshape(3, 5, 14),
               "merge_heads of a (3, 2, 5, 7) tensor", atol=0, rtol=0)
     y_nc = _rand(4, 2, 6, 3, seed=4).transpose(0, 1)  # (2, 4, 6, 3), not contiguous
-    m = t.compare(lambda impl: impl.merge_heads(y_nc), y_nc.transpose(1, 2).reshape(2, 6, 12),
-                  "merge_heads of a non-contiguous (2, 4, 6, 3) tensor", atol=0, rtol=0)
-    t.expect(m.is_contiguous(), "merge_heads must return a contiguous tensor, also for non-contiguous input")
+    t.compare(lambda impl: impl.merge_heads(y_nc), y_nc.transpose(1, 2).reshape(2, 6, 12),
+              "merge_heads of a non-contiguous (2, 4, 6, 3) tensor", atol=0, rtol=0)
+    t.expect(t.run(_merged_is_contiguous(y_nc)),
+             "merge_heads must return a contiguous tensor, also for non-contiguous input")
 
     # round trip, contiguous and non-contiguous inputs
     inputs = [("a contiguous (2, 6, 16) tensor", _rand(2, 6, 16, seed=5), 4),
@@ -103,7 +114,7 @@ def check_split_merge_heads(t):
                     f"max abs difference {(back - x).abs().max().item():.3g}"))
 
     # D % n_heads != 0 -> ValueError
-    got = _raised(t, lambda impl: impl.split_heads(_rand(2, 6, 15), 4))
+    got = t.raised(lambda impl: impl.split_heads(_rand(2, 6, 15), 4))
     t.expect(got == "ValueError", "split_heads(x of shape (2, 6, 15), n_heads=4) must raise ValueError "
              f"(15 is not divisible by 4); got {got}")
 
@@ -150,10 +161,13 @@ def check_causal_mask(t):
     t.expect(_is_tensor(cpu, (3, 5)) and cpu.dtype == torch.bool and cpu.device.type == "cpu",
              f"causal_mask(3, 5, device=torch.device('cpu')) must be a (3, 5) bool tensor on the CPU; got "
              f"{_shape(cpu)}, {getattr(cpu, 'dtype', None)}, {getattr(cpu, 'device', None)}")
-    try:  # the "meta" device exists everywhere; code that cannot run on it is not penalised
-        meta = t.learner.causal_mask(3, 5, device=torch.device("meta"))
-    except LearnerError:
-        meta = None
+    def on_meta(impl):  # the "meta" device exists everywhere; code that cannot run on it is not penalised
+        try:
+            return impl.causal_mask(3, 5, device=torch.device("meta"))
+        except LearnerError:
+            return None
+
+    meta = t.run(on_meta)
     if meta is not None:
         t.expect(_is_tensor(meta) and meta.device.type == "meta",
                  f"causal_mask(3, 5, device=torch.device('meta')) returned a tensor on "
@@ -310,7 +324,7 @@ def _compare_rel(t, probe, expected, what: str, rtol: float = 1e-6, index_label=
     try:
         val = torch.as_tensor(got, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        t.fail(f"{what}: expected a number, got {type(got).__name__}")
+        t.fail(f"{what}: expected a number, got {_tname(got)}")
     if val.shape != exp.shape:
         t.fail(f"{what}: expected shape {tuple(exp.shape)}, got {tuple(val.shape)}")
     bad = ~((val - exp).abs() <= rtol * exp.abs())
@@ -376,33 +390,48 @@ def check_noam_schedule(t):
 # ================================================================== 00.ResidualStack
 
 
-def _param_count(mod) -> int:
-    return sum(p.numel() for p in mod.parameters())
+def _structure(impl):
+    """A probe: ResidualStack(16, 4)'s parameters and state_dict (tensors, counted here) and its layer container."""
+    mod = unwrap(impl.ResidualStack(16, 4))
+    if not isinstance(mod, nn.Module):
+        return {"is_module": False}
+    layers = getattr(mod, "layers", None)
+    return {"is_module": True, "parameters": dict(mod.named_parameters()), "state_dict": dict(mod.state_dict()),
+            "layers_is_module_list": isinstance(layers, nn.ModuleList), "layers_type": type(layers).__name__}
+
+
+def _dropout_attribute(impl):
+    """A probe: what ResidualStack(8, 2, dropout=0.3).dropout is."""
+    drop = getattr(unwrap(impl.ResidualStack(8, 2, dropout=0.3)), "dropout", None)
+    is_dropout = isinstance(drop, nn.Dropout)
+    return {"is_dropout": is_dropout, "p": float(drop.p) if is_dropout else None, "repr": repr(drop)[:200]}
+
+
+def _param_count(params: dict) -> int:
+    return sum(p.numel() for p in params.values() if isinstance(p, torch.Tensor))
 
 
 @check(f"{U}.ResidualStack", ["ResidualStack"], _ref)
 def check_residual_stack(t):
     from llmcourse.nn.residual import ResidualStack as Ref
 
-    m = t.run(lambda impl: impl.ResidualStack(16, 4))
-    mod = unwrap(m)
-    t.expect(isinstance(mod, nn.Module), "ResidualStack must be an nn.Module subclass")
-    t.expect(_param_count(mod) > 0, "ResidualStack(16, 4) registers 0 parameters: layers kept in a plain Python "
+    facts = t.run(_structure)
+    t.expect(facts["is_module"], "ResidualStack must be an nn.Module subclass")
+    n_params = _param_count(facts["parameters"])
+    t.expect(n_params > 0, "ResidualStack(16, 4) registers 0 parameters: layers kept in a plain Python "
              "list are invisible to parameters(), state_dict() and the optimizer", bug="B00.plain_list")
-    t.expect(isinstance(getattr(mod, "layers", None), nn.ModuleList),
-             f"self.layers must be an nn.ModuleList; got {type(getattr(mod, 'layers', None)).__name__}")
-    shapes = {k: tuple(v.shape) for k, v in mod.state_dict().items()}
+    t.expect(facts["layers_is_module_list"], f"self.layers must be an nn.ModuleList; got {facts['layers_type']}")
+    shapes = {k: tuple(v.shape) for k, v in facts["state_dict"].items() if isinstance(v, torch.Tensor)}
     want = {}
     for i in range(4):
         want[f"layers.{i}.weight"] = (16, 16)
         want[f"layers.{i}.bias"] = (16,)
     t.expect(shapes == want, f"state_dict keys/shapes of ResidualStack(16, 4) must be {want}; got {shapes}")
-    t.expect(_param_count(mod) == 1088, f"ResidualStack(16, 4) must have 4·(16² + 16) = 1,088 parameters; "
-             f"got {_param_count(mod)}")
-    md = unwrap(t.run(lambda impl: impl.ResidualStack(8, 2, dropout=0.3)))
-    drop = getattr(md, "dropout", None)
-    t.expect(isinstance(drop, nn.Dropout) and math.isclose(drop.p, 0.3),
-             f"ResidualStack(8, 2, dropout=0.3).dropout must be nn.Dropout(0.3); got {drop!r}")
+    t.expect(n_params == 1088, f"ResidualStack(16, 4) must have 4·(16² + 16) = 1,088 parameters; "
+             f"got {n_params}")
+    drop = t.run(_dropout_attribute)
+    t.expect(drop["is_dropout"] and math.isclose(drop["p"], 0.3),
+             f"ResidualStack(8, 2, dropout=0.3).dropout must be nn.Dropout(0.3); got {drop['repr']}")
 
     # eval mode: deterministic, equal to the reference with shared weights
     torch.manual_seed(3)
@@ -461,17 +490,24 @@ def check_residual_stack(t):
     t.expect(0.4 < frac < 0.6, f"in train() mode with dropout=0.5 about half the branch entries must be dropped; "
              f"{frac:.1%} were")
 
-    # the optimizer sees (and updates) every parameter
+    # the optimizer sees (and updates) every parameter: before/after tensors are compared here
     def one_step(impl):
         mm = impl.ResidualStack(16, 3)
         mod = unwrap(mm)
         before = {k: v.detach().clone() for k, v in mod.named_parameters()}
         opt = torch.optim.SGD(mod.parameters(), lr=0.1)
-        mm(x).pow(2).sum().backward()
-        opt.step()
-        return {k: not torch.equal(before[k], v) for k, v in mod.named_parameters()}
+        loss = mm(x).pow(2).sum()
+        try:
+            loss.backward()
+        except RuntimeError:  # no gradient reaches the parameters: reported below as "not updated"
+            pass
+        else:
+            opt.step()
+        return {k: (before[k], v) for k, v in mod.named_parameters()}
 
-    changed = t.run(one_step)
+    pairs = t.run(one_step)
+    changed = {k: isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) and not torch.equal(b, a)
+               for k, (b, a) in pairs.items()}
     stuck = [k for k, ok in changed.items() if not ok]
     t.expect(len(changed) == 6 and not stuck,
              f"an optimizer over model.parameters() must update all 6 tensors of ResidualStack(16, 3); "

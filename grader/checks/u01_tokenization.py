@@ -8,9 +8,12 @@ compared on 20 random small corpora and 200 random words. GPT-2's tokenizer is c
 course's separately built encoding and with the fixtures; the window dataset with the formulas
 ``x = ids[s:s+L]``, ``y = ids[s+1:s+L+1]``, ``s ∈ range(0, len − L, stride)``.
 
-Calls on objects the learner's code returns (an ``Encoding``, a dataset) go through :func:`_try`,
-which turns an exception into a :class:`Raised` value, so a crash reads as a failed comparison
-("expected [...], got <raised ValueError: ...>") and never as a grader error.
+The learner's code runs in a worker process; probes return plain data only. Objects the learner's
+code returns (a tokenizer, an ``Encoding``, a dataset, a DataLoader) are therefore built *and used*
+inside one probe, which returns what the check needs (ids, lengths, items, batches). Calls on those
+objects go through :func:`_try`, which turns an exception into a plain ``("<raised>", kind, text)``
+tuple; the checker reads it back as a :class:`Raised` value (:func:`_back`), so a crash reads as a
+failed comparison ("expected [...], got <raised ValueError: ...>") and never as a grader error.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ import torch
 from ..core import (
     CheckFailure,
     InstanceGuard,
-    LearnerError,
     NotAttempted,
     TimeLimitExceeded,
     check,
     run_learner,
     unwrap,
 )
+from ..plain import Opaque
 
 U = "01"
 EOW = "</w>"
@@ -49,9 +52,12 @@ def _ref():
     }
 
 
+RAISED = "<raised>"
+
+
 @dataclass(frozen=True)
 class Raised:
-    """Stands for "the call raised ``kind``: ``text``" (compared by kind and first line)."""
+    """Stands for "the call raised ``kind``: ``text``" (compared by kind and first line); checker side."""
 
     kind: str
     text: str
@@ -60,7 +66,13 @@ class Raised:
         return f"<raised {self.kind}: {self.text}>"
 
 
+def _raised_value(kind: str, text: str) -> tuple:
+    """The plain form of a :class:`Raised` (what a probe returns; it crosses from the worker)."""
+    return (RAISED, str(kind), str(text))
+
+
 def _try(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, or the plain record of the exception it raised (runs inside a probe)."""
     try:
         return fn(*args, **kwargs)
     except (CheckFailure, TimeLimitExceeded):
@@ -68,18 +80,42 @@ def _try(fn, *args, **kwargs):
     except NotImplementedError:
         raise NotAttempted("a method still raises NotImplementedError (the stub is not filled in).") from None
     except Exception as exc:  # learner code (or a mutant) crashed: a value the comparison can report
-        return Raised(type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
+        return _raised_value(type(exc).__name__, (str(exc).splitlines() or [""])[0][:200])
 
 
-def _raised(t, fn) -> Raised | None:
-    """What ``fn(learner)`` raises (None when it returns normally)."""
-    try:
-        out = fn(t.learner)
-    except NotAttempted:
-        raise
-    except LearnerError as err:
-        return Raised(type(err.original).__name__, str(err.original))
-    return out if isinstance(out, Raised) else None
+def _is_raised(x) -> bool:
+    return isinstance(x, tuple) and len(x) == 3 and x[0] == RAISED and all(isinstance(v, str) for v in x)
+
+
+def _back(x):
+    """Plain data from a probe with every ``("<raised>", kind, text)`` record turned into a :class:`Raised`."""
+    if _is_raised(x):
+        return Raised(x[1], x[2])
+    if isinstance(x, tuple):
+        return tuple(_back(v) for v in x)
+    if isinstance(x, list):
+        return [_back(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _back(v) for k, v in x.items()}
+    return x
+
+
+def _tname(x) -> str:
+    """The type name of a value that came back from a probe (an opaque marker names the learner's type)."""
+    if isinstance(x, Opaque):
+        return x.type_name.rsplit(".", 1)[-1]
+    return type(x).__name__
+
+
+def _run(t, probe):
+    """``t.run(probe)`` with raised-records read back as :class:`Raised` values."""
+    return _back(t.run(probe))
+
+
+def _raised_error(t, probe) -> Raised | None:
+    """What the learner's code raises in ``probe`` (None when it returns normally)."""
+    err = t.raised_error(probe)
+    return Raised(*err) if err is not None else None
 
 
 @functools.cache
@@ -115,10 +151,14 @@ def _first_diff(got, expected) -> str:
 
 
 def _compare(t, probe, expected, what, norm=lambda x: x, detect=None):
-    """Exact comparison of plain data; on mismatch name a mutant, else ask ``detect(got)`` for a bug id."""
-    got = norm(t.run(probe))
+    """Exact comparison of plain data; on mismatch name a mutant, else ask ``detect(got)`` for a bug id.
+
+    ``norm`` runs here, on the probe's plain result (and on each mutant's, for the diagnosis).
+    """
+    raw = norm(t.run(probe))
+    got = _back(raw)
     if got != expected:
-        bug = t.diagnose(lambda impl: norm(probe(impl)), got)
+        bug = t.diagnose(lambda impl: norm(probe(impl)), raw)
         if bug is None and detect is not None:
             bug = detect(got)
         t.fail(f"{what}: {_first_diff(got, expected)}", bug=bug)
@@ -132,8 +172,8 @@ F015_IDS = {"\n": 0, " ": 1, "!": 2, "A": 13, "a": 39, "z": 64}
 
 def _ids(x):
     if isinstance(x, torch.Tensor):
-        return Raised("TypeError", "encode returned a tensor; return a list of ints")
-    return list(x) if isinstance(x, (list, tuple)) else x
+        return _raised_value("TypeError", "encode returned a tensor; return a list of ints")
+    return list(x) if isinstance(x, (list, tuple)) and not _is_raised(x) else x
 
 
 def _from_text(impl, text):
@@ -152,8 +192,7 @@ def _vocab_size(tok):
 @check(f"{U}.CharTokenizer", ["CharTokenizer"], _ref)
 def check_char_tokenizer(t):
     # id = position in `chars`
-    tok = t.run(lambda impl: impl.CharTokenizer(["c", "a", "b"]))
-    size = _vocab_size(tok)
+    size = _run(t, lambda impl: _vocab_size(impl.CharTokenizer(["c", "a", "b"])))
     t.expect(size == 3, f"CharTokenizer(['c', 'a', 'b']).vocab_size must be 3; got {size!r}")
     _compare(t, lambda impl: _ids(impl.CharTokenizer(["c", "a", "b"]).encode("abc")), [1, 2, 0],
              "CharTokenizer(['c', 'a', 'b']).encode('abc') (the id of a character is its position in `chars`)",
@@ -163,7 +202,7 @@ def check_char_tokenizer(t):
 
     # F01.5: tinyshakespeare
     text = _shakespeare()
-    size = t.run(lambda impl: _vocab_size(_from_text(impl, text)))
+    size = _run(t, lambda impl: _vocab_size(_from_text(impl, text)))
     t.expect(size == 65, f"CharTokenizer.from_text(tinyshakespeare).vocab_size must be 65 (F01.5); got {size!r}")
     chars = "".join(F015_IDS)
     _compare(t, lambda impl: _ids(_from_text(impl, text).encode(chars)), list(F015_IDS.values()),
@@ -171,21 +210,32 @@ def check_char_tokenizer(t):
     _compare(t, lambda impl: _ids(_from_text(impl, "hello").encode("hello")), [1, 0, 2, 2, 3],
              "CharTokenizer.from_text('hello').encode('hello') (vocabulary e, h, l, o)", norm=_ids)
 
-    # round trip on 100 random slices
-    tok = t.run(lambda impl: _from_text(impl, text))
+    # round trip on 100 random slices: encoded and decoded by one tokenizer, in one probe
     rng = random.Random(1)
+    slices = []
     for _ in range(100):
         a = rng.randrange(len(text) - 300)
-        s = text[a: a + rng.randint(0, 300)]
-        ids = tok.encode(s)
+        slices.append(text[a: a + rng.randint(0, 300)])
+
+    def round_trips(impl):
+        tok = _from_text(impl, text)
+        out = []
+        for s in slices:
+            ids = tok.encode(s)
+            if not (isinstance(ids, list) and len(ids) == len(s)):  # reported here before decode is tried
+                out.append((ids, None))
+                break
+            out.append((ids, tok.decode(ids)))
+        return out
+
+    for s, (ids, back) in zip(slices, t.run(round_trips)):
         t.expect(isinstance(ids, list) and len(ids) == len(s),
                  f"encode must return a list with one id per character; for a slice of {len(s)} characters got "
-                 f"{type(ids).__name__} of length {len(ids) if hasattr(ids, '__len__') else '?'}")
-        back = tok.decode(ids)
+                 f"{_tname(ids)} of length {len(ids) if hasattr(ids, '__len__') else '?'}")
         t.expect(back == s, f"decode(encode(s)) != s for the slice {s[:40]!r}…: got {str(back)[:40]!r}…")
 
     # unknown characters
-    err = _raised(t, lambda impl: _from_text(impl, text).encode("Hello ✓ world €"))
+    err = _raised_error(t, lambda impl: _from_text(impl, text).encode("Hello ✓ world €"))
     t.expect(err is not None, "encode('Hello ✓ world €') with a tinyshakespeare vocabulary must raise ValueError "
              "(✓ and € are not in the vocabulary); it returned normally")
     t.expect(err.kind == "ValueError", f"an unknown character must raise ValueError; got {err.kind}")
@@ -273,8 +323,8 @@ def check_bpe_train(t):
                    "with num_merges=100 (F01.1)", norm=_merges, detect=toy_detect)
     raw = t.run(probe)
     t.expect(isinstance(raw, list) and all(isinstance(m, tuple) for m in raw),
-             f"bpe_train must return a list of (left, right) tuples; got {type(raw).__name__} of "
-             f"{type(raw[0]).__name__ if raw else '?'}")
+             f"bpe_train must return a list of (left, right) tuples; got {_tname(raw)} of "
+             f"{_tname(raw[0]) if raw else '?'}")
     _compare(t, lambda impl: impl.bpe_train(dict(TOY), 4), F011[:4], "the toy corpus with num_merges=4",
              norm=_merges, detect=toy_detect)
     _compare(t, lambda impl: impl.bpe_train(dict(TOY), 0), [], "num_merges=0 must learn nothing", norm=_merges)
@@ -304,7 +354,7 @@ def check_bpe_train(t):
         corpus, n = _random_corpus(rng)
         probe = lambda impl, c=corpus, n=n: impl.bpe_train(dict(c), n)  # noqa: E731
         merges = _merges(t.run(probe))
-        t.expect(isinstance(merges, list), f"bpe_train must return a list; got {type(merges).__name__}")
+        t.expect(isinstance(merges, list), f"bpe_train must return a list; got {_tname(merges)}")
         _replay(t, corpus, merges, n, lambda impl, p=probe: _merges(p(impl)))
         _compare(t, probe, t.reference.bpe_train(dict(corpus), n), f"merges of {corpus} with num_merges={n}",
                  norm=_merges, detect=detect)
@@ -328,7 +378,7 @@ F012 = [  # (word, number of F01.1 merges, expected symbols)
 
 
 def _symbols(x):
-    return list(x) if isinstance(x, (list, tuple)) else x
+    return list(x) if isinstance(x, (list, tuple)) and not _is_raised(x) else x
 
 
 def _encode_detect(word, eow=EOW):
@@ -399,48 +449,79 @@ SPECIAL = {"<|endoftext|>"}
 def _encode_with(enc, text, **kw):
     encode = getattr(enc, "encode", None)
     if encode is None:
-        return Raised("AttributeError", f"the returned object ({type(enc).__name__}) has no encode method")
+        return _raised_value("AttributeError", f"the returned object ({type(enc).__name__}) has no encode method")
     out = _try(encode, text, **kw)
-    return list(out) if isinstance(out, (list, tuple)) else out
+    return list(out) if isinstance(out, (list, tuple)) and not _is_raised(out) else out
+
+
+def _is_course_encoding(enc) -> bool:
+    """Whether ``enc`` is the course's own cached ``llmcourse.gpt2_encoding()`` (runs inside a probe)."""
+    import llmcourse
+
+    fn = llmcourse.gpt2_encoding
+    info = getattr(fn, "cache_info", None)
+    if info is not None and info().currsize == 0:  # never built in this process: cannot be it
+        return False
+    return enc is fn()
+
+
+def _encoding_facts(texts, hindi, special, verdict, unicode_texts):
+    """A probe: load the learner's encoding once and report what the check needs about it."""
+
+    def probe(impl):
+        enc = impl.load_gpt2_encoding()
+        return {
+            "is_course": _is_course_encoding(enc),
+            "n_vocab": _try(lambda: getattr(enc, "n_vocab", None)),
+            "eot_token": _try(lambda: getattr(enc, "eot_token", None)),
+            "encoded": [_encode_with(enc, s) for s in texts],
+            "hindi": _encode_with(enc, hindi),
+            "special": _encode_with(enc, special),
+            "verdict": _encode_with(enc, verdict),
+            "round_trips": [_try(lambda s=s: enc.decode(_encode_with(enc, s))) for s in unicode_texts],
+        }
+
+    return probe
+
+
+UNICODE_TEXTS = ["naïve café — Grüße aus Köln", "東京タワー 🗼🙂", "tab\tand\nnewline  double  space", "x" * 50]
 
 
 @check(f"{U}.load_gpt2_encoding", ["load_gpt2_encoding"], _ref)
 def check_load_gpt2_encoding(t):
-    import llmcourse
-
-    enc = t.run(lambda impl: impl.load_gpt2_encoding())
-    t.expect(enc is not llmcourse.gpt2_encoding(),
+    texts = [s for s, _ in F013[1:]]
+    facts = _run(t, _encoding_facts(texts, "नमस्ते", "<|endoftext|>", _verdict(), UNICODE_TEXTS))
+    t.expect(not facts["is_course"],
              "load_gpt2_encoding() returned the course's own llmcourse.gpt2_encoding(); build the Encoding yourself "
              "from the ranks file")
     text, ids = F013[0]
     _compare(t, lambda impl: _encode_with(impl.load_gpt2_encoding(), text, allowed_special=SPECIAL), ids,
              f"encode({text!r}, allowed_special={{'<|endoftext|>'}}) (F01.3)")
-    t.expect(getattr(enc, "n_vocab", None) == 50257,
-             f"n_vocab must be 50257 = 256 bytes + 50,000 merges + 1 special token; got {getattr(enc, 'n_vocab', None)!r}")
-    t.expect(getattr(enc, "eot_token", None) == 50256,
-             f"eot_token (<|endoftext|>) must be 50256; got {getattr(enc, 'eot_token', None)!r}")
-    for s, expected in F013[1:]:
-        got = _encode_with(enc, s)
+    t.expect(facts["n_vocab"] == 50257,
+             f"n_vocab must be 50257 = 256 bytes + 50,000 merges + 1 special token; got {facts['n_vocab']!r}")
+    t.expect(facts["eot_token"] == 50256, f"eot_token (<|endoftext|>) must be 50256; got {facts['eot_token']!r}")
+    for (s, expected), got in zip(F013[1:], facts["encoded"]):
         t.expect(got == expected, f"encode({s!r}) (F01.3): expected {expected}, got {got}")
-    hindi = _encode_with(enc, "नमस्ते")
+    hindi = facts["hindi"]
     t.expect(isinstance(hindi, list) and len(hindi) == 12,
              f"'नमस्ते' (6 code points, 18 UTF-8 bytes) must encode to 12 GPT-2 ids (F01.3); got {hindi}")
 
     # special tokens are refused as text unless allowed
-    plain = _encode_with(enc, "<|endoftext|>")
+    plain = facts["special"]
     t.expect(isinstance(plain, Raised) and plain.kind == "ValueError",
              "encode('<|endoftext|>') without allowed_special must raise ValueError (tiktoken's rule for special "
              f"tokens); got {plain}")
 
     # round trips: the-verdict exactly, and arbitrary Unicode (byte-level BPE never fails)
     ids = _verdict_ids()
-    got = _encode_with(enc, _verdict())
+    got = facts["verdict"]
     t.expect(got == list(ids), f"the-verdict must encode to the course's {len(ids)} GPT-2 ids: "
              f"{_first_diff(got, list(ids))}")
-    back = _try(enc.decode, list(ids))
+    # decoding gets the ids only now that encoding has been checked (a probe never carries an answer ahead)
+    verdict_ids = list(ids)
+    back = _run(t, lambda impl: _try(lambda: impl.load_gpt2_encoding().decode(verdict_ids)))
     t.expect(back == _verdict(), "decode(the-verdict's ids) must reproduce the text exactly")
-    for s in ["naïve café — Grüße aus Köln", "東京タワー 🗼🙂", "tab\tand\nnewline  double  space", "x" * 50]:
-        round_trip = _try(enc.decode, _encode_with(enc, s))
+    for s, round_trip in zip(UNICODE_TEXTS, facts["round_trips"]):
         t.expect(round_trip == s, f"decode(encode({s!r})) gave {round_trip!r}")
 
     # an explicit path (str or Path) gives the same encoding
@@ -448,8 +529,7 @@ def check_load_gpt2_encoding(t):
 
     path = data_path("gpt2-bpe", "gpt2.tiktoken")
     for arg in (str(path), path):
-        e2 = t.run(lambda impl, a=arg: impl.load_gpt2_encoding(a))
-        got = _encode_with(e2, "hello world")
+        got = _run(t, lambda impl, a=arg: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
         t.expect(got == [31373, 995], f"load_gpt2_encoding({type(arg).__name__} path).encode('hello world') must be "
                  f"[31373, 995]; got {got}")
 
@@ -465,11 +545,11 @@ def _len(ds):
 
 
 def _item(ds, i):
-    out = _try(unwrap(ds).__getitem__, i)
-    if isinstance(out, Raised):
+    out = _try(lambda: unwrap(ds)[i])
+    if _is_raised(out):
         return out
     if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        return Raised("TypeError", f"item {i} must be a tuple (x, y); got {type(out).__name__}")
+        return _raised_value("TypeError", f"item {i} must be a tuple (x, y); got {type(out).__name__}")
     return tuple(out)
 
 
@@ -487,11 +567,11 @@ def check_gpt_window_dataset(t):
 
     _compare(t, lengths(4, 1), 5141, "len(GPTWindowDataset(the-verdict's 5,145 ids, context_length=4, stride=1)) "
              "(F01.4: starts range(0, len − L, stride))")
-    item0 = t.run(lambda impl: _item(impl.GPTWindowDataset(ids, 4, 1), 0))
+    item0 = _run(t, lambda impl: _item(impl.GPTWindowDataset(ids, 4, 1), 0))
     t.expect(not isinstance(item0, Raised), f"dataset[0] failed: {item0}")
     x, y = item0
     t.expect(isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor),
-             f"items must be a pair of tensors; got ({type(x).__name__}, {type(y).__name__})")
+             f"items must be a pair of tensors; got ({_tname(x)}, {_tname(y)})")
     t.expect(not torch.equal(x, y), "x and y are equal: the target must be the input shifted by one token",
              bug="B01.target_not_shifted")
     t.expect(x.dtype == torch.long and y.dtype == torch.long, f"x and y must be torch.long; got {x.dtype}, {y.dtype}")
@@ -507,15 +587,23 @@ def check_gpt_window_dataset(t):
              [F014_S4_X1, F014_S4_Y1], "dataset[1] = (x1, y1) with L=4, stride=4 (F01.4)")
 
     # every item of smaller datasets: formulas, shift property, last window complete, tensor input
+    def all_items(data, L, stride, count):
+        def probe(impl):
+            as_tensor = impl.GPTWindowDataset(torch.tensor(data), L, stride)
+            as_list = impl.GPTWindowDataset(list(data), L, stride)
+            return {"list": [_item(as_list, i) for i in range(count)],
+                    "tensor": [_item(as_tensor, i) for i in range(count)]}
+
+        return probe
+
     for n, L, stride in [(300, 8, 3), (101, 10, 10), (50, 7, 11), (12, 11, 1), (40, 4, 5)]:
         data = ids[:n]
         starts = range(0, n - L, stride)
         _compare(t, lengths(L, stride, data), len(starts), f"len(dataset) for {n} tokens, L={L}, stride={stride}")
-        as_tensor = t.run(lambda impl, d=data, L=L, s=stride: impl.GPTWindowDataset(torch.tensor(d), L, s))
-        for label, ds in [("list", t.run(lambda impl, d=data, L=L, s=stride: impl.GPTWindowDataset(d, L, s))),
-                          ("tensor", as_tensor)]:
+        items = _run(t, all_items(data, L, stride, len(starts)))
+        for label in ("list", "tensor"):
             for i, s in enumerate(starts):
-                item = _item(ds, i)
+                item = items[label][i]
                 t.expect(not isinstance(item, Raised), f"dataset[{i}] ({n} {label} ids, L={L}, stride={stride}) "
                          f"failed: {item}")
                 xi, yi = (_as_list(v) for v in item)
@@ -526,25 +614,27 @@ def check_gpt_window_dataset(t):
                            f"{data[s: s + L]}, y = ids[{s + 1}:{s + L + 1}]; got x = {xi}, y = {yi}")
 
     # too few tokens: a clear ValueError
-    err = _raised(t, lambda impl: impl.GPTWindowDataset(ids[:4], 4, 1))
+    err = _raised_error(t, lambda impl: impl.GPTWindowDataset(ids[:4], 4, 1))
     t.expect(err is not None and err.kind == "ValueError",
              "GPTWindowDataset with 4 tokens and context_length=4 has no complete window: raise ValueError "
              f"(got {err or 'no error'})")
 
-    # the DataLoader
+    # the DataLoader: built and iterated in one probe; its type and num_workers come back as facts
     def batches(impl, seed=0, shuffle=True, drop_last=True, n=None, bs=8, L=4, stride=4):
         loader = impl.create_dataloader(ids, batch_size=bs, context_length=L, stride=stride, shuffle=shuffle,
                                         drop_last=drop_last, seed=seed)
+        is_loader = isinstance(loader, torch.utils.data.DataLoader)
+        facts = {"is_loader": is_loader, "type": type(loader).__name__,
+                 "num_workers": loader.num_workers if is_loader else None}
         out = _try(lambda: list(itertools.islice(iter(loader), n)))
-        if isinstance(out, Raised):
+        if _is_raised(out):
             raise CheckFailure(f"iterating over create_dataloader(the-verdict, batch_size={bs}, context_length={L}, "
-                               f"stride={stride}, shuffle={shuffle}, drop_last={drop_last}) failed: {out}")
-        return loader, [tuple(b) for b in out]
+                               f"stride={stride}, shuffle={shuffle}, drop_last={drop_last}) failed: {_back(out)}")
+        return facts, [tuple(b) for b in out]
 
     loader, got = t.run(lambda impl: batches(impl, n=3))
-    t.expect(isinstance(loader, torch.utils.data.DataLoader), f"create_dataloader must return a torch DataLoader; "
-             f"got {type(loader).__name__}")
-    t.expect(loader.num_workers == 0, f"use num_workers=0; got {loader.num_workers}")
+    t.expect(loader["is_loader"], f"create_dataloader must return a torch DataLoader; got {loader['type']}")
+    t.expect(loader["num_workers"] == 0, f"use num_workers=0; got {loader['num_workers']}")
     xb, yb = got[0]
     t.expect(tuple(xb.shape) == (8, 4) and tuple(yb.shape) == (8, 4),
              f"batches must be (batch_size, context_length) = (8, 4); got {tuple(xb.shape)} and {tuple(yb.shape)}")
