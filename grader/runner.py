@@ -176,8 +176,6 @@ def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
     """
     import nbformat
 
-    from llmcourse.manifest import load_course
-
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such file: {p}")
