@@ -20,6 +20,8 @@ import traceback
 import warnings
 from pathlib import Path
 
+import torch
+
 from .core import (
     BUGS,
     CHECK_TIME_LIMIT_S,
@@ -92,6 +94,8 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
         raise TypeError("run_check needs exactly one of sources= or namespace=")
     notes = list(problems or [])
     learner = None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # checks use tiny tensors: one thread is fastest, and on a busy box by far
     try:
         if namespace is not None:
             learner = LocalLearner(namespace, problems)
@@ -127,6 +131,7 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
                        f"this to your instructor; set {DEBUG_ENV}=1 to see details.", max_points=max_points,
                        notes=notes)
     finally:
+        torch.set_num_threads(threads)
         if learner is not None:
             learner.close()
     return Verdict(exercise_id, "passed", points=max_points, max_points=max_points, notes=notes)
