@@ -1,0 +1,592 @@
+"""Checks of unit 09 (generation and sampling).
+
+Fixtures: the syllabus's F09.1 (``z = [2, 1, 0.5, 0, −1]``: softmax, temperature, top-k, top-p and the
+tie example ``[3, 1, 1, 0]``) and F09.2 (the greedy continuation of ``"ROMEO:"`` by the course's trained
+character GPT, computed here with the reference ``generate`` on the same weights). Independent oracles:
+``torch.topk`` (tie-free rows), a pure-Python nucleus rule (stable descending order, mass before < p),
+``torch.argmax``, and binomial standard errors for sampled frequencies. Sampling is never compared bit for
+bit with a rule the learner could legitimately implement differently: draws are checked by their support
+(exact) and by the frequencies of 20,000 draws from a seeded ``torch.Generator`` (within 4 standard
+errors); because the call sequence is prescribed (one ``torch.multinomial(probs, 1, generator=g)``), a
+seeded generator also makes the draws reproducible and comparable with the reference's.
+
+Probes return plain data only; models are built inside each probe from a config and a state dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..core import check, describe_difference
+
+U = "09"
+T = torch.tensor
+NEG_INF = float("-inf")
+N_DRAWS = 20_000
+
+# F09.1
+Z = T([2.0, 1.0, 0.5, 0.0, -1.0])
+F091_SOFTMAX = [0.5630, 0.2071, 0.1256, 0.0762, 0.0280]
+F091_T05 = [0.8292, 0.1122, 0.0413, 0.0152, 0.0021]
+F091_T2 = [0.3745, 0.2272, 0.1769, 0.1378, 0.0836]
+F091_TOPK2 = [0.7311, 0.2689, 0.0, 0.0, 0.0]
+F091_TOPP = {0.5: [1.0, 0.0, 0.0, 0.0, 0.0], 0.6: [0.7311, 0.2689, 0.0, 0.0, 0.0],
+             0.8: [0.6285, 0.2312, 0.1402, 0.0, 0.0], 0.9: [0.5793, 0.2131, 0.1293, 0.0784, 0.0]}
+TIES = T([3.0, 1.0, 1.0, 0.0])
+
+
+def _ref_temperature():
+    from llmcourse.train import sampling as S
+
+    return {"apply_temperature": S.apply_temperature}
+
+
+def _ref_top_k():
+    from llmcourse.train import sampling as S
+
+    return {"top_k_filter": S.top_k_filter}
+
+
+def _ref_top_p():
+    from llmcourse.train import sampling as S
+
+    return {"top_p_filter": S.top_p_filter}
+
+
+def _ref_sample():
+    from llmcourse.train import sampling as S
+
+    return {"sample_next_token": S.sample_next_token}
+
+
+def _ref_generate():
+    from llmcourse.train import sampling as S
+
+    return {"generate": S.generate}
+
+
+def _is_float_tensor(x, shape) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point() and tuple(x.shape) == tuple(shape)
+
+
+def _masked(logits: torch.Tensor, keep) -> torch.Tensor:
+    return logits.masked_fill(~torch.as_tensor(keep, dtype=torch.bool), NEG_INF)
+
+
+def _fmt(values) -> str:
+    return "[" + ", ".join("-inf" if v == NEG_INF else f"{v:.4g}" for v in values) + "]"
+
+
+def _call_and_input(name, logits, *args):
+    """A probe: the function's result and its input afterwards (a filter must not modify its input)."""
+    def probe(impl):
+        x = logits.clone()
+        out = getattr(impl, name)(x, *args)
+        return out, x
+    return probe
+
+
+def _check_not_inplace(t, name, logits, *args):
+    out, after = t.run(_call_and_input(name, logits, *args))
+    t.expect(torch.equal(after, logits), f"{name} modified its input tensor in place; return a new tensor and leave "
+             "the caller's logits untouched")
+    return out
+
+
+def _check_no_nan(t, out, what: str):
+    odd = ~torch.isfinite(out) & (out != NEG_INF)
+    t.expect(not bool(odd.any()), f"{what}: the result contains +inf or NaN")
+
+
+# ================================================================== 09.apply_temperature
+
+
+@check(f"{U}.apply_temperature", ["apply_temperature"], _ref_temperature)
+def check_apply_temperature(t):
+    out = t.run(lambda impl: impl.apply_temperature(Z.clone(), 0.5))
+    t.expect(_is_float_tensor(out, (5,)), f"apply_temperature(z, 0.5) must return a float tensor of the same shape "
+             f"(5,); got {getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    for temp, probs in ((0.5, F091_T05), (2.0, F091_T2)):
+        probe = _call_and_input("apply_temperature", Z, temp)
+        t.compare(probe, Z / temp, f"apply_temperature(z, {temp}) of the worked example z = [2, 1, 0.5, 0, -1]: "
+                  "the logits divided by T", atol=1e-6, rtol=1e-6, pick=lambda o: o[0])
+        t.compare(probe, T(probs), f"softmax(apply_temperature(z, {temp})) of the worked example", atol=1e-4,
+                  pick=lambda o: torch.softmax(o[0], -1) if isinstance(o[0], torch.Tensor) else o[0])
+    _check_not_inplace(t, "apply_temperature", Z, 2.0)
+    for bad in (0.0, -1.0):
+        err = t.raised(lambda impl, b=bad: impl.apply_temperature(Z.clone(), b))
+        t.expect(err == "ValueError", f"apply_temperature(z, {bad}) must raise ValueError (T must be > 0); "
+                 f"got {err}")
+    g = torch.Generator().manual_seed(0)
+    batch = torch.randn(2, 6, 40, generator=g) * 3
+    for temp in (0.05, 0.7, 3.0):
+        out = t.compare(lambda impl, tt=temp: impl.apply_temperature(batch.clone(), tt), batch / temp,
+                        f"apply_temperature on a (2, 6, 40) batch with T={temp}", atol=1e-5, rtol=1e-5)
+        t.expect(torch.equal(out.argmax(-1), batch.argmax(-1)), f"T={temp} changed the argmax of some rows: a "
+                 "positive temperature must keep the most likely token")
+
+
+# ================================================================== 09.top_k_filter
+
+
+@check(f"{U}.top_k_filter", ["top_k_filter"], _ref_top_k)
+def check_top_k_filter(t):
+    out = t.run(lambda impl: impl.top_k_filter(Z.clone(), 2))
+    t.expect(_is_float_tensor(out, (5,)), f"top_k_filter(z, 2) must return a float tensor of shape (5,); got "
+             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    _check_no_nan(t, out, "top_k_filter(z, 2)")
+    expected = _masked(Z, [True, True, False, False, False])
+    if torch.isfinite(out[2:]).any() and not bool((out[2:] == 0).all()):
+        t.fail(f"top_k_filter(z, 2) must set the removed logits to -inf (float('-inf')); got {_fmt(out.tolist())}")
+    t.compare(_call_and_input("top_k_filter", Z, 2), expected,
+              "top_k_filter(z, 2) of the worked example (kept logits unchanged, the rest -inf)", atol=0, rtol=0,
+              pick=lambda o: o[0])
+    t.compare(_call_and_input("top_k_filter", Z, 2), T(F091_TOPK2), "softmax(top_k_filter(z, 2))", atol=1e-4,
+              pick=lambda o: torch.softmax(o[0], -1))
+    _check_not_inplace(t, "top_k_filter", Z, 2)
+
+    # ties with the k-th value are kept
+    tied = t.run(lambda impl: impl.top_k_filter(TIES.clone(), 2))
+    kept = torch.isfinite(tied).nonzero().flatten().tolist() if isinstance(tied, torch.Tensor) else tied
+    t.expect(kept != [0, 1] and kept != [0, 2], f"top_k_filter([3, 1, 1, 0], k=2) kept only indices {kept}: a logit "
+             "equal to the k-th largest value must be kept too (indices 0, 1 and 2)", bug="B09.topk_exact_k")
+    t.compare(lambda impl: impl.top_k_filter(TIES.clone(), 2), T([3.0, 1.0, 1.0, NEG_INF]),
+              "top_k_filter([3, 1, 1, 0], k=2): ties with the k-th value are kept", atol=0, rtol=0)
+    t.compare(lambda impl: impl.top_k_filter(T([0.5, 0.5, 0.5, 0.5, -2.0]), 1), T([0.5, 0.5, 0.5, 0.5, NEG_INF]),
+              "top_k_filter([0.5, 0.5, 0.5, 0.5, -2], k=1): every logit tied with the largest is kept", atol=0, rtol=0)
+
+    # oracle on tie-free rows: scatter torch.topk's values; rows of very different scales (per row, not global)
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randn(5, 30, generator=g) * T([[0.1], [1.0], [10.0], [100.0], [3.0]]) + T([[50.0], [0], [-20], [0], [0]])
+    for k in (1, 3, 17, 29):
+        vals, ids = torch.topk(rows, k, dim=-1)
+        t.compare(lambda impl, kk=k: impl.top_k_filter(rows.clone(), kk),
+                  torch.full_like(rows, NEG_INF).scatter(-1, ids, vals),
+                  f"top_k_filter on a (5, 30) batch with k={k}: each row keeps its own k largest logits",
+                  atol=0, rtol=0)
+    x3 = torch.randn(2, 3, 7, generator=g)
+    vals, ids = torch.topk(x3, 2, dim=-1)
+    t.compare(lambda impl: impl.top_k_filter(x3.clone(), 2), torch.full_like(x3, NEG_INF).scatter(-1, ids, vals),
+              "top_k_filter on a (2, 3, 7) tensor with k=2 (filter along the last dimension)", atol=0, rtol=0)
+    for k in (None, 5, 9):
+        t.compare(lambda impl, kk=k: impl.top_k_filter(Z.clone(), kk), Z.clone(),
+                  f"top_k_filter(z, {k}) must leave the logits unchanged (k None or k ≥ V)", atol=0, rtol=0)
+
+
+# ================================================================== 09.top_p_filter
+
+
+def _nucleus_keep(row: list[float], p: float) -> list[bool]:
+    """The keep rule in plain Python (double precision): stable descending order, mass before < p."""
+    m = max(row)
+    e = [math.exp(v - m) if v != NEG_INF else 0.0 for v in row]
+    s = sum(e)
+    probs = [v / s for v in e]
+    keep, before = [False] * len(row), 0.0
+    for i in sorted(range(len(row)), key=lambda j: -probs[j]):  # Python's sort is stable
+        keep[i] = before < p
+        before += probs[i]
+    return keep
+
+
+@check(f"{U}.top_p_filter", ["top_p_filter"], _ref_top_p)
+def check_top_p_filter(t):
+    out = t.run(lambda impl: impl.top_p_filter(Z.clone(), 0.8))
+    t.expect(_is_float_tensor(out, (5,)), f"top_p_filter(z, 0.8) must return a float tensor of shape (5,); got "
+             f"{getattr(out, 'dtype', type(out).__name__)} {tuple(getattr(out, 'shape', ()))}")
+    _check_no_nan(t, out, "top_p_filter(z, 0.8)")
+    if torch.isfinite(out[3:]).any():
+        t.fail(f"top_p_filter(z, 0.8) must set the removed logits to -inf (float('-inf')); got {_fmt(out.tolist())}")
+    for p, probs in F091_TOPP.items():
+        keep = [v > 0 for v in probs]
+        low = t.run(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp))
+        if isinstance(low, torch.Tensor) and low.shape == Z.shape and not bool(torch.isfinite(low).any()):
+            # same probe on the mutants first: a matching one names the bug precisely
+            bug = t.diagnose(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), low) or "B09.topp_strict"
+            t.fail(f"top_p_filter(z, {p}) removed every token (softmax would give NaN): the token whose mass crosses "
+                   "p must be kept, so the most likely token always survives", bug=bug)
+        t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), _masked(Z, keep),
+                  f"top_p_filter(z, {p}) of the worked example (probabilities {F091_SOFTMAX}): keep sorted token i iff "
+                  "the mass before it is < p", atol=0, rtol=0)
+        t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), T(probs), f"softmax(top_p_filter(z, {p}))",
+                  atol=1e-4, pick=lambda o: torch.softmax(o, -1))
+    _check_not_inplace(t, "top_p_filter", Z, 0.8)
+
+    # the same logits in another vocabulary order: the result follows the input's order
+    perm = T([3, 0, 4, 1, 2])
+    zp = Z[perm]
+    for p in (0.6, 0.8, 0.9):
+        t.compare(lambda impl, pp=p: impl.top_p_filter(zp.clone(), pp), _masked(zp, _nucleus_keep(zp.tolist(), p)),
+                  f"top_p_filter on the worked example in another order, {_fmt(zp.tolist())}, p={p}: sort by "
+                  "probability, then return the result in the original vocabulary order", atol=0, rtol=0)
+
+    # the exact threshold: uniform over 4 tokens, the mass before the third is exactly 0.5
+    u4 = torch.zeros(4)
+    got = t.run(lambda impl: impl.top_p_filter(u4.clone(), 0.5))
+    n_kept = int(torch.isfinite(got).sum()) if isinstance(got, torch.Tensor) else -1
+    t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (the third token's mass before "
+             f"is exactly 0.5, and the rule is mass before < p); kept {n_kept}")
+    u8 = torch.zeros(8)
+    for p, n in ((0.25, 2), (0.75, 6), (0.7501, 7)):
+        got = t.run(lambda impl, pp=p: impl.top_p_filter(u8.clone(), pp))
+        n_kept = int(torch.isfinite(got).sum()) if isinstance(got, torch.Tensor) else -1
+        t.expect(n_kept == n, f"top_p_filter(zeros(8), p={p}) must keep {n} tokens (each has probability 1/8); "
+                 f"kept {n_kept}")
+    # equal probabilities keep their vocabulary order (a stable sort), also in a large vocabulary
+    big = torch.zeros(256)
+    big[::7] = 2.0
+    t.compare(lambda impl: impl.top_p_filter(big.clone(), 0.5), _masked(big, _nucleus_keep(big.tolist(), 0.5)),
+              "top_p_filter on 256 logits with many ties (values 2 and 0), p=0.5: tokens with equal probability keep "
+              "their vocabulary order (sort with stable=True)", atol=0, rtol=0)
+
+    # random rows: the independent rule, per row; properties of the kept set
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(12, 50, generator=g) * torch.linspace(0.2, 5.0, 12)[:, None]
+    probs = torch.softmax(rows, -1)
+    for p in (0.05, 0.3, 0.75, 0.95):
+        expected = torch.stack([_masked(r, _nucleus_keep(r.tolist(), p)) for r in rows])
+        out = t.compare(lambda impl, pp=p: impl.top_p_filter(rows.clone(), pp), expected,
+                        f"top_p_filter on a (12, 50) batch with p={p}: each row filtered on its own", atol=0, rtol=0)
+        kept = torch.isfinite(out)
+        t.expect(bool((kept.sum(-1) >= 1).all()), f"p={p}: every row must keep at least one token")
+        t.expect(bool(((probs * kept).sum(-1) >= p - 1e-6).all()), f"p={p}: the kept probability mass must be ≥ p")
+    x3 = torch.randn(2, 3, 9, generator=g)
+    expected = torch.stack([torch.stack([_masked(r, _nucleus_keep(r.tolist(), 0.7)) for r in m]) for m in x3])
+    t.compare(lambda impl: impl.top_p_filter(x3.clone(), 0.7), expected,
+              "top_p_filter on a (2, 3, 9) tensor with p=0.7 (filter along the last dimension)", atol=0, rtol=0)
+    # after top-k: the input already holds -inf; top-p renormalises over the survivors
+    after_k = T([2.0, 1.0, NEG_INF, NEG_INF, NEG_INF])
+    t.compare(lambda impl: impl.top_p_filter(after_k.clone(), 0.6), T([2.0, NEG_INF, NEG_INF, NEG_INF, NEG_INF]),
+              "top_p_filter([2, 1, -inf, -inf, -inf], 0.6) (the survivors of top-k=2 have probabilities 0.73, 0.27)",
+              atol=0, rtol=0)
+    for p in (None, 1.0, 1.5):
+        t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), Z.clone(),
+                  f"top_p_filter(z, {p}) must leave the logits unchanged (p None or p ≥ 1)", atol=0, rtol=0)
+
+
+# ================================================================== 09.sample_next_token
+
+
+def _draws(logits, seed, **kw):
+    def probe(impl):
+        return impl.sample_next_token(logits.expand(N_DRAWS, -1).clone(), generator=torch.Generator().manual_seed(seed),
+                                      **kw)
+    return probe
+
+
+def _freq_probe(logits, seed, **kw):
+    """Frequencies of the draws (for naming a mutant; runs on course code only)."""
+    draws = _draws(logits, seed, **kw)
+
+    def probe(impl):
+        out = draws(impl)
+        return torch.bincount(out.flatten(), minlength=logits.shape[-1]).double() / out.numel()
+    return probe
+
+
+# (settings, label); the expected distribution comes from the independent rule below (the tests check it
+# against the worked example's typed numbers for the first five)
+SAMPLING_CASES = [
+    (dict(temperature=1.0), "T=1, no filter"),
+    (dict(temperature=0.5), "T=0.5"),
+    (dict(temperature=2.0), "T=2"),
+    (dict(temperature=1.0, top_k=2), "top_k=2"),
+    (dict(temperature=1.0, top_p=0.8), "top_p=0.8"),
+    (dict(temperature=1.0, top_k=2, top_p=0.6), "top_k=2 then top_p=0.6"),
+    (dict(temperature=2.0, top_p=0.8), "T=2 then top_p=0.8"),
+    (dict(temperature=0.7, top_k=4, top_p=0.9), "T=0.7, top_k=4, top_p=0.9"),
+]
+
+
+def _expected_probs(logits, temperature, top_k, top_p):
+    """The filtered distribution by the rules, written independently of the reference (float64 softmax)."""
+    z = logits / temperature
+    if top_k is not None and top_k < z.shape[-1]:
+        vals, ids = torch.topk(z, top_k)
+        keep = z >= vals[-1]
+        z = z.masked_fill(~keep, NEG_INF)
+    if top_p is not None and top_p < 1:
+        z = _masked(z, _nucleus_keep(z.tolist(), top_p))
+    return torch.softmax(z.double(), -1)
+
+
+@check(f"{U}.sample_next_token", ["sample_next_token"], _ref_sample)
+def check_sample_next_token(t):
+    g = torch.Generator().manual_seed(5)
+    batch = torch.randn(6, 11, generator=g) * 2
+    out = t.run(lambda impl: impl.sample_next_token(batch.clone(), 1.0, generator=torch.Generator().manual_seed(0)))
+    t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == (6, 1),
+             f"sample_next_token on (B, V) = (6, 11) logits must return a (B, 1) tensor; got "
+             f"{tuple(getattr(out, 'shape', ())) or type(out).__name__}")
+    t.expect(out.dtype == torch.long, f"the sampled ids must be torch.long, got {out.dtype}")
+    t.expect(bool(((out >= 0) & (out < 11)).all()), f"sampled ids must lie in 0 … V−1; got {out.flatten().tolist()}")
+
+    # temperature 0: the argmax, whatever the filters say
+    t.compare(lambda impl: impl.sample_next_token(batch.clone(), 0.0, top_k=3, top_p=0.2,
+                                                  generator=torch.Generator().manual_seed(0)),
+              batch.argmax(-1, keepdim=True), "sample_next_token(logits, temperature=0) must be the argmax of each row "
+              "(top_k and top_p are ignored)", atol=0, rtol=0)
+
+    # the generator decides the draw, not torch's global state
+    def twice(impl):
+        torch.manual_seed(1)
+        a = impl.sample_next_token(batch.clone(), 0.9, 6, 0.95, torch.Generator().manual_seed(7))
+        torch.manual_seed(2)
+        b = impl.sample_next_token(batch.clone(), 0.9, 6, 0.95, torch.Generator().manual_seed(7))
+        return a, b
+
+    a, b = t.run(twice)
+    t.expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b),
+             "two calls with generators seeded alike gave different tokens: pass `generator` to torch.multinomial")
+
+    # frequencies of 20,000 seeded draws against the filtered distribution (support exact, 4 standard errors)
+    for seed, (kw, label) in enumerate(SAMPLING_CASES):
+        expected = _expected_probs(Z, kw["temperature"], kw.get("top_k"), kw.get("top_p"))
+        draws = t.run(_draws(Z, 100 + seed, **kw))
+        t.expect(isinstance(draws, torch.Tensor) and tuple(draws.shape) == (N_DRAWS, 1) and draws.dtype == torch.long,
+                 f"sample_next_token on ({N_DRAWS}, 5) logits must return ({N_DRAWS}, 1) long ids")
+        freq = torch.bincount(draws.flatten().clamp(0, 4), minlength=5).double() / N_DRAWS
+        outside = [i for i in range(5) if expected[i] == 0 and freq[i] > 0]
+        se = (expected * (1 - expected) / N_DRAWS).sqrt()
+        bad = (freq - expected).abs() > 4 * se + 1e-9
+        if outside or bad.any():
+            bug = t.diagnose(_freq_probe(Z, 100 + seed, **kw), freq, atol=3e-3, rtol=0)
+            what = (f"token(s) {outside} were drawn although the filters remove them" if outside else
+                    "the frequencies are more than 4 standard errors from the filtered probabilities")
+            t.fail(f"{label} on the worked example z = [2, 1, 0.5, 0, -1]: {what}. Expected probabilities "
+                   f"{[round(v, 4) for v in expected.tolist()]}, frequencies of {N_DRAWS:,} draws "
+                   f"{[round(v, 4) for v in freq.tolist()]}", bug=bug)
+
+    # the prescribed draw: one torch.multinomial(probs, 1, generator=g) for the whole batch
+    wide = torch.randn(500, 40, generator=g) * 1.5
+    kw = dict(temperature=0.8, top_k=10, top_p=0.9)
+    mine = t.run(lambda impl: impl.sample_next_token(wide.clone(), generator=torch.Generator().manual_seed(11), **kw))
+    ref = t.reference.sample_next_token(wide.clone(), generator=torch.Generator().manual_seed(11), **kw)
+    same = float((mine == ref).float().mean()) if isinstance(mine, torch.Tensor) and mine.shape == ref.shape else 0.0
+    t.expect(same >= 0.99, f"with a generator seeded like the reference's, only {same:.1%} of 500 draws agree: after the "
+             "filters, draw with a single torch.multinomial(probs, 1, generator=generator) over the (B, V) batch")
+
+
+# ================================================================== 09.generate
+
+
+@functools.lru_cache(maxsize=1)
+def _char_setup() -> dict:
+    """The shipped character GPT as (config, state dict) plus a few prompts; a seeded random model with the
+    same shape stands in when the asset is absent (the comparisons are with the reference on the same weights)."""
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model
+
+    try:
+        from llmcourse.train.char_model import load_gpt_char_tiny
+
+        model, tok = load_gpt_char_tiny(retrain=False, verbose=False)
+        cfg = model.cfg.to_dict()
+        chars = "".join(tok.chars)
+    except (ImportError, FileNotFoundError):
+        cfg = GPT2Config.preset("gpt2-char-tiny").to_dict() | {"context_length": 128}
+        torch.manual_seed(9)
+        model = GPT2Model(GPT2Config(**cfg))
+        chars = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"cfg": cfg, "state": state, "chars": chars}
+
+
+def _char_model(cfg: dict, state: dict, dropout: float | None = None):
+    """Build the character GPT from its config and weights (inside a probe)."""
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model
+
+    c = dict(cfg)
+    if dropout is not None:
+        c["dropout"] = dropout
+    m = GPT2Model(GPT2Config(**c))
+    m.load_state_dict(state)
+    return m.eval()
+
+
+def _ids(chars: str, text: str) -> torch.Tensor:
+    return T([[chars.index(c) for c in text]])
+
+
+def _text(chars: str, row) -> str:
+    return "".join(chars[i] if 0 <= i < len(chars) else "?" for i in row)
+
+
+def _gen(cfg, state, idx, n, context, **kw):
+    def probe(impl):
+        return impl.generate(_char_model(cfg, state), idx.clone(), n, context, **kw)
+    return probe
+
+
+class _Counter(torch.nn.Module):
+    """A stand-in language model: the next token is (current token + 1) mod V at every position."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, idx):
+        return 5.0 * torch.nn.functional.one_hot((idx + 1) % self.vocab, self.vocab).float()
+
+
+def _greedy_counter(idx: torch.Tensor, n: int, vocab: int = 10) -> torch.Tensor:
+    """Greedy decoding of :class:`_Counter`, by its rule (no model call)."""
+    out = idx.clone()
+    for _ in range(n):
+        out = torch.cat([out, (out[:, -1:] + 1) % vocab], dim=1)
+    return out
+
+
+def _expect_equal(t, probe, actual, expected, what: str, pick=None):
+    """Exact equality of already-returned learner data (no second run); on failure name a matching mutant."""
+    got = pick(actual) if pick else actual
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.equal(got, expected):
+        return
+    detail = describe_difference(got, expected, 0, 0)
+    t.fail(f"{what}: {detail}", bug=t.diagnose(probe, got, atol=0, rtol=0, pick=pick))
+
+
+def _freeze_after_eos(free: torch.Tensor, t0: int, eos: int) -> torch.Tensor:
+    """The EOS rule applied by hand to an unconstrained greedy run: rows keep eos after producing it, and the
+    output ends at the step where the last row finished (or at the end)."""
+    out = free.clone()
+    finish = []
+    for b in range(out.shape[0]):
+        row = out[b, t0:].tolist()
+        if eos in row:
+            first = row.index(eos)
+            out[b, t0 + first:] = eos
+            finish.append(first)
+        else:
+            finish.append(None)
+    if all(f is not None for f in finish):
+        out = out[:, : t0 + max(finish) + 1]
+    return out
+
+
+@check(f"{U}.generate", ["generate"], _ref_generate)
+def check_generate(t):
+    setup = _char_setup()
+    cfg, state, chars = setup["cfg"], setup["state"], setup["chars"]
+    C = cfg["context_length"]
+    ref_model = _char_model(cfg, state)
+    gen_ref = t.reference.generate
+
+    # F09.2: the greedy continuation of "ROMEO:" (60 characters)
+    prompt = _ids(chars, "ROMEO:")
+    out = t.run(_gen(cfg, state, prompt, 60, C))
+    t.expect(isinstance(out, torch.Tensor) and not out.is_floating_point() and out.dim() == 2,
+             f"generate must return a (B, T0 + n) tensor of token ids; got {getattr(out, 'dtype', type(out).__name__)}"
+             f" {tuple(getattr(out, 'shape', ()))}")
+    t.expect(tuple(out.shape) == (1, 66), f"generate(model, idx (1, 6), max_new_tokens=60, ...) without eos_id must "
+             f"return shape (1, 66): the prompt followed by 60 new tokens; got {tuple(out.shape)}")
+    t.expect(torch.equal(out[:, :6], prompt), "the output must start with the prompt itself")
+    expected = gen_ref(ref_model, prompt.clone(), 60, C)
+    if not torch.equal(out, expected):
+        bug = t.diagnose(_gen(cfg, state, prompt, 60, C), out)
+        t.fail(f'greedy continuation of "ROMEO:" by the course\'s character model: expected '
+               f"{_text(chars, expected[0].tolist())!r}, got {_text(chars, out[0].tolist())!r}", bug=bug)
+
+    # prompts longer than the window: crop to the last context_length tokens
+    g = torch.Generator().manual_seed(0)
+    long_prompt = torch.randint(0, len(chars), (2, C + 20), generator=g)
+    err = t.raised_error(_gen(cfg, state, long_prompt, 6, C))
+    if err is not None:
+        t.fail(f"generate raised {err[0]} ({err[1]}) for a prompt of {C + 20} tokens with context_length={C}: feed "
+               "the model only the last context_length tokens", bug="B09.no_crop")
+    crop_probe = _gen(cfg, state, long_prompt, 6, C)
+    _expect_equal(t, crop_probe, t.run(crop_probe), gen_ref(ref_model, long_prompt.clone(), 6, C),
+                  f"greedy generation from a {C + 20}-token prompt (context_length={C})")
+
+    # one probe for the batch scenarios: greedy, nothing to add, a small window, top_k=1, seeded sampling
+    batch = torch.cat([_ids(chars, s) for s in ("JULIET:\n", "KING RIC", "First Ci")])
+    t0 = batch.shape[1]
+
+    def scenarios(impl):
+        m = _char_model(cfg, state)
+        sampled = [impl.generate(m, batch.clone(), 12, C, temperature=1.2, top_k=3,
+                                 generator=torch.Generator().manual_seed(4)) for _ in range(2)]
+        return {"greedy": impl.generate(m, batch.clone(), 30, C), "none": impl.generate(m, batch.clone(), 0, C),
+                "window4": impl.generate(m, batch.clone(), 10, 4),
+                "top_k1": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_k=1), "sampled": sampled}
+
+    got = t.run(scenarios)
+    t.expect(isinstance(got, dict) and all(isinstance(v, torch.Tensor) for k, v in got.items() if k != "sampled"),
+             "generate must return a tensor of token ids")
+    free = gen_ref(ref_model, batch.clone(), 30, C)
+    _expect_equal(t, scenarios, got, free, "greedy generation for a batch of three 8-character prompts (30 new "
+                  "tokens)", pick=lambda o: o["greedy"])
+    t.expect(torch.equal(got["none"], batch), "max_new_tokens=0 must return the prompt unchanged")
+    _expect_equal(t, scenarios, got, gen_ref(ref_model, batch.clone(), 10, 4), "greedy generation with "
+                  "context_length=4 (the window is the argument, not the model's maximum)", pick=lambda o: o["window4"])
+    t.expect(torch.equal(got["top_k1"], free[:, : t0 + 10]),
+             "generate(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and top_p "
+             "on to sample_next_token")
+    s1, s2 = got["sampled"]
+    t.expect(isinstance(s1, torch.Tensor) and tuple(s1.shape) == (3, t0 + 12),
+             f"sampled generation of 12 tokens must return (3, {t0 + 12}); got {tuple(getattr(s1, 'shape', ()))}")
+    t.expect(torch.equal(s1, s2), "two sampled runs with generators seeded alike differ: pass `generator` on to "
+             "sample_next_token")
+    with torch.no_grad():
+        top3 = ref_model(s1[:, :-1]).topk(3, dim=-1).indices[:, t0 - 1:]  # the top 3 after each prefix
+    inside = (top3 == s1[:, t0:, None]).any(-1)
+    t.expect(bool(inside.all()), "with top_k=3 every generated token must be among the 3 most likely after its "
+             f"prefix; {int((~inside).sum())} of {inside.numel()} are not (are temperature/top_k/top_p passed to "
+             "sample_next_token?)")
+
+    # EOS: rows that produce it keep emitting it; the loop stops when every row has. With the trained model the
+    # newline is the end token; a stand-in model whose steps are known replaces it if its rows do not tell.
+    rows = free[:, t0:].tolist()
+    newline = chars.index("\n")
+    steps = [row.index(newline) if newline in row else None for row in rows]
+    if len(set(steps)) >= 2 and any(s is not None and any(v != newline for v in row[s:]) for s, row in zip(steps, rows)):
+        eos, e_batch, e_free, e_len = newline, batch, free, C
+        probe = _gen(cfg, state, batch, 30, C, eos_id=eos)
+    else:
+        eos, e_batch, e_len = 9, T([[0, 7], [0, 4], [0, 8], [3, 2]]), 4  # rows reach 9 after 2, 5, 1 and 7 steps
+        e_free = _greedy_counter(e_batch, 30)
+
+        def probe(impl):
+            return impl.generate(_Counter(10), e_batch.clone(), 30, 4, eos_id=9)
+    e_t0 = e_batch.shape[1]
+    out = t.run(probe)
+    t.expect(isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == e_batch.shape[0],
+             f"generate with eos_id must still return (B, T0 + n) ids; got {tuple(getattr(out, 'shape', ()))}")
+    for b, row in enumerate(out[:, e_t0:].tolist()):
+        if eos in row:
+            first = row.index(eos)
+            t.expect(all(v == eos for v in row[first:]),
+                     f"row {b} produced eos_id={eos} at new position {first} but kept generating other tokens after "
+                     f"it: {row[first:first + 8]}…", bug="B09.eos_ignored")
+    expected = _freeze_after_eos(e_free, e_t0, eos)
+    if out.shape[1] > expected.shape[1] and bool((out[:, expected.shape[1] - 1:] == eos).all()):
+        t.fail(f"every row had produced eos_id after {expected.shape[1] - e_t0} new tokens, but generation went on to "
+               f"{out.shape[1] - e_t0}: stop as soon as all rows are finished", bug="B09.eos_ignored")
+    _expect_equal(t, probe, out, expected, f"greedy generation of {e_batch.shape[0]} prompts with eos_id={eos} "
+                  f"(rows finish at different steps; context_length={e_len})")
+
+    # dropout: generation runs in eval mode, under no_grad, and restores the mode
+    def dropout_runs(start_training: bool, n: int):
+        def probe(impl):
+            m = _char_model(cfg, state, dropout=0.3)
+            m.train(start_training)
+            grad_on = []
+            m.register_forward_hook(lambda mod, inp, out: grad_on.append(torch.is_grad_enabled()))
+            a = impl.generate(m, batch.clone(), n, C)
+            b = impl.generate(m, batch.clone(), n, C) if start_training else a
+            return a, b, m.training, any(grad_on)
+        return probe
+
+    a, b, training, grad_on = t.run(dropout_runs(True, 12))
+    t.expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b),
+             "two greedy runs of a model with dropout 0.3 (in train mode) gave different tokens: switch the model to "
+             "eval() inside generate", bug="B09.train_mode")
+    t.expect(training is True, "the model was in train mode before generate and must be again afterwards (restore "
+             "the previous mode)")
+    t.expect(grad_on is False, "the model ran with gradient tracking on: decorate generate with @torch.no_grad() (or "
+             "use `with torch.no_grad():`)", bug="B09.train_mode")
+    t.expect(torch.equal(a, free[:, : t0 + 12]), "greedy generation of a dropout model must equal the eval-mode result")
+    _, _, training, _ = t.run(dropout_runs(False, 2))
+    t.expect(training is False, "the model was in eval mode before generate and must stay in eval mode")

@@ -1,0 +1,295 @@
+# %% [markdown]
+# # Unit 09 — Generation and sampling: exercises
+#
+# Five graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
+# `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
+# after each exercise; it prints `visible tests passed` when the basics hold.
+#
+# The grader runs more checks than you see here: the worked example below for every setting, ties and
+# exact thresholds, batches and other vocabulary orders, 20,000 seeded draws compared with the filtered
+# probabilities, and generation with the course's trained character model (long prompts, end-of-sequence
+# tokens, a model with dropout). When something fails it tells you what was expected, what came back,
+# and, if your mistake is a known one, its name and a hint.
+#
+# **Check your work** at any time: save the notebook, then run in a terminal
+#
+# ```
+# course check exercises/09_generation/09_generation.ipynb
+# ```
+#
+# The grader reads only your `import`, `def` and `class` statements, so a function must not rely on
+# a variable defined elsewhere in the notebook. Use `torch`, `math` and the standard library.
+#
+# **The worked example** used throughout: the logits `z = [2.0, 1.0, 0.5, 0.0, -1.0]` over a vocabulary
+# of five tokens have probabilities `softmax(z) ≈ [0.5630, 0.2071, 0.1256, 0.0762, 0.0280]`.
+#
+# **Conventions.** Logits have shape `(..., V)`, the vocabulary along the last dimension. A filtered-out
+# token gets the logit `float("-inf")`, so its probability after the softmax is exactly 0. A filter
+# returns a **new** tensor (the caller's logits are not modified) and leaves the kept logits exactly
+# as they were.
+
+# %%
+import math  # noqa: F401
+
+import torch
+from torch import nn  # noqa: F401
+
+import llmcourse
+from llmcourse.train.char_model import load_gpt_char_tiny
+
+cfg = llmcourse.setup_notebook("09")
+z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+
+# %% [markdown]
+# ## Exercise 1 — `apply_temperature` (2 points)
+#
+# ```python
+# apply_temperature(logits: Tensor, temperature: float) -> Tensor
+# ```
+#
+# Return the logits scaled by the temperature `T`, so that `softmax(apply_temperature(z, T))` is the
+# tempered distribution `softmax(z / T)`. Same shape `(..., V)`. For `T ≤ 0` raise `ValueError` (greedy
+# decoding, "T = 0", is handled by the sampler in exercise 4, not here).
+#
+# Example: `softmax(apply_temperature(z, 0.5)) ≈ [0.8292, 0.1122, 0.0413, 0.0152, 0.0021]`.
+
+# %% tags=["solution:09.apply_temperature"]
+def apply_temperature(logits, temperature):
+    """(..., V) logits -> (..., V) tempered logits; ValueError for temperature <= 0."""
+    ### BEGIN SOLUTION
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    return logits / temperature
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.apply_temperature"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.apply_temperature")  # noqa: E702
+### END HIDDEN TESTS
+p_half = torch.softmax(apply_temperature(z, 0.5), dim=-1)
+assert p_half.shape == (5,), f"expected shape (5,), got {tuple(p_half.shape)}"
+assert torch.allclose(p_half, torch.tensor([0.8292, 0.1122, 0.0413, 0.0152, 0.0021]), atol=1e-4), p_half
+batch = torch.randn(3, 10)
+assert torch.equal(apply_temperature(batch, 3.0).argmax(-1), batch.argmax(-1)), "the argmax must not change"
+try:
+    apply_temperature(z, 0.0)
+    raise AssertionError("temperature 0 must raise ValueError")
+except ValueError:
+    pass
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 2 — `top_k_filter` (4 points)
+#
+# ```python
+# top_k_filter(logits: Tensor, k: int | None) -> Tensor
+# ```
+#
+# In each row (last dimension), every entry **strictly below the row's k-th largest value** becomes
+# `-inf`. Entries **equal** to the k-th largest value are kept, so ties can leave more than `k` tokens.
+# With `k=None` or `k ≥ V` the logits come back unchanged. Rows are independent: each row has its own
+# k-th value.
+#
+# Examples: `top_k_filter(z, 2)` → `[2.0, 1.0, -inf, -inf, -inf]` (probabilities `[0.7311, 0.2689, 0, 0, 0]`);
+# `top_k_filter([3.0, 1.0, 1.0, 0.0], 2)` keeps indices 0, 1 **and** 2.
+
+# %% tags=["solution:09.top_k_filter"]
+def top_k_filter(logits, k):
+    """(..., V) -> (..., V): entries below the row's k-th largest value -> -inf (ties kept)."""
+    ### BEGIN SOLUTION
+    if k is None or k >= logits.shape[-1]:
+        return logits.clone()
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.top_k_filter"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.top_k_filter")  # noqa: E702
+### END HIDDEN TESTS
+out = top_k_filter(z, 2)
+assert out.shape == (5,), f"expected shape (5,), got {tuple(out.shape)}"
+assert torch.equal(out, torch.tensor([2.0, 1.0, float("-inf"), float("-inf"), float("-inf")])), \
+    f"top_k_filter(z, 2): expected [2, 1, -inf, -inf, -inf], got {out.tolist()}"
+tied = top_k_filter(torch.tensor([3.0, 1.0, 1.0, 0.0]), 2)
+assert torch.isfinite(tied).tolist() == [True, True, True, False], f"ties with the k-th value are kept: {tied.tolist()}"
+assert torch.equal(top_k_filter(z, None), z), "k=None must leave the logits unchanged"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 3 — `top_p_filter` (5 points)
+#
+# ```python
+# top_p_filter(logits: Tensor, p: float | None) -> Tensor
+# ```
+#
+# Nucleus filtering, row by row: compute `probs = softmax(logits)`; order the tokens by probability,
+# largest first, with a **stable** sort (equal probabilities keep their vocabulary order:
+# `torch.sort(..., descending=True, stable=True)`); keep the token in sorted position `i` **if and only if
+# the total probability of the tokens before it is `< p`**. Every other token becomes `-inf`. Return the
+# result in the **original vocabulary order**. With `p=None` or `p ≥ 1` the logits come back unchanged.
+#
+# Consequences worth checking yourself: the token whose mass crosses `p` is kept, so the kept mass is
+# `≥ p` and the most likely token always survives; for four equally likely tokens and `p = 0.5`, exactly two
+# are kept (the third has exactly 0.5 before it). The input may already contain `-inf` (after top-k).
+#
+# Examples on `z`: `p=0.5` keeps only token 0; `p=0.8` keeps tokens 0–2
+# (probabilities `[0.6285, 0.2312, 0.1402, 0, 0]`).
+
+# %% tags=["solution:09.top_p_filter"]
+def top_p_filter(logits, p):
+    """(..., V) -> (..., V): keep sorted token i iff the probability mass before it is < p."""
+    ### BEGIN SOLUTION
+    if p is None or p >= 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep_sorted = before < p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, float("-inf"))
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.top_p_filter"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.top_p_filter")  # noqa: E702
+### END HIDDEN TESTS
+probs_08 = torch.softmax(top_p_filter(z, 0.8), dim=-1)
+assert probs_08.shape == (5,), f"expected shape (5,), got {tuple(probs_08.shape)}"
+assert torch.allclose(probs_08, torch.tensor([0.6285, 0.2312, 0.1402, 0.0, 0.0]), atol=1e-4), probs_08
+assert torch.isfinite(top_p_filter(z, 0.5)).tolist() == [True, False, False, False, False], \
+    "p=0.5: the top token (probability 0.563) crosses p and must be kept"
+shuffled = z[torch.tensor([3, 0, 4, 1, 2])]
+assert torch.isfinite(top_p_filter(shuffled, 0.8)).tolist() == [False, True, False, True, True], \
+    "the result must be in the original vocabulary order"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 4 — `sample_next_token` (3 points)
+#
+# ```python
+# sample_next_token(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+#                   top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor
+# ```
+#
+# `logits` has shape `(B, V)`; return one token id per row, shape `(B, 1)`, dtype `torch.long`.
+#
+# - `temperature == 0` means greedy: the argmax of each row (the filters are ignored).
+# - Otherwise apply, **in this order**, your `apply_temperature`, `top_k_filter`, `top_p_filter`, then the
+#   softmax, and draw with **one** call `torch.multinomial(probs, 1, generator=generator)` for the whole
+#   batch. Passing the `generator` on makes a seeded draw reproducible.
+
+# %% tags=["solution:09.sample_next_token"]
+def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """(B, V) -> (B, 1) long: argmax for temperature 0, else temperature -> top-k -> top-p -> multinomial."""
+    ### BEGIN SOLUTION
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    filtered = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
+    probs = torch.softmax(filtered, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.sample_next_token"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.sample_next_token")  # noqa: E702
+### END HIDDEN TESTS
+draws = sample_next_token(z.expand(4000, 5), temperature=1.0, top_k=2, generator=torch.Generator().manual_seed(0))
+assert draws.shape == (4000, 1) and draws.dtype == torch.long, f"expected (4000, 1) long, got {draws.shape} {draws.dtype}"
+freq = torch.bincount(draws.flatten(), minlength=5) / 4000
+assert freq[2:].sum() == 0, f"top_k=2: only tokens 0 and 1 may be drawn; frequencies {freq.tolist()}"
+assert abs(freq[0] - 0.7311) < 0.03, f"P(token 0) after top_k=2 is 0.7311; observed {freq[0]:.4f}"
+greedy = sample_next_token(torch.randn(3, 7), temperature=0.0)
+assert greedy.shape == (3, 1), "temperature 0 must also return (B, 1)"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 5 — `generate` (6 points)
+#
+# ```python
+# @torch.no_grad()
+# def generate(model, idx, max_new_tokens, context_length, temperature=0.0, top_k=None, top_p=None,
+#              eos_id=None, generator=None) -> Tensor
+# ```
+#
+# `model` maps token ids `(B, T)` to logits `(B, T, V)`, and accepts at most `T = context_length` tokens.
+# `idx` is the `(B, T0)` prompt (`T0` may exceed `context_length`). Return `(B, T0 + n)` long: the prompt
+# followed by `n ≤ max_new_tokens` new tokens.
+#
+# - Each step feeds the model only the **last `context_length` tokens** and picks the next token from the
+#   logits of the **last position**, with your `sample_next_token` (temperature, filters and generator
+#   passed on; the default `temperature=0.0` is greedy).
+# - With an `eos_id`: a row that has **produced** `eos_id` keeps emitting `eos_id`; stop early as soon as
+#   every row has produced it.
+# - Generate in eval mode (dropout off) and without gradient tracking, and leave the model in the mode it
+#   was in (`model.training` before the call = after the call).
+#
+# Below, the course's trained character model (a small GPT-2 trained on Shakespeare, one token per
+# character) lets you try it: its greedy continuation of `"ROMEO:"` is printed in the test cell.
+
+# %% tags=["solution:09.generate"]
+@torch.no_grad()
+def generate(model, idx, max_new_tokens, context_length, temperature=0.0, top_k=None, top_p=None, eos_id=None,
+             generator=None):
+    """(B, T0) -> (B, T0 + n) long; crop to the last context_length tokens; EOS rows frozen; eval mode inside."""
+    ### BEGIN SOLUTION
+    was_training = model.training
+    model.eval()
+    done = torch.zeros(idx.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -context_length:])[:, -1, :]
+        nxt = sample_next_token(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None:
+            nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)
+            done = done | (nxt[:, 0] == eos_id)
+        idx = torch.cat([idx, nxt], dim=1)
+        if eos_id is not None and bool(done.all()):
+            break
+    model.train(was_training)
+    return idx
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.generate"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.generate")  # noqa: E702
+### END HIDDEN TESTS
+model, tok = load_gpt_char_tiny()
+C = model.cfg.context_length
+prompt = torch.tensor([tok.encode("ROMEO:")])
+out = generate(model, prompt, 60, C)
+assert out.shape == (1, 66) and out.dtype == torch.long, f"expected (1, 66) long, got {tuple(out.shape)} {out.dtype}"
+assert torch.equal(out[:, :6], prompt), "the output starts with the prompt"
+print(repr(tok.decode(out[0].tolist())))
+long_prompt = torch.randint(0, tok.vocab_size, (2, C + 10))
+assert generate(model, long_prompt, 3, C).shape == (2, C + 13), "prompts longer than context_length must work"
+model.train()
+assert torch.equal(generate(model, prompt, 10, C), out[:, :16]) and model.training, \
+    "greedy output must not depend on the model's mode, and the mode must be restored"
+model.eval()
+eos = tok.encode("\n")[0]
+stopped = generate(model, prompt, 60, C, eos_id=eos)
+tail = stopped[0, 6:].tolist()
+assert eos not in tail or all(t == eos for t in tail[tail.index(eos):]), "nothing but EOS may follow EOS"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Putting it together
+#
+# Not graded: your sampler on the character model, at three temperatures, with a seeded generator.
+
+# %%
+for temperature in (0.5, 1.0, 1.5):
+    sample = generate(model, prompt, cfg["sample_chars"], C, temperature=temperature, top_k=cfg["top_k"],
+                      generator=torch.Generator().manual_seed(0))
+    print(f"--- T={temperature}, top_k={cfg['top_k']}:\n{tok.decode(sample[0].tolist())}\n")
+
+# %% [markdown]
+# ## Done?
+#
+# Save the notebook and run `course check exercises/09_generation/09_generation.ipynb` in a terminal for
+# the full report.
