@@ -189,6 +189,8 @@ class GPT2Model(nn.Module):
         ``2·L`` residual additions contribute stays independent of depth (GPT-2 paper, §2.3). Draws
         come from torch's global generator; a no-op on the ``meta`` device.
         """
+        if self.tok_emb.weight.is_meta:  # shapes only: nothing to draw
+            return
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
