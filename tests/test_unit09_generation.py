@@ -371,3 +371,122 @@ def test_generate_rejects_bad_arguments():
         generate(model, torch.zeros(1, 2, dtype=torch.long), -1, 8)
     with pytest.raises(ValueError, match="context_length"):
         generate(model, torch.zeros(1, 2, dtype=torch.long), 1, 0)
+
+
+# ---------------------------------------------------------------- widgets (compute functions and rendering)
+
+
+@pytest.fixture(scope="module")
+def char_lm():
+    from llmcourse.data.tokenizers import CharTokenizer
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model
+
+    chars = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(chars), context_length=32, d_model=32, n_heads=2, n_layers=2, dropout=0.0)
+    model = GPT2Model(cfg).eval()
+    with torch.no_grad():  # spread the logits so that filters matter
+        model.lm_head.weight.mul_(20)
+    return model, CharTokenizer(list(chars))
+
+
+def test_next_token_view_matches_a_direct_forward(char_lm):
+    from llmcourse.viz import generation as G
+
+    model, tok = char_lm
+    prompt = "ROMEO: a very long prompt that is longer than the window of thirty-two"
+    ids = torch.tensor([tok.encode(prompt)])[:, -32:]
+    with torch.no_grad():
+        logits = model(ids)[0, -1]
+    p = torch.softmax(logits, -1)
+    view = G.next_token_view(model, tok, prompt, temperature=0.7, top_k=8, top_p=0.9)
+    order = torch.sort(p, descending=True, stable=True).indices[:20]
+    assert torch.equal(view["ids"], order)
+    assert torch.allclose(view["model_probs"], p[order])
+    sampling = torch.softmax(top_p_filter(top_k_filter(logits / 0.7, 8), 0.9), -1)
+    assert torch.allclose(view["sampling_probs"], sampling[order])
+    assert view["n_kept"] == int((sampling > 0).sum()) and 1 <= view["n_kept"] <= 8
+    assert view["greedy"] == int(logits.argmax()) and abs(view["top_mass"] - float(p[order].sum())) < 1e-6
+    assert abs(view["entropy_model"] - float(-(p * p.log()).sum())) < 1e-5
+    greedy = G.next_token_view(model, tok, prompt, temperature=0.0)
+    assert greedy["n_kept"] == 1 and greedy["entropy_sampling"] == 0.0
+    assert G.next_token_view(model, tok, prompt, top_k=0)["n_kept"] == len(tok.chars)  # 0 = off
+    assert G.display_token("\n") == "⏎" and G.display_token(" ") == "␣"
+    with pytest.raises(ValueError, match="prompt"):
+        G.next_token_view(model, tok, "")
+
+
+def test_temperature_sweep_nll_by_an_independent_route(char_lm):
+    from llmcourse.viz import generation as G
+
+    model, tok = char_lm
+    rows = G.temperature_sweep(model, tok, "ROMEO:", (0.2, 2.0), n_tokens=40, seed=3)
+    assert [r["temperature"] for r in rows] == [0.2, 2.0]
+    for r in rows:
+        full = torch.tensor([tok.encode("ROMEO:" + r["text"])])
+        assert full.shape[1] == 46
+        nll = 0.0
+        with torch.no_grad():
+            for t in range(6, 46):
+                window = full[:, max(0, t - 32):t]
+                nll -= float(torch.log_softmax(model(window)[0, -1], -1)[full[0, t]])
+        assert abs(r["nll"] - nll / 40) < 1e-4
+        grams = {r["text"][i:i + 4] for i in range(37)}
+        assert abs(r["distinct"] - len(grams) / 37) < 1e-9
+    again = G.temperature_sweep(model, tok, "ROMEO:", (0.2, 2.0), n_tokens=40, seed=3)
+    assert [r["text"] for r in again] == [r["text"] for r in rows]  # seeded
+
+
+def test_generation_steps_follow_generate_with_a_small_window(char_lm):
+    from llmcourse.viz import generation as G
+
+    model, tok = char_lm
+    steps = G.generation_steps(model, tok, "ROMEO:", n_steps=7, window=4)
+    out = generate(model, torch.tensor([tok.encode("ROMEO:")]), 7, context_length=4)
+    assert [s["next"] for s in steps] == out[0, 6:].tolist()
+    for k, s in enumerate(steps):
+        assert len(s["sequence"]) == 6 + k and s["start"] == 6 + k - 4
+        assert s["alternatives"][0][0] == s["next"] and abs(s["p_next"] - 1.0) < 1e-6  # greedy: one-hot
+    with pytest.raises(ValueError, match="window"):
+        G.generation_steps(model, tok, "ROMEO:", window=33)
+
+
+def test_widgets_render_static_and_live(char_lm):
+    from llmcourse.viz import generation as G
+    from llmcourse.viz.base import StaticFigure
+
+    model, tok = char_lm
+    for fig, wid in ((G.show_next_token_explorer(model, tok, static=True), "W09.1"),
+                     (G.show_temperature_sweep(model, tok, n_tokens=30, static=True), "W09.2"),
+                     (G.show_generation_stepper(model, tok, static=True), "W09.3")):
+        assert isinstance(fig, StaticFigure) and fig.widget_id == wid
+        assert fig._repr_png_().startswith(b"\x89PNG") and wid in fig._repr_html_()
+    live = G.show_next_token_explorer(model, tok, prompt="ROMEO:", static=False)
+    assert "llmcourse-w09-1" in live._dom_classes
+    box = live.children[0]
+    sample_btn, append_btn, status = live.children[2].children
+    sample_btn.click()
+    assert "drawn" in status.value
+    append_btn.click()
+    assert box.value.startswith("ROMEO:") and len(box.value) == 7
+    stepper = G.show_generation_stepper(model, tok, static=False, n_steps=6)
+    stepper.children[0].children[0].value = 5  # move the step slider
+    assert "llmcourse-w09-3" in stepper._dom_classes
+    assert "llmcourse-w09-2" in G.show_temperature_sweep(model, tok, n_tokens=20, static=False)._dom_classes
+
+
+def test_grader_oracles_agree_with_the_worked_example_and_the_library():
+    from grader.checks import u09_generation as K
+
+    typed = [K.F091_SOFTMAX, K.F091_T05, K.F091_T2, K.F091_TOPK2, K.F091_TOPP[0.8]]
+    for (kw, _label), want in zip(K.SAMPLING_CASES, typed):
+        got = K._expected_probs(K.Z, kw["temperature"], kw.get("top_k"), kw.get("top_p"))
+        assert torch.allclose(got.float(), torch.tensor(want), atol=1e-4)
+    for kw, _label in K.SAMPLING_CASES:
+        got = K._expected_probs(K.Z, kw["temperature"], kw.get("top_k"), kw.get("top_p"))
+        assert torch.allclose(got.float(), filtered_probs(K.Z, kw["temperature"], kw.get("top_k"), kw.get("top_p")),
+                              atol=1e-6)
+    batch = torch.tensor([[0, 7], [0, 4], [0, 8], [3, 2]])
+    free = K._greedy_counter(batch, 30)
+    assert torch.equal(free, generate(K._Counter(10), batch, 30, 4))
+    assert torch.equal(K._freeze_after_eos(free, 2, 9), generate(K._Counter(10), batch, 30, 4, eos_id=9))
