@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core import check, unwrap
+from ..core import check, module_facts, unwrap
 
 U = "06"
 T = torch.tensor
@@ -143,12 +143,16 @@ def _reference_state(norm_first=True):
     return Transformer(V_SRC, V_TGT, **CFG, norm_first=norm_first).state_dict()
 
 
-def _build(impl, norm_first=True, load=True):
+def _make(impl, norm_first=True):
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        m = impl.Transformer(V_SRC, V_TGT, **CFG, norm_first=norm_first)
-    if load:
-        unwrap(m).load_state_dict(_reference_state(norm_first))
+        return impl.Transformer(V_SRC, V_TGT, **CFG, norm_first=norm_first)
+
+
+def _build(impl, state, norm_first=True):
+    """The implementation's Transformer loaded with ``state`` (a reference state_dict), in eval mode."""
+    m = _make(impl, norm_first)
+    unwrap(m).load_state_dict(state)
     unwrap(m).eval()
     return m
 
@@ -165,24 +169,26 @@ def check_transformer(t):
     from llmcourse.models.transformer import Transformer as Ref
     from llmcourse.models.transformer import to_torch_transformer
 
+    states = {nf: _reference_state(nf) for nf in (True, False)}  # inputs: the weights both sides load
     for norm_first in (True, False):
-        model = t.run(lambda impl, nf=norm_first: _build(impl, nf, load=False))
-        t.expect(isinstance(unwrap(model), torch.nn.Module), "Transformer must be an nn.Module")
-        keys = set(unwrap(model).state_dict())
-        want = set(_reference_state(norm_first))
+        facts = t.run(lambda impl, nf=norm_first: module_facts(_make(impl, nf)))
+        t.expect(facts["is_module"], "Transformer must be an nn.Module")
+        shapes = facts["state_dict"]
+        keys = set(shapes)
+        want_shapes = {k: tuple(v.shape) for k, v in states[norm_first].items()}
+        want = set(want_shapes)
         if norm_first and want - keys and {k for k in want - keys if k.startswith(("encoder.norm", "decoder.norm"))}:
             t.fail(f"state_dict keys missing: {sorted(want - keys)}", bug="B06.no_final_norm")
         t.expect(keys == want, f"state_dict keys (norm_first={norm_first}): missing {sorted(want - keys)[:6]}, "
                                f"unexpected {sorted(keys - want)[:6]} (pos holds only a non-persistent buffer)")
-        for k, v in unwrap(model).state_dict().items():
-            t.expect(tuple(v.shape) == tuple(_reference_state(norm_first)[k].shape),
-                     f"{k} has shape {tuple(v.shape)}, expected {tuple(_reference_state(norm_first)[k].shape)}")
+        for k, shape in shapes.items():
+            t.expect(tuple(shape) == want_shapes[k], f"{k} has shape {tuple(shape)}, expected {want_shapes[k]}")
 
     src, tgt = _batch()
 
     def logits(impl, s=src, g=tgt, norm_first=True):
         with torch.no_grad():
-            return _build(impl, norm_first)(s, g)
+            return _build(impl, states[norm_first], norm_first)(s, g)
 
     ref_logits = logits(t.reference)
     t.compare(logits, ref_logits, "forward(src, tgt_in) logits vs the reference with the same weights (B=3, S=7, T=6)")
@@ -190,7 +196,7 @@ def check_transformer(t):
               "logits of the post-LN model (norm_first=False) vs the reference")
 
     # oracle: nn.Transformer with the same weights, fed the same embedded inputs
-    ref_model = _build(t.reference)
+    ref_model = _build(t.reference, states[True])
     tt = to_torch_transformer(ref_model)
     with torch.no_grad():
         oracle = tt(ref_model.pos(ref_model.src_embed(src)), ref_model.pos(ref_model.tgt_embed(tgt)),
@@ -200,7 +206,7 @@ def check_transformer(t):
     def decoded(impl):
         from llmcourse.data.translation import make_src_mask, make_tgt_mask
 
-        m = _build(impl)
+        m = _build(impl, states[True])
         with torch.no_grad():
             sm = make_src_mask(src)
             return m.decode(tgt, m.encode(src, sm), sm, make_tgt_mask(tgt))
@@ -253,34 +259,65 @@ def _greedy_setup():
 
 
 def _dropout_model():
-    """A copy of the greedy model whose dropout modules all use p = 0.3."""
-    import copy
+    """``(model, src)``: a small seeded random model (vocabularies 40 → 30) with dropout 0.3 everywhere,
+    and three padded source rows. Small on purpose: it travels to the learner's process in every probe."""
+    from llmcourse.models.transformer import Transformer
 
-    model, _ = _greedy_setup()
-    dm = copy.deepcopy(model)
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        dm = Transformer(40, 30, d_model=32, num_heads=4, d_ff=64, max_len=32, dropout=0.3)
     for mod in dm.modules():
         if isinstance(mod, torch.nn.Dropout):
             mod.p = 0.3
-    return dm
+    return dm, _padded_ids([6, 4, 7], 40, seed=6)
+
+
+MODE_SEED = 12345
+
+
+def _mode_evidence(model, src):
+    """A seeded forward pass of ``model`` on ``src`` and a fixed 3-token prefix.
+
+    Run after a call in the learner's process and here on the same weights in a known mode, it tells
+    (from numbers, not from a flag read over there) which mode the call left the model in: dropout
+    draws the same mask from the same seed, and eval mode draws none.
+    """
+    tgt = torch.tensor([[SOS, 4, 5]] * src.shape[0])
+    with torch.random.fork_rng():
+        torch.manual_seed(MODE_SEED)
+        with torch.no_grad():
+            return model(src, tgt)
+
+
+def _same_numbers(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5))
+
+
+def _greedy(model, src, max_len, mode="eval"):
+    """Probe: ``greedy_translate(model, src, max_len)`` with the model put in ``mode`` first."""
+    def probe(impl):
+        model.train(mode == "train")
+        return impl.greedy_translate(model, src, max_len)
+    return probe
 
 
 @check(f"{U}.greedy_translate", ["greedy_translate"], _ref_greedy)
 def check_greedy_translate(t):
     model, src = _greedy_setup()
     model.eval()
-    out = t.run(lambda impl: impl.greedy_translate(model, src, 20))
+    out = t.run(_greedy(model, src, 20))
     t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.long and out.dim() == 2,
              f"greedy_translate must return a (B, L) long tensor, got {getattr(out, 'dtype', type(out).__name__)} "
              f"of shape {tuple(getattr(out, 'shape', ()))}")
     if out.shape[1] > 0 and bool((out[:, 0] == SOS).all()):
-        ref0 = t.reference.greedy_translate(model, src, 20)
+        ref0 = t.reference.greedy_translate(model.eval(), src, 20)
         t.expect(bool((ref0[:, 0] == SOS).all()), "the first column is SOS for every row: return only the tokens "
                                                   "generated after SOS", bug="B06.greedy_includes_sos")
     t.expect(out.shape[0] == src.shape[0] and out.shape[1] <= 20,
              f"expected shape (B={src.shape[0]}, L ≤ max_len=20), got {tuple(out.shape)}")
-    ref = t.reference.greedy_translate(model, src, 20)
-    t.compare(lambda impl: impl.greedy_translate(model, src, 20), ref,
-              "greedy translations of six sentences with the shipped tiny model (max_len=20)")
+    ref = t.reference.greedy_translate(model.eval(), src, 20)
+    t.compare(_greedy(model, src, 20), ref, "greedy translations of six sentences with the shipped tiny model "
+              "(max_len=20)")
     for b in range(out.shape[0]):
         row = out[b].tolist()
         if EOS in row:
@@ -290,6 +327,7 @@ def check_greedy_translate(t):
     # each emitted token is the argmax given its prefix
     from llmcourse.data.translation import make_src_mask, make_tgt_mask
 
+    model.eval()
     prefix = torch.cat([torch.full_like(out[:, :1], SOS), out[:, :-1]], 1)
     with torch.no_grad():
         sm = make_src_mask(src)
@@ -301,28 +339,33 @@ def check_greedy_translate(t):
             real[b, row.index(EOS) + 1:] = False
     t.expect(bool((argmax[real] == out[real]).all()), "some emitted token is not the argmax of the logits given "
                                                       "the source and its prefix")
-    short = t.reference.greedy_translate(model, src, 3)
-    t.compare(lambda impl: impl.greedy_translate(model, src, 3), short, "greedy_translate with max_len=3")
+    short = t.reference.greedy_translate(model.eval(), src, 3)
+    t.compare(_greedy(model, src, 3), short, "greedy_translate with max_len=3")
 
-    # dropout: decoding must run in eval mode and restore the previous mode
-    dm = _dropout_model()
-    s2 = src[:3]
-    dm.train()
-    def seeded(k):
+    # dropout: decoding must run in eval mode and restore the previous mode (read from a seeded forward
+    # pass after the call, compared with the same pass here in each mode)
+    dm, s2 = _dropout_model()
+    left_in_train = _mode_evidence(dm.train(), s2)
+    left_in_eval = _mode_evidence(dm.eval(), s2)
+
+    def seeded(k, mode="train"):
         def probe(impl):
+            dm.train(mode == "train")
             torch.manual_seed(100 + k)   # a different dropout draw per call (t.run restores the RNG afterwards)
-            return impl.greedy_translate(dm, s2, 10)
+            return impl.greedy_translate(dm, s2, 10), _mode_evidence(dm, s2)
         return probe
 
-    runs = [t.run(seeded(k)) for k in range(4)]
+    results = [t.run(seeded(k)) for k in range(4)]
+    runs = [r[0] for r in results]
     t.expect(all(torch.equal(runs[0], r) for r in runs[1:]),
              "repeated calls on a model with dropout 0.3 gave different translations: dropout was active",
              bug="B06.greedy_train_mode")
-    t.expect(dm.training, "the model was in train mode before greedy_translate and must be again afterwards")
-    dm.eval()
-    t.run(lambda impl: impl.greedy_translate(dm, s2, 10))
-    t.expect(not dm.training, "the model was in eval mode before greedy_translate and must stay in eval mode")
-    t.compare(lambda impl: impl.greedy_translate(dm, s2, 10), t.reference.greedy_translate(dm, s2, 10),
+    t.expect(_same_numbers(results[0][1], left_in_train),
+             "the model was in train mode before greedy_translate and must be again afterwards")
+    _, after = t.run(seeded(0, mode="eval"))
+    t.expect(_same_numbers(after, left_in_eval),
+             "the model was in eval mode before greedy_translate and must stay in eval mode")
+    t.compare(_greedy(dm, s2, 10), t.reference.greedy_translate(dm.eval(), s2, 10),
               "greedy translations of a random model with dropout 0.3 (eval mode)")
 
 

@@ -10,14 +10,13 @@ dropout model agree, the mode is restored, the loss is a per-example mean. Indep
 
 from __future__ import annotations
 
-import functools
+import math
 import random
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..core import check, unwrap
+from ..core import check, module_facts, unwrap
 
 U = "07"
 T = torch.tensor
@@ -35,8 +34,9 @@ def _ref():
     }
 
 
-@functools.lru_cache(maxsize=1)
 def _enc():
+    """The GPT-2 encoding (cached by llmcourse). Probes call this on their side rather than capture
+    the encoding: a tiktoken object would be pickled (≈ 0.6 MB, 0.3 s) into every probe."""
     from llmcourse.data import gpt2_encoding
 
     return gpt2_encoding()
@@ -95,7 +95,7 @@ def check_build_compact_vocab(t):
 def check_encode_batch(t):
     enc = _enc()
     texts = [GREAT, NOT_BAD]
-    out = t.run(lambda impl: impl.encode_batch(texts, enc, F071_VOCAB, 8))
+    out = t.run(lambda impl: impl.encode_batch(texts, _enc(), F071_VOCAB, 8))
     t.expect(isinstance(out, (tuple, list)) and len(out) == 2, "encode_batch must return (ids, attention_mask)")
     ids, mask = out
     t.expect(isinstance(ids, torch.Tensor) and ids.dtype == torch.long,
@@ -109,13 +109,13 @@ def check_encode_batch(t):
     t.expect(bool((sep_rows == 1).all()),
              "every row must contain exactly one [SEP] (id 2); a truncated row lost it: truncate the content "
              "before adding [CLS]/[SEP]", bug="B07.truncate_drops_sep" if bool((sep_rows == 0).any()) else None)
-    t.compare(lambda impl: impl.encode_batch(texts, enc, F071_VOCAB, 8), F071_IDS,
+    t.compare(lambda impl: impl.encode_batch(texts, _enc(), F071_VOCAB, 8), F071_IDS,
               'ids for ["Great phone!", "Not bad at all, great value."], max_len=8 (F07.1)', pick=lambda o: o[0])
-    t.compare(lambda impl: impl.encode_batch(texts, enc, F071_VOCAB, 8), F071_MASK,
+    t.compare(lambda impl: impl.encode_batch(texts, _enc(), F071_VOCAB, 8), F071_MASK,
               "attention_mask of F07.1 (True for real tokens, [CLS] and [SEP] included)", pick=lambda o: o[1])
     # L = the longest row when nothing is truncated
     texts2 = [BAD, GREAT, "ok"]
-    t.compare(lambda impl: impl.encode_batch(texts2, enc, F071_VOCAB, 32),
+    t.compare(lambda impl: impl.encode_batch(texts2, _enc(), F071_VOCAB, 32),
               _ref()["encode_batch"](texts2, enc, F071_VOCAB, 32)[0],
               "ids padded to the longest row (max_len=32, no truncation)", pick=lambda o: o[0])
     # properties on longer sentences and several max_len values
@@ -123,7 +123,7 @@ def check_encode_batch(t):
                  "Loved it!", "Worst. Service. Ever.", "I would not recommend this place to anyone at all."]
     vocab = _ref()["build_compact_vocab"]([enc.encode(s) for s in sentences[:2]])
     for max_len in (4, 7, 12, 64):
-        ids, mask = t.run(lambda impl, m=max_len: impl.encode_batch(sentences, enc, vocab, m))
+        ids, mask = t.run(lambda impl, m=max_len: impl.encode_batch(sentences, _enc(), vocab, m))
         t.expect(ids.shape[1] <= max_len, f"with max_len={max_len} rows must have at most {max_len} ids; got "
                  f"{ids.shape[1]}")
         t.expect(bool((ids[:, 0] == 1).all()), f"every row must start with [CLS] = 1 (max_len={max_len})")
@@ -133,7 +133,7 @@ def check_encode_batch(t):
         last = mask.sum(1) - 1
         t.expect(bool((ids[torch.arange(len(ids)), last] == 2).all()),
                  f"[SEP] must be the last real token of each row (max_len={max_len})")
-        t.compare(lambda impl, m=max_len: impl.encode_batch(sentences, enc, vocab, m),
+        t.compare(lambda impl, m=max_len: impl.encode_batch(sentences, _enc(), vocab, m),
                   _ref()["encode_batch"](sentences, enc, vocab, max_len),
                   f"encode_batch of four sentences, max_len={max_len}")
 
@@ -145,21 +145,38 @@ def _state(module) -> dict:
     return {k: v.clone() for k, v in unwrap(module).state_dict().items()}
 
 
+def _token_table_gradient(impl):
+    """Gradients of a fresh BertEmbeddings(11, 8, 6) after a backward pass through ids with [PAD] = 0.
+
+    ``padding_idx=0`` shows in numbers: row 0 of ``tok.weight`` gets no gradient while the rows of the
+    real ids do (a random projection of the output, since the sum of a LayerNorm output is constant).
+    """
+    m = impl.BertEmbeddings(11, 8, 6, dropout=0.0)
+    ids = torch.tensor([[1, 5, 0, 0], [0, 3, 2, 0]])
+    out = m(ids)
+    w = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(0))
+    (out * w).sum().backward()
+    return {n: p.grad for n, p in unwrap(m).named_parameters()}
+
+
 @check(f"{U}.BertEmbeddings", ["BertEmbeddings"], _ref)
 def check_bert_embeddings(t):
     Ref = _ref()["BertEmbeddings"]
     V, D, L = 11, 8, 6
-    m = unwrap(t.run(lambda impl: impl.BertEmbeddings(V, D, L)))
-    t.expect(isinstance(m, nn.Module), "BertEmbeddings must be an nn.Module subclass")
+    facts = t.run(lambda impl: module_facts(impl.BertEmbeddings(V, D, L)))
+    t.expect(facts["is_module"], "BertEmbeddings must be an nn.Module subclass")
     torch.manual_seed(0)
     ref = Ref(V, D, L, dropout=0.5).eval()
     want = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    got = facts["state_dict"]
     t.expect(got == want, f"state_dict keys/shapes of BertEmbeddings({V}, {D}, {L}) must be {want}; got {got}")
-    t.expect(getattr(getattr(m, "tok", None), "padding_idx", None) == 0,
+    grads = t.run(_token_table_gradient)
+    tok_grad = grads.get("tok.weight") if isinstance(grads, dict) else None
+    t.expect(isinstance(tok_grad, torch.Tensor) and tuple(tok_grad.shape) == (11, 8)
+             and not bool(tok_grad[0].any()) and bool(tok_grad[[1, 2, 3, 5]].abs().sum(-1).gt(0).all()),
              "the token table must be nn.Embedding(vocab_size, d_model, padding_idx=0) ([PAD] = 0)")
-    m3 = unwrap(t.run(lambda impl: impl.BertEmbeddings(V, D, L, type_vocab_size=3)))
-    t.expect(tuple(m3.state_dict()["seg.weight"].shape) == (3, D), "seg.weight must have shape (type_vocab_size, D)")
+    facts3 = t.run(lambda impl: module_facts(impl.BertEmbeddings(V, D, L, type_vocab_size=3)))
+    t.expect(facts3.get("state_dict", {}).get("seg.weight") == (3, D), "seg.weight must have shape (type_vocab_size, D)")
 
     with torch.no_grad():
         ref.norm.weight.uniform_(0.5, 1.5)
@@ -228,17 +245,17 @@ def _batch(lengths, width, vocab=23, seed=0):
 def check_encoder_classifier(t):
     Ref = _ref()["EncoderClassifier"]
     # structure: keys and the parameter count of the defaults
-    m = unwrap(t.run(lambda impl: impl.EncoderClassifier(100)))
-    t.expect(isinstance(m, nn.Module), "EncoderClassifier must be an nn.Module subclass")
+    facts = t.run(lambda impl: module_facts(impl.EncoderClassifier(100)))
+    t.expect(facts["is_module"], "EncoderClassifier must be an nn.Module subclass")
     ref_default = Ref(100)
     want = {k: tuple(v.shape) for k, v in ref_default.state_dict().items()}
-    got = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    got = facts["state_dict"]
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     t.expect(not missing and not extra, f"state_dict keys differ from the specification: missing {missing[:6]}, "
              f"unexpected {extra[:6]}")
     wrong = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
     t.expect(not wrong, f"state_dict shapes differ (got, expected): {dict(list(wrong.items())[:4])}")
-    n_params = sum(p.numel() for p in m.parameters())
+    n_params = sum(math.prod(got[n]) for n in facts["parameters"] if n in got)
     t.expect(n_params == 64 * 100 + 104_578, f"EncoderClassifier(100) must have 64·V + 104,578 = 110,978 parameters; "
              f"got {n_params:,}")
 
@@ -374,6 +391,26 @@ def _eval_fixture(dropout: float):
     return model, loader
 
 
+MODE_SEED = 12345
+
+
+def _mode_evidence(model, loader):
+    """A seeded forward pass of ``model`` on the first batch of ``loader``.
+
+    Run after a call in the learner's process and here on the same weights in a known mode, it tells
+    (from numbers, not from a flag read over there) which mode the call left the model in.
+    """
+    ids, mask, _ = loader[0]
+    with torch.random.fork_rng():
+        torch.manual_seed(MODE_SEED)
+        with torch.no_grad():
+            return model(ids, mask)
+
+
+def _same_numbers(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(torch.allclose(a, b, atol=1e-5))
+
+
 @check(f"{U}.evaluate", ["evaluate"], _ref)
 def check_evaluate(t):
     model, loader = _eval_fixture(dropout=0.5)
@@ -388,13 +425,15 @@ def check_evaluate(t):
     expected_cm = torch.zeros(2, 2, dtype=torch.long)
     for i, j in zip(labels.tolist(), preds.tolist()):
         expected_cm[i, j] += 1
+    left_in_train = _mode_evidence(model.train(), loader)
+    left_in_eval = _mode_evidence(model.eval(), loader)
 
     def call(mode):
         def probe(impl):
             model.load_state_dict(state)
             model.train(mode == "train")
             r1 = impl.evaluate(model, loader)
-            after = model.training
+            after = _mode_evidence(model, loader)
             r2 = impl.evaluate(model, loader)
             return r1, r2, after
         return probe
@@ -407,7 +446,7 @@ def check_evaluate(t):
         torch.as_tensor(r1["confusion"]), torch.as_tensor(r2["confusion"]))
     t.expect(same, "evaluating a dropout-0.5 model twice gave different results: dropout is still active; switch "
              "the model to eval mode inside evaluate", bug="B07.eval_train_mode")
-    t.expect(after is True, "evaluate must restore the model's previous mode (it was in train mode, now it is not)")
+    t.expect(_same_numbers(after, left_in_train), "evaluate must restore the model's previous mode (it was in train mode, now it is not)")
     loss = float(r1["loss"])
     batch_means = [float(F.cross_entropy(all_logits[s:s + len(y)], y)) for s, y in
                    zip([0, 4, 8], [y for *_, y in loader])]
@@ -424,4 +463,4 @@ def check_evaluate(t):
     t.compare(call("train"), expected_cm, "confusion matrix over the 10 examples (rows = true labels)",
               pick=lambda o: torch.as_tensor(o[0]["confusion"]).long())
     r1, _, after = t.run(call("eval"))
-    t.expect(after is False, "evaluate must leave a model that was in eval mode in eval mode")
+    t.expect(_same_numbers(after, left_in_eval), "evaluate must leave a model that was in eval mode in eval mode")
