@@ -327,3 +327,84 @@ def test_load_pretrained_from_a_saved_hf_checkpoint(tmp_path, monkeypatch, safe)
     assert not model.training and model.lm_head.weight is model.tok_emb.weight
     with torch.no_grad():
         torch.testing.assert_close(model(_idx()), hf(_idx()).logits, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the library's fused kernels vs the explicit formulas
+
+
+def _explicit_mha(mha, x_q, x_kv=None, mask=None):
+    """The unit-03/04 formula written out here: scores, scale, mask, softmax, @ V, merge, out_proj."""
+    x_kv = x_q if x_kv is None else x_kv
+    b, t_q, _ = x_q.shape
+    t_k = x_kv.shape[1]
+    h, hd = mha.num_heads, mha.head_dim
+    q = mha.W_query(x_q).view(b, t_q, h, hd).transpose(1, 2)
+    k = mha.W_key(x_kv).view(b, t_k, h, hd).transpose(1, 2)
+    v = mha.W_value(x_kv).view(b, t_k, h, hd).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(hd)
+    allowed = torch.ones(t_q, t_k, dtype=torch.bool)
+    if mha.causal:
+        allowed = allowed.tril(diagonal=t_k - t_q)
+    if mask is not None:
+        allowed = allowed & mask
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return mha.out_proj((weights @ v).transpose(1, 2).reshape(b, t_q, h * hd))
+
+
+def test_mha_fast_path_matches_the_formula():
+    from llmcourse.nn import MultiHeadAttention
+
+    torch.manual_seed(0)
+    causal = MultiHeadAttention(16, 16, 4, qkv_bias=True, causal=True, context_length=12).eval()
+    cross = MultiHeadAttention(16, 16, 2, d_kv=8).eval()
+    x = torch.randn(2, 10, 16)
+    keep = torch.tensor([[True] * 10, [True] * 7 + [False] * 3])[:, None, None, :]
+    mem = torch.randn(2, 5, 8)
+    rand = torch.rand(2, 2, 10, 5) > 0.4
+    rand[..., 0] = True
+    cases = [(causal, (x,), {}), (causal, (x,), {"mask": keep}), (causal, (x[:, 6:], x), {}),
+             (causal, (x[:, 4:], x), {"mask": keep}), (cross, (x, mem), {}), (cross, (x, mem), {"mask": rand})]
+    with torch.no_grad():
+        for mha, args, kw in cases:
+            fast = mha(*args, **kw)
+            torch.testing.assert_close(fast, _explicit_mha(mha, *args, **kw), atol=1e-6, rtol=1e-5)
+            mha.store_weights = True
+            torch.testing.assert_close(mha(*args, **kw), fast, atol=1e-6, rtol=1e-5)
+            assert mha.last_weights is not None
+            mha.store_weights, mha.last_weights = False, None
+            mha(*args, **kw)
+            assert mha.last_weights is None  # the fast path materialises no weights
+
+
+def test_mha_fast_path_dropout_in_train_mode_only():
+    from llmcourse.nn import MultiHeadAttention
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 16, 4, dropout=0.5, causal=True, context_length=32)
+    x = torch.randn(4, 32, 16)
+    with torch.no_grad():
+        a, b = mha.train()(x), mha(x)
+        e1, e2 = mha.eval()(x), mha(x)
+    assert not torch.allclose(a, b) and torch.equal(e1, e2)
+    torch.testing.assert_close(e1, _explicit_mha(mha, x), atol=1e-6, rtol=1e-5)
+
+
+def test_layernorm_and_gelu_kernels_match_the_formulas():
+    from llmcourse.nn import LayerNorm, gelu
+
+    torch.manual_seed(0)
+    ln = LayerNorm(24, eps=1e-5)
+    with torch.no_grad():
+        ln.weight.normal_()
+        ln.bias.normal_()
+    x = 3 * torch.randn(5, 7, 24) + 1
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    torch.testing.assert_close(ln(x), (x - mean) / torch.sqrt(var + 1e-5) * ln.weight + ln.bias, atol=1e-5, rtol=1e-5)
+    z = torch.linspace(-6, 6, 1001, dtype=torch.float64)
+    exact = 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
+    tanh = 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+    torch.testing.assert_close(gelu(z), exact, atol=1e-12, rtol=0)
+    torch.testing.assert_close(gelu(z, "tanh"), tanh, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError):
+        gelu(z, "fast")
