@@ -40,9 +40,10 @@ from .plain import Opaque, dumps, loads, plain
 
 __all__ = ["LearnerProcess", "WorkerDied", "block_reference", "serve"]
 
-# torch._dynamo: imported by the first optimizer.step() and by meta-device ops (seconds); preloaded once here
+# torch._dynamo: imported by the first optimizer.step() and by meta-device ops; symbolic_shapes (and sympy):
+# imported by the first torch.broadcast_shapes (masked attention). Seconds each: preloaded once here
 # instead of in every worker
-PRELOAD = ["torch", "torch._dynamo", "grader.worker", "llmcourse", "llmcourse.nn", "llmcourse.models",
+PRELOAD = ["torch", "torch._dynamo", "torch.fx.experimental.symbolic_shapes", "grader.worker", "llmcourse", "llmcourse.nn", "llmcourse.models",
            "llmcourse.train", "llmcourse.data"]
 MEMORY_ENV = "LLMCOURSE_WORKER_MEMORY_MB"
 THREADS_ENV = "LLMCOURSE_WORKER_THREADS"
