@@ -40,7 +40,7 @@ from .nn import (
     split_heads,
 )
 from .runtime import profile, profile_name, seed_everything, setup_notebook, widgets_live
-from .train import label_smoothed_cross_entropy, make_noam_scheduler, noam_lambda
+from .train import generate, label_smoothed_cross_entropy, make_noam_scheduler, noam_lambda, sample_next_token
 
 __version__ = "0.1.0"
 
@@ -53,4 +53,5 @@ __all__ = [
     "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "sinusoidal_pe",
     "MultiHeadAttention",
     "GPT2Config", "GPT2Model",
+    "generate", "sample_next_token",
 ]
