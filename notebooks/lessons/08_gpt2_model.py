@@ -101,6 +101,12 @@ for name in GPT2_PRESETS:
     print(f"{name:15s} {c.vocab_size:6d} {c.context_length:5d} {c.d_model:5d} {c.n_heads:3d} "
           f"{c.d_model // c.n_heads:8d} {c.n_layers:3d} {c.dropout:7.1f}")
 assert all(GPT2Config.preset(n).d_model // GPT2Config.preset(n).n_heads == 64 for n in GPT2_PRESETS[:4])
+enc = llmcourse.gpt2_encoding()
+byte_tokens = {enc.encode_single_token(bytes([b])) for b in range(256)}
+n_special = len(enc.special_tokens_set)
+print(f"GPT-2's BPE: {enc.n_vocab:,} ids = {len(byte_tokens)} single bytes + "
+      f"{enc.n_vocab - len(byte_tokens) - n_special:,} merges + {n_special} special token (<|endoftext|>)")
+assert enc.n_vocab == GPT2Config().vocab_size and len(byte_tokens) == 256
 
 # %% [markdown]
 # Every released size keeps `head_dim = 64`: growing the width adds heads, not wider heads. An unknown
@@ -293,7 +299,6 @@ assert abs(loss0 - math.log(65)) < 0.1
 # a narrow model that is invisible; at D = 768 it adds about 0.15.
 
 # %%
-enc = llmcourse.gpt2_encoding()
 verdict = torch.tensor(enc.encode(llmcourse.load_text("the-verdict")), dtype=torch.long)
 n = cfg["loss_context"]
 x, y = verdict[:n].view(1, n), verdict[1:n + 1].view(1, n)
@@ -310,6 +315,7 @@ print(f"built a {count_parameters(big):,}-parameter model (D = {big_cfg.d_model}
 print(f"initial loss {loss_v:.3f}; ln 50257 = {math.log(50257):.3f}; logit variance σ² = {sigma2:.3f} "
       f"(D·0.02² = {big_cfg.d_model * 0.02**2:.3f}); ln V + σ²/2 = {math.log(50257) + sigma2 / 2:.3f}")
 assert abs(loss_v - (math.log(50257) + sigma2 / 2)) < 0.05
+print(f"for D = 768 the predicted excess is 768·0.02²/2 = {768 * 0.02**2 / 2:.3f}")
 del big, logits
 
 # %% [markdown]
@@ -512,7 +518,7 @@ viz.show_divergence_finder()
 # ### Spot the bug: "the differences are just floating point"
 #
 # A common report: "my GPT-2 matches Hugging Face to about 1e-3; the rest is floating-point noise".
-# Float32 noise in these models is around 1e-6 (see the parity above). A gap of 1e-3 is a real
+# Float32 rounding in these models stays at a few 1e-6 (see the parity above). A gap of 1e-3 is a real
 # difference, and the usual one is the GELU: GPT-2 uses the **tanh approximation** (`gelu_new` in
 # transformers), not the exact erf form. Compare one feed-forward layer with Hugging Face's `GPT2MLP`:
 
