@@ -73,8 +73,11 @@ def _sdpa(q, k, v, mask=None, dropout=None, variant=""):
         weights = weights / math.sqrt(d_k)
     if variant == "mask_after_softmax" and mask is not None:
         weights = weights.masked_fill(~mask, 0.0)
-    used = dropout(weights) if (dropout is not None and variant != "dropout_on_scores") else weights
+    skip = variant in {"dropout_on_scores", "dropout_missing", "dropout_on_output"}
+    used = dropout(weights) if (dropout is not None and not skip) else weights
     values = q if variant == "weights_times_q" else v
+    if variant == "dropout_on_output" and dropout is not None:
+        return dropout(used @ values), weights
     return used @ values, weights
 
 
@@ -96,6 +99,11 @@ _register_sdpa("B03.mask_after_softmax", "mask_after_softmax",
                "Mask before the softmax, or renormalise each row after zeroing.", "detector")
 _register_sdpa("B03.mask_inverted", "mask_inverted", "Course masks are True where attention is allowed.", "detector")
 _register_sdpa("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
+_register_sdpa("B03.dropout_missing", "dropout_missing",
+               "Apply the `dropout` module to the attention weights when one is given (train mode).", "detector")
+_register_sdpa("B03.dropout_not_on_weights", "dropout_on_output",
+               "Dropout acts on the attention weights (one draw per query–key pair), not on the output or the "
+               "values.", "detector")
 _register_sdpa("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
 
 # ---------------------------------------------------------------- SelfAttention
@@ -182,11 +190,12 @@ class _CausalBase(nn.Module):
         self.last_weights = w.detach()
         if self.variant == "dropout_in_eval":
             used = nn.functional.dropout(w, self.dropout.p, training=True)
-        elif self.variant == "dropout_on_scores":
+        elif self.variant in {"dropout_on_scores", "dropout_missing", "dropout_on_output"}:
             used = w
         else:
             used = self.dropout(w)
-        return used @ (x if self.variant == "weights_times_x" else v)
+        out = used @ (x if self.variant == "weights_times_x" else v)
+        return self.dropout(out) if self.variant == "dropout_on_output" else out
 
 
 def _register_causal(bug_id, variant, hint, detect="mutant"):
@@ -204,6 +213,12 @@ _register_causal("B03.softmax_dim", "softmax_dim", "Normalise over the keys: `di
 _register_causal("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
 _register_causal("B03.dropout_in_eval", "dropout_in_eval",
                  "`nn.Dropout` is off after `model.eval()`; never call it with `training=True`.", "detector")
+_register_causal("B03.dropout_missing", "dropout_missing",
+                 "Apply `self.dropout` to the attention weights after the softmax (it is active in train mode).",
+                 "detector")
+_register_causal("B03.dropout_not_on_weights", "dropout_on_output",
+                 "Dropout acts on the attention weights (one draw per query–key pair), not on the output or the "
+                 "values.", "detector")
 _register_causal("B03.weights_times_x", "weights_times_x", "Weights combine the **value** vectors.")
 _register_causal("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
 _register_causal("B03.no_scale", "no_scale", "Divide the scores by √d_k before the softmax.")

@@ -15,8 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import check, forbid, module_facts, unwrap
+from ..dropout import weight_dropout_problem
 
 U = "03"
+# train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
+_DROPOUT_BUGS = {"missing": "B03.dropout_missing", "not_on_weights": "B03.dropout_not_on_weights"}
 T = torch.tensor
 
 
@@ -234,27 +237,32 @@ def check_sdpa(t):
                  f"with a causal mask, changing keys/values after position {pos} changed context row ≤ {pos}: "
                  "the future leaks")
 
-    # dropout on the weights: context = dropout(weights) @ v; weights returned pre-dropout
-    q, k, _ = _sdpa_case((2, 6, 4), (2, 6, 4), 4, seed=41)
-    eye = torch.eye(6).expand(2, 6, 6)  # with v = I the context *is* the dropped-out weights
+    # dropout on the weights: context = dropout(weights) @ v; weights returned pre-dropout. With
+    # v = [I | I] both halves of the context are the dropped-out weights: one draw per weight makes
+    # them identical, dropout on the values or the output does not
+    q, k, _ = _sdpa_case((8, 6, 4), (8, 6, 4), 4, seed=41)
+    eye = torch.eye(6).expand(8, 6, 6)
+    eye2 = torch.cat([eye, eye], -1)
 
     def dropped(impl):
         torch.manual_seed(5)
         drop = nn.Dropout(0.5).train()
-        return impl.scaled_dot_product_attention(q, k, eye, mask=None, dropout=drop)
+        return impl.scaled_dot_product_attention(q, k, eye2, mask=None, dropout=drop)
 
     ctx, w = t.run(dropped)
-    t.expect(bool(torch.allclose(w.sum(-1), torch.ones(2, 6), atol=1e-5)),
+    t.expect(isinstance(ctx, torch.Tensor) and tuple(ctx.shape) == (8, 6, 12),
+             f"q, k (8, 6, 4) and v (8, 6, 12): the context must be (8, 6, 12); got {getattr(ctx, 'shape', ctx)}")
+    t.expect(bool(torch.allclose(w.sum(-1), torch.ones(8, 6), atol=1e-5)),
              "the returned weights must be the softmax output before dropout (rows sum to 1)")
-    survivors = ctx != 0
-    ok = bool(torch.allclose(ctx[survivors], 2 * w[survivors], atol=1e-5)) and 0 < survivors.float().mean() < 1
-    if not ok:
-        bug_id = t.diagnose(dropped, (ctx, w))
-        t.fail("with dropout p=0.5 in train mode, each used weight must be 0 or exactly 2× the softmax weight "
-               "(inverted dropout on the weights)", bug=bug_id)
+    clean = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+    problem = weight_dropout_problem(ctx[..., :6], ctx[..., 6:], clean, 0.5)
+    if problem is not None:
+        kind, message = problem
+        bug_id = t.diagnose(dropped, (ctx, w)) or _DROPOUT_BUGS.get(kind)
+        t.fail(message, bug=bug_id)
     drop_eval = nn.Dropout(0.5).eval()
-    ref = F.scaled_dot_product_attention(q, k, eye)
-    t.compare(lambda impl: impl.scaled_dot_product_attention(q, k, eye, dropout=drop_eval), ref,
+    ref = F.scaled_dot_product_attention(q, k, eye2)
+    t.compare(lambda impl: impl.scaled_dot_product_attention(q, k, eye2, dropout=drop_eval), ref,
               "with a Dropout module in eval mode the context must equal the no-dropout context", atol=1e-6,
               pick=lambda o: o[0])
 
@@ -407,6 +415,31 @@ def check_causal_self_attention(t):
 
     got = t.raised(too_long)
     t.expect(got == "ValueError", f"a sequence longer than context_length must raise ValueError; got {got}")
+
+    # train mode, by its properties: tokens x_j = e_j and W_value = [I; I], so both halves of the
+    # output are dropout(weights) (p = 0.25: survivors are w/(1−p) = 4w/3, not 2w)
+    g = torch.Generator().manual_seed(77)
+    st_d = {"W_query.weight": torch.randn(12, 6, generator=g), "W_key.weight": torch.randn(12, 6, generator=g),
+            "W_value.weight": torch.cat([torch.eye(6), torch.eye(6)], 0)}
+    x_d = torch.eye(6).expand(16, 6, 6).contiguous()
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    qd, kd = x_d @ st_d["W_query.weight"].T, x_d @ st_d["W_key.weight"].T
+    clean = torch.softmax((qd @ kd.transpose(-2, -1) / math.sqrt(12)).masked_fill(~causal, float("-inf")), dim=-1)
+
+    def train_dropped(impl):
+        mm = _loaded("CausalSelfAttention", st_d, 6, 12, 6, 0.25)(impl)
+        unwrap(mm).train()
+        torch.manual_seed(7)
+        return mm(x_d)
+
+    y = t.run(train_dropped)
+    t.expect(isinstance(y, torch.Tensor) and tuple(y.shape) == (16, 6, 12),
+             f"CausalSelfAttention(6, 12, 6, dropout=0.25) in train mode on a (16, 6, 6) batch must return "
+             f"(16, 6, 12); got {getattr(y, 'shape', y)}")
+    problem = weight_dropout_problem(y[..., :6], y[..., 6:], clean, 0.25)
+    if problem is not None:
+        kind, message = problem
+        t.fail(message, bug=t.diagnose(train_dropped, y) or _DROPOUT_BUGS.get(kind))
 
     # inverted dropout is unbiased: the mean of 400 train-mode passes ≈ the eval output
     def train_passes(impl):
