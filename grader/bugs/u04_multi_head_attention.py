@@ -54,6 +54,25 @@ class WrapperSharedHead(nn.Module):
 bug("B04.wrapper_shared_head", f"{U}.MultiHeadAttentionWrapper", "Each head needs its own projections.",
     detect="detector", name="MultiHeadAttentionWrapper")(WrapperSharedHead)
 
+
+
+class WrapperNoDropout(nn.Module):
+    """The heads are built without the wrapper's dropout."""
+
+    def __init__(self, d_in, head_dim, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        from llmcourse.nn import CausalSelfAttention
+
+        self.heads = nn.ModuleList([CausalSelfAttention(d_in, head_dim, context_length, 0.0, qkv_bias)
+                                    for _ in range(num_heads)])
+
+    def forward(self, x):
+        return torch.cat([h(x) for h in self.heads], dim=-1)
+
+
+bug("B04.wrapper_dropout_missing", f"{U}.MultiHeadAttentionWrapper", "Pass `dropout` on to every head.",
+    detect="detector", name="MultiHeadAttentionWrapper")(WrapperNoDropout)
+
 # ---------------------------------------------------------------- MultiHeadAttention
 
 
@@ -109,11 +128,14 @@ class _MHABase(nn.Module):
         weights = torch.softmax(scores, dim=-1)
         if self.store_weights:
             self.last_weights = weights.detach()
-        context = self.dropout(weights) @ v
+        used = weights if self.variant in {"dropout_missing", "dropout_on_output"} else self.dropout(weights)
+        context = used @ v
         if self.variant == "merge_no_transpose":
             merged = context.reshape(b, t_q, self.d_out)
         else:
             merged = context.transpose(1, 2).contiguous().view(b, t_q, self.d_out)
+        if self.variant == "dropout_on_output":
+            return self.dropout(self.out_proj(merged))
         return merged if self.variant == "no_out_proj" else self.out_proj(merged)
 
 
@@ -132,6 +154,12 @@ _register_mha("B04.scale_d_out", "scale_d_out",
 _register_mha("B04.no_out_proj", "no_out_proj", "Apply out_proj after merging the heads.")
 _register_mha("B04.transpose_1_2_on_4d", "transpose_1_2_on_4d",
               "Transpose the last two axes: transpose(-2, -1).")
+_register_mha("B04.dropout_missing", "dropout_missing",
+              "Apply `self.dropout` to the attention weights after the softmax (it is active in train mode).",
+              "detector")
+_register_mha("B04.dropout_not_on_weights", "dropout_on_output",
+              "Dropout acts on the attention weights (one draw per query–key pair), not on the output or the "
+              "values.", "detector")
 _register_mha("B04.mask_discarded", "mask_discarded",
               "masked_fill is not in-place: assign the result or use masked_fill_.", "detector")
 

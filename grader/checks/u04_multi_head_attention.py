@@ -25,9 +25,45 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import CheckFailure, check, module_facts, run_learner, unwrap
+from ..dropout import weight_dropout_problem
 
 U = "04"
 T = torch.tensor
+
+# train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
+_DROPOUT_BUGS = {"missing": "B04.dropout_missing", "not_on_weights": "B04.dropout_not_on_weights"}
+_WRAPPER_DROPOUT_BUGS = {"missing": "B04.wrapper_dropout_missing"}
+
+
+def _dropout_case(num_heads, head_dim, seed):
+    """Inputs for the train-mode dropout property: tokens x_j = e_j (T = 6), each head's values [e_j | e_j].
+
+    Returns ``(x, w_query, w_key, clean)``: ``clean`` (B, T, H·6) is each head's pre-dropout causal
+    weights, heads side by side, computed here from the same projections.
+    """
+    g = torch.Generator().manual_seed(seed)
+    d_out = num_heads * head_dim
+    w_query, w_key = torch.randn(d_out, 6, generator=g), torch.randn(d_out, 6, generator=g)
+    x = torch.eye(6).expand(16, 6, 6).contiguous()
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    heads = []
+    for h in range(num_heads):
+        rows = slice(h * head_dim, (h + 1) * head_dim)
+        scores = (x @ w_query[rows].T) @ (x @ w_key[rows].T).transpose(-2, -1) / head_dim ** 0.5
+        heads.append(torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1))
+    return x, w_query, w_key, torch.cat(heads, -1)
+
+
+def _dropout_verdict(t, probe, y, clean, num_heads, head_dim, p, bugs=None):
+    """Split the (B, T, H·head_dim) output into the two copies of each head's dropped weights and judge them."""
+    halves = y.reshape(*y.shape[:-1], num_heads, 2, head_dim // 2)
+    a = halves[..., 0, :].reshape(*y.shape[:-1], -1)
+    b = halves[..., 1, :].reshape(*y.shape[:-1], -1)
+    problem = weight_dropout_problem(a, b, clean, p)
+    if problem is not None:
+        kind, message = problem
+        t.fail(message, bug=t.diagnose(probe, y) or (_DROPOUT_BUGS if bugs is None else bugs).get(kind))
+
 
 NAMES = ("MultiHeadAttentionWrapper", "MultiHeadAttention", "mha_from_wrapper", "to_torch_attn_mask", "to_torch_mha",
          "mha_forward_sdpa")
@@ -221,6 +257,27 @@ def check_wrapper(t):
     t.compare(shared, ref(xb), "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True) on a (3, 7, 6) batch "
               "(shared weights)", atol=1e-5)
 
+    # train mode: the heads drop their attention weights with the wrapper's p (tokens x_j = e_j,
+    # each head's W_value = [I; I], so each head's 12 columns are twice its dropout(weights))
+    x_d, wq_d, wk_d, clean = _dropout_case(2, 12, seed=79)
+    st_d = {}
+    for h in range(2):
+        rows = slice(h * 12, (h + 1) * 12)
+        st_d.update({f"heads.{h}.W_query.weight": wq_d[rows], f"heads.{h}.W_key.weight": wk_d[rows],
+                     f"heads.{h}.W_value.weight": torch.cat([torch.eye(6)] * 2, 0)})
+
+    def train_dropped(impl):
+        w = _load(impl.MultiHeadAttentionWrapper(6, 12, 6, 0.25, 2), st_d, "MultiHeadAttentionWrapper")
+        unwrap(w).train()
+        torch.manual_seed(7)
+        return w(x_d)
+
+    y = t.run(train_dropped)
+    t.expect(isinstance(y, torch.Tensor) and tuple(y.shape) == (16, 6, 24),
+             f"MultiHeadAttentionWrapper(6, 12, 6, 0.25, 2) in train mode on a (16, 6, 6) batch must return "
+             f"(16, 6, 24); got {getattr(y, 'shape', y)}")
+    _dropout_verdict(t, train_dropped, y, clean, 2, 12, 0.25, _WRAPPER_DROPOUT_BUGS)
+
 
 # ================================================================== 04.MultiHeadAttention
 
@@ -344,6 +401,24 @@ def check_mha(t):
     st4 = _state(ref4)
     t.compare(lambda impl: _make(st4, 8, 8, 4)(impl)(xs), torch_mha_oracle(ref4, xs)[0],
               "MultiHeadAttention(8, 8, num_heads=4) vs nn.MultiheadAttention", atol=1e-5)
+
+    # train mode, by its properties: tokens x_j = e_j, W_value = [I; I; I; I], out_proj = I, so each
+    # head's 12 output columns are twice its dropout(weights) (p = 0.25: survivors are 4w/3)
+    x_d, wq_d, wk_d, clean = _dropout_case(2, 12, seed=78)
+    st_d = {"W_query.weight": wq_d, "W_key.weight": wk_d, "W_value.weight": torch.cat([torch.eye(6)] * 4, 0),
+            "out_proj.weight": torch.eye(24), "out_proj.bias": torch.zeros(24)}
+
+    def train_dropped(impl):
+        mm = _make(st_d, 6, 24, 2, dropout=0.25, causal=True, context_length=6)(impl)
+        unwrap(mm).train()
+        torch.manual_seed(7)
+        return mm(x_d)
+
+    y = t.run(train_dropped)
+    t.expect(isinstance(y, torch.Tensor) and tuple(y.shape) == (16, 6, 24),
+             f"MultiHeadAttention(6, 24, 2, dropout=0.25, causal=True, context_length=6) in train mode on a "
+             f"(16, 6, 6) batch must return (16, 6, 24); got {getattr(y, 'shape', y)}")
+    _dropout_verdict(t, train_dropped, y, clean, 2, 12, 0.25)
 
 
 # ================================================================== 04.mha_from_wrapper
