@@ -120,13 +120,18 @@ class _EncoderBase(nn.Module):
         super().__init__()
         LayerNorm, FeedForward, MultiHeadAttention = _parts()
         self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias)
+        attn_p = 0.0 if self.variant == "attn_dropout_missing" else dropout
+        self.self_attn = MultiHeadAttention(d_model, d_model, num_heads, attn_p, qkv_bias)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, activation)
         self.dropout = nn.Dropout(dropout)
 
     def _sub(self, x, f, norm, pre):
         v = self.variant
+        if v == "dropout_missing":
+            return x + f(norm(x)) if pre else norm(x + f(x))
+        if v == "dropout_on_sum":
+            return self.dropout(x + f(norm(x))) if pre else norm(self.dropout(x + f(x)))
         if pre:
             if v == "residual_from_normed":
                 x = norm(x)
@@ -148,7 +153,8 @@ class _DecoderBase(_EncoderBase):
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_first=True, activation="relu", qkv_bias=True):
         super().__init__(d_model, num_heads, d_ff, dropout, norm_first, activation, qkv_bias)
         LayerNorm, _, MultiHeadAttention = _parts()
-        self.cross_attn = MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias)
+        attn_p = 0.0 if self.variant == "attn_dropout_missing" else dropout
+        self.cross_attn = MultiHeadAttention(d_model, d_model, num_heads, attn_p, qkv_bias)
         self.norm3 = LayerNorm(d_model)
 
     def _cross(self, h, memory, tgt_mask, memory_mask):
@@ -182,11 +188,17 @@ def _dec(variant):
 
 
 _HINTS = {
+    "dropout_missing": "Residual dropout: `x + dropout(sublayer(norm(x)))` on every sublayer (active in train mode).",
+    "dropout_on_sum": "Dropout goes on each sublayer's output before the residual add, not on the sum.",
+    "attn_dropout_missing": "Build the attention layers with the block's `dropout` too (it drops the attention "
+                            "weights).",
     "post_for_pre": "Pre-LN: `x + f(norm(x))`; post-LN: `norm(x + f(x))`.",
     "residual_from_normed": "The residual adds the **un-normalised** input.",
     "no_residual": "Each sublayer output is added to its input.",
 }
-for _name, _detect in (("post_for_pre", "detector"), ("residual_from_normed", "mutant"), ("no_residual", "mutant")):
+for _name, _detect in (("post_for_pre", "detector"), ("residual_from_normed", "mutant"), ("no_residual", "mutant"),
+                      ("dropout_missing", "detector"), ("dropout_on_sum", "detector"),
+                      ("attn_dropout_missing", "detector")):
     bug_group(f"B05.{_name}", f"{U}.EncoderBlock", _HINTS[_name], {"EncoderBlock": _enc(_name)}, detect=_detect)
     bug_group(f"B05.{_name}", f"{U}.DecoderBlock", _HINTS[_name], {"DecoderBlock": _dec(_name)}, detect=_detect)
 

@@ -372,6 +372,84 @@ def _check_block_structure(t, name, want, n_big, args_big, what_big):
     t.expect(n == n_big, f"{name}(512, 8, 2048) must have {n_big:,} parameters ({what_big}); got {_count(n)}")
 
 
+# ================================================================== blocks: train-mode dropout
+
+
+def _residual_dropout(t, name, ref_cls, branches, call_args, p=0.25):
+    """Train-mode dropout of a block, by its properties (pre-LN).
+
+    Every sublayer is made constant: its last linear layer gets weight 0 and bias ``c`` (a different
+    ``c`` per branch, chosen so that every subset sum is distinct). In train mode, with residual
+    dropout on each branch, ``(out − x)·(1 − p)`` is then a sum of a subset of the ``c``s in every entry,
+    and each branch's survivors can be read off: each must be dropped with probability ≈ p, by its own
+    draw. Dropout on the sum, or only inside a sublayer, leaves other values. The attention layers
+    must also receive the block's p (attention-weight dropout; their outputs here do not depend on
+    their weights, so that part is read from the modules' ``nn.Dropout`` probabilities).
+    """
+    torch.manual_seed(14)
+    ref = _randomised(ref_cls(16, 4, 32, dropout=p), 24)
+    st = _state_dict(ref)
+    levels = {}
+    for (key, label), c in zip(branches, (1.0, 2.5, 7.0)):
+        st[f"{key}.weight"] = torch.zeros_like(st[f"{key}.weight"])
+        st[f"{key}.bias"] = torch.full_like(st[f"{key}.bias"], c)
+        levels[label] = c
+    x = _rand(8, 6, 16, seed=31)
+    attn = [key.split(".")[0] for key, _ in branches if "attn" in key]
+
+    def probe(impl):
+        m = getattr(impl, name)(16, 4, 32, dropout=p, norm_first=True)
+        unwrap(m).load_state_dict(st)
+        unwrap(m).train()
+        torch.manual_seed(7)
+        out = m(x, *call_args)
+        ps = {}
+        for a in attn:
+            sub = getattr(unwrap(m), a, None)
+            ps[a] = [float(d.p) for d in sub.modules() if isinstance(d, nn.Dropout)] if isinstance(sub, nn.Module) \
+                else None
+        return out, ps
+
+    probe = with_course_parts(name, probe)
+    out, ps = t.run(probe)
+    t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(x.shape),
+             f"{name}(16, 4, 32, dropout={p}) in train mode on an {tuple(x.shape)} batch must keep its shape; got "
+             f"{getattr(out, 'shape', out)}")
+    d = ((out - x) * (1 - p)).double()
+    total = sum(levels.values())
+    what = f"{name}(16, 4, 32, dropout={p}, norm_first=True) in train mode"
+    if bool(((out - x - total).abs() < 1e-3).all()):
+        t.fail(f"{what}: no sublayer output was dropped: apply dropout to each sublayer's output before the "
+               "residual add, x + dropout(sublayer(norm(x)))", bug=t.diagnose(probe, (out, ps)) or "B05.dropout_missing")
+    import itertools
+
+    values = list(levels.values())
+    sums = {sum(c for c, k in zip(values, keep) if k): keep
+            for keep in itertools.product((False, True), repeat=len(values))}
+    grid = torch.tensor(sorted(sums), dtype=torch.float64)
+    nearest = (d.unsqueeze(-1) - grid).abs().argmin(-1)
+    if not bool(((d - grid[nearest]).abs() < 1e-3).all()):
+        t.fail(f"{what}: out − x must be, entry by entry, a sum of dropped or kept sublayer outputs (each kept one "
+               "scaled by 1/(1−p)); it is not: dropout belongs on each sublayer's output before the residual add, "
+               "not on the sum x + sublayer, nor only inside a sublayer",
+               bug=t.diagnose(probe, (out, ps)) or "B05.dropout_on_sum")
+    keeps = torch.tensor([sums[v] for v in grid.tolist()])[nearest]  # (..., branch) kept flags
+    from ..dropout import zero_fraction_bounds
+
+    lo, hi = zero_fraction_bounds(p, d.numel())
+    for i, label in enumerate(levels):
+        frac = 1.0 - float(keeps[..., i].float().mean())
+        if not lo <= frac <= hi:
+            t.fail(f"{what}: {frac:.1%} of the {label} output's entries were dropped; expected about {p:.0%} "
+                   "(residual dropout on every sublayer's output, with the block's p)",
+                   bug=t.diagnose(probe, (out, ps)) or ("B05.dropout_missing" if frac == 0 else None))
+    for a, found in ps.items():
+        if found is not None and not any(abs(q - p) < 1e-9 for q in found):
+            t.fail(f"{what}: {a} must drop its attention weights with the block's p={p:g}; its dropout "
+                   f"probabilities are {found or 'none'}", bug="B05.attn_dropout_missing")
+
+
+
 # ================================================================== 05.EncoderBlock
 
 
@@ -430,6 +508,8 @@ def check_encoder_block(t):
 
     t.compare(with_course_parts("EncoderBlock", with_dropout), base, "EncoderBlock(dropout=0.5) in eval mode must "
               "equal the same block without dropout", atol=1e-5, rtol=1e-5)
+    _residual_dropout(t, "EncoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"), ("ffn.fc2", "feed-forward")],
+                      (None,))
 
 
 # ================================================================== 05.DecoderBlock
@@ -506,6 +586,11 @@ def check_decoder_block(t):
                                f"DecoderBlock({label}, activation={activation!r}) vs nn.TransformerDecoderLayer"
                                f"(norm_first={norm_first}) with the same weights, {what}, causal tgt_mask and "
                                "source padding memory_mask")
+
+    # train mode: residual dropout on all three sublayers, attention-weight dropout with the block's p
+    _residual_dropout(t, "DecoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"),
+                                                    ("cross_attn.out_proj", "cross-attention"), ("ffn.fc2", "feed-forward")],
+                      (_rand(8, 5, 16, seed=32), causal_mask(6), None))
 
 
 # ================================================================== 05.ProjectionLayer
