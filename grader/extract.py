@@ -83,7 +83,14 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
     """
     from .core import TimeLimitExceeded, time_limit
 
-    ns: dict = {"__name__": "__learner__", "__builtins__": __builtins__}
+    import sys
+    import types
+
+    # a real module, registered in sys.modules: @dataclass (and typing) look classes' modules up there
+    module = types.ModuleType("__learner__")
+    sys.modules["__learner__"] = module
+    ns: dict = module.__dict__
+    ns["__builtins__"] = __builtins__
     if base:
         ns.update(base)
     out = Extracted(namespace=ns)
