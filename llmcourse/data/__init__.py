@@ -1,5 +1,6 @@
 """The data layer: registered datasets, file resolution, tokenizers and windowed datasets."""
 
+from .corpus import Corpus, char_corpus, get_batch, load_document_dataset, tinystories_corpus
 from .gpt2_tokenizer import EOT_ID, EOT_TOKEN, gpt2_encoding, tiktoken_cache_dir
 from .registry import DATASETS, DataFile, Dataset, get_dataset
 from .resolve import MIRROR_ENV, DataNotFoundError, cache_dir, data_path, load_text
@@ -46,6 +47,8 @@ __all__ = [
     # unit 07: UCI sentiment sentences, compact GPT-2 vocabulary, classifier batches
     "SPECIALS", "SentimentBatches", "SentimentExample", "build_compact_vocab", "encode_batch", "load_sentiment",
     "parse_labelled_lines", "stratified_split",
+    # unit 10: pretraining corpora (Hugging Face datasets) and random next-token batches
+    "Corpus", "char_corpus", "get_batch", "load_document_dataset", "tinystories_corpus",
     # unit 06: translation data, tokenizers, batches and masks
     "TranslationPair", "TranslationTokenizer", "load_tatoeba_tokenizers", "load_translation_pairs", "make_src_mask",
     "make_tgt_mask", "make_translation_batch", "pretokenize", "split_pairs",

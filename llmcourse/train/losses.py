@@ -16,10 +16,13 @@ which is exactly what ``torch.nn.functional.cross_entropy(..., label_smoothing=�
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["label_smoothed_cross_entropy"]
+__all__ = ["label_smoothed_cross_entropy", "lm_loss", "perplexity"]
 
 
 def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, eps: float = 0.0,
@@ -69,3 +72,35 @@ def label_smoothed_cross_entropy(logits: Tensor, targets: Tensor, eps: float = 0
     per_position = (1.0 - eps) * nll + eps * uniform
     per_position = torch.where(keep, per_position, torch.zeros_like(per_position))
     return per_position.sum() / keep.sum()
+
+
+def lm_loss(logits: Tensor, targets: Tensor, ignore_index: int = -100) -> Tensor:
+    """Next-token cross-entropy of a language model: the mean over every (non-ignored) position.
+
+    ``F.cross_entropy`` wants the class axis at dim 1: on a 3-D ``(B, T, V)`` input it would read ``T`` as
+    the classes. So both tensors are flattened first, ``(B·T, V)`` and ``(B·T,)``, and every position of
+    every sequence weighs the same. A model that predicts the uniform distribution scores ``ln V``.
+
+    Args:
+        logits: ``(B, T, V)`` float, raw scores.
+        targets: ``(B, T)`` long, the next token of every position (``ignore_index`` entries are skipped).
+
+    Returns:
+        0-d float tensor: the mean loss in nats per token.
+
+    Raises:
+        ValueError: shapes that do not match ``(B, T, V)`` and ``(B, T)``.
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"expected logits (B, T, V) and targets (B, T); got {tuple(logits.shape)} and "
+                         f"{tuple(targets.shape)}")
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+
+def perplexity(mean_loss: float) -> float:
+    """``exp(mean_loss)``: the effective number of equally likely choices per token.
+
+    Only meaningful for a **mean** loss in nats per token (a summed loss gives an astronomically large
+    number). Uniform over V tokens: loss ``ln V``, perplexity ``V``.
+    """
+    return math.exp(float(mean_loss))

@@ -21,10 +21,12 @@ for the n-th update to use step n. ``noam_lambda(e, …)`` uses λ(1) twice (``B
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["noam_lambda", "make_noam_scheduler"]
+__all__ = ["noam_lambda", "make_noam_scheduler", "warmup_cosine_lr"]
 
 
 def noam_lambda(step: int, d_model: int, warmup: int) -> float:
@@ -86,3 +88,31 @@ def make_noam_scheduler(optimizer: torch.optim.Optimizer, d_model: int, warmup: 
         return noam_lambda(epoch + 1, d_model, warmup)   # LambdaLR's counter starts at 0
 
     return LambdaLR(optimizer, lr_lambda)
+
+
+def warmup_cosine_lr(step: int, max_lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
+    """Linear warm-up, then a half cosine from ``max_lr`` down to the floor ``min_lr`` (unit 10).
+
+    With ``s = step`` (0-based optimizer step), ``W = warmup_steps``, ``N = total_steps``::
+
+        s < W:        max_lr · (s + 1) / W                       (the first step already uses max_lr / W)
+        W ≤ s ≤ N:    min_lr + ½ (max_lr − min_lr) (1 + cos(π (s − W) / (N − W)))
+        s > N:        min_lr                                     (held; the cosine is not continued)
+
+    Continuous at ``s = W`` (both give ``max_lr``) and non-increasing after it. The shape of the cosine
+    schedule is Loshchilov & Hutter, "SGDR" (ICLR 2017), eq. (5), without restarts; warm-up as in
+    GPT-2/GPT-3 training recipes. Example (``max_lr=1e-3, min_lr=1e-4, W=10, N=100``): step 0 → 1e-4,
+    9 → 1e-3, 10 → 1e-3, 55 → 5.5e-4, 100 → 1e-4, 150 → 1e-4.
+
+    Raises:
+        ValueError: ``step < 0``, ``warmup_steps < 0`` or ``total_steps <= warmup_steps``.
+    """
+    if step < 0 or warmup_steps < 0 or total_steps <= warmup_steps:
+        raise ValueError(f"need step ≥ 0 and 0 ≤ warmup_steps < total_steps; got step={step}, "
+                         f"warmup_steps={warmup_steps}, total_steps={total_steps}")
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    if step > total_steps:
+        return min_lr
+    progress = (step - warmup_steps) / (total_steps - warmup_steps)
+    return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + math.cos(math.pi * progress))

@@ -27,6 +27,12 @@ from .positions import (
     show_position_similarity,
     show_shift_rotation,
 )
+from .pretraining import (
+    make_training_dashboard,
+    show_checkpoint_sampler,
+    show_schedule_explorer,
+    show_training_dashboard,
+)
 from .tokenization import show_bpe_stepper, show_sliding_window, show_tokenizer_comparison
 from .translation import show_alignment_explorer, show_training_monitor, show_translation_box
 
@@ -43,4 +49,5 @@ __all__ = [
     "show_shift_rotation",
     "show_alignment_explorer", "show_training_monitor", "show_translation_box",
     "show_head_viewer", "show_mask_translator", "show_merge_visualiser",
+    "make_training_dashboard", "show_checkpoint_sampler", "show_schedule_explorer", "show_training_dashboard",
 ]
