@@ -476,6 +476,33 @@ class Tester:
         self._learner = learner
         self.problems = list(problems or [])
         self.reference = Impl(spec.reference(), learner=False)
+        self.returned: list[tuple[str, tuple]] = []  # (dtype, shape) of tensors the learner returned
+
+    def _note_returned(self, value) -> None:
+        if isinstance(value, torch.Tensor):
+            self.returned.append((str(value.dtype).replace("torch.", ""), tuple(value.shape)))
+        elif isinstance(value, (list, tuple)):
+            for v in value[:64]:
+                self._note_returned(v)
+        elif isinstance(value, dict):
+            for v in list(value.values())[:64]:
+                self._note_returned(v)
+
+    def data_problem(self, exc: BaseException) -> str | None:
+        """A learner-facing message when ``exc`` (raised while the check handled returned data) comes
+        from a wrong dtype or shape in what the learner returned; None when it looks like a grader bug."""
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        odd = sorted({d for d, _ in self.returned if d in {"float64", "float16", "bfloat16", "complex64", "complex128"}
+                      or d.startswith(("int", "uint"))})
+        if odd and isinstance(exc, (RuntimeError, TypeError, ValueError)):
+            return (f"your code returned {', '.join(odd)} tensors where the check expects float32 (the default "
+                    f"dtype) and could not compare them ({first}); keep the input's dtype")
+        words = ("shape", "size", "dimension", "dim ", "broadcast", "index", "must match")
+        if isinstance(exc, (RuntimeError, IndexError, ValueError)) and any(w in first.lower() for w in words):
+            seen = ", ".join(str(s) for _, s in self.returned[-3:])
+            return (f"the shape of what your code returned does not fit the check ({first}); shapes returned: "
+                    f"{seen or 'none'}. Compare them with the shapes in the exercise text")
+        return None
 
     # -- diagnosis -------------------------------------------------------------------------
     def mutant_impls(self) -> Iterator[tuple[Bug, Impl]]:
@@ -514,10 +541,12 @@ class Tester:
         When the learner's code raises, a mutant that raises the same way names the bug.
         """
         try:
-            return self._learner.call(probe)
+            out = self._learner.call(probe)
         except LearnerError as err:
             bug_id = self.diagnose(probe, err)
             raise CheckFailure(err.message, bug_id=bug_id) from None
+        self._note_returned(out)
+        return out
 
     def compare(self, probe: Callable[[Impl], Any], expected, what: str, atol: float = 1e-5, rtol: float = 1e-5,
                 pick: Callable[[Any], Any] | None = None):

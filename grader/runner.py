@@ -94,6 +94,7 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
         raise TypeError("run_check needs exactly one of sources= or namespace=")
     notes = list(problems or [])
     learner = None
+    tester = None
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # checks use tiny tensors: one thread is fastest, and on a busy box by far
     try:
@@ -109,7 +110,8 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
             warnings.simplefilter("ignore")
             if hasattr(learner, "deadline"):
                 learner.deadline = time.monotonic() + CHECK_TIME_LIMIT_S
-            spec.func(Tester(spec, learner, notes))
+            tester = Tester(spec, learner, notes)
+            spec.func(tester)
     except CheckFailure as failure:
         v = Verdict(exercise_id, failure.status, failure.message, max_points=max_points, notes=notes)
         bugs = BUGS.get(exercise_id, [])
@@ -125,6 +127,9 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
                        "is there an infinite loop, or a very slow loop over elements?", max_points=max_points,
                        notes=notes)
     except Exception as exc:  # a bug in the grader itself: never show its traceback to a learner
+        problem = tester.data_problem(exc) if tester is not None else None
+        if problem is not None:  # the learner returned a wrong dtype/shape that the check could not compare
+            return Verdict(exercise_id, "failed", problem, max_points=max_points, notes=notes)
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
         return Verdict(exercise_id, "error", f"The grader itself failed ({type(exc).__name__}). Please report "
