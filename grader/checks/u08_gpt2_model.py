@@ -71,21 +71,54 @@ def _idx():
     return torch.randint(0, 1000, (2, 17), generator=torch.Generator().manual_seed(0))
 
 
-@functools.lru_cache(maxsize=1)
-def _hf_cases() -> tuple:
-    """Per F08.4 config: (course config, HF state dict, course state dict (reference loader), HF logits)."""
-    from llmcourse.models.gpt2 import GPT2Model, load_hf_gpt2, random_hf_gpt2
+ORACLE_ASSET = "oracles/u08_hf_gpt2.pt"  # under assets/: HF state dicts and GPT2LMHeadModel logits (F08.4)
+
+
+def build_hf_oracle() -> dict:
+    """The transformers oracle of this unit, computed with ``GPT2LMHeadModel`` (needs transformers).
+
+    ``{"cases": [{"d_model", "n_heads", "n_layers", "seed", "hf_state_dict", "logits"}, ...]}``.
+    Stored as ``assets/oracles/u08_hf_gpt2.pt`` so ``course check`` need not import transformers
+    (seconds); ``tests/test_unit08_gpt2_model.py`` rebuilds it and requires equality with the file.
+    Write it with ``python -c "from grader.checks.u08_gpt2_model import write_hf_oracle; write_hf_oracle()"``.
+    """
+    from llmcourse.models.gpt2 import random_hf_gpt2
 
     cases = []
     for (d, h, n), seed in zip(F084, HF_SEEDS):
-        cfg = _parity_cfg(d, h, n)
-        hf = random_hf_gpt2(cfg, seed=seed, std=0.2)
-        hf_sd = {k: v.clone() for k, v in hf.state_dict().items()}
+        hf = random_hf_gpt2(_parity_cfg(d, h, n), seed=seed, std=0.2)
         with torch.no_grad():
             logits = hf(_idx()).logits.clone()
-        course = load_hf_gpt2(GPT2Model(cfg).eval(), hf_sd)
+        sd = {k: v.clone() for k, v in hf.state_dict().items()}
+        if "lm_head.weight" in sd:  # tied in the model: stored once
+            sd["lm_head.weight"] = sd["transformer.wte.weight"]
+        cases.append({"d_model": d, "n_heads": h, "n_layers": n, "seed": seed, "logits": logits, "hf_state_dict": sd})
+    return {"cases": cases}
+
+
+def write_hf_oracle() -> None:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(build_hf_oracle(), path)
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_cases() -> tuple:
+    """Per F08.4 config: (course config, HF state dict, course state dict (reference loader), HF logits)."""
+    from llmcourse.manifest import course_root
+    from llmcourse.models.gpt2 import GPT2Model, load_hf_gpt2
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    oracle = torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+    cases = []
+    for case in oracle["cases"]:
+        cfg = _parity_cfg(case["d_model"], case["n_heads"], case["n_layers"])
+        hf_sd = case["hf_state_dict"]
+        course = load_hf_gpt2(GPT2Model(cfg).eval(), {k: v.clone() for k, v in hf_sd.items()})
         course_sd = {k: v.clone() for k, v in course.state_dict().items()}
-        cases.append((cfg, hf_sd, course_sd, logits))
+        cases.append((cfg, hf_sd, course_sd, case["logits"]))
     return tuple(cases)
 
 
