@@ -81,10 +81,10 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
     Returns:
         :class:`Extracted`; problems mention only the learner's cells, never grader code.
     """
-    from .core import TimeLimitExceeded, time_limit
-
     import sys
     import types
+
+    from .core import TimeLimitExceeded, time_limit
 
     # a real module, registered in sys.modules: @dataclass (and typing) look classes' modules up there
     module = types.ModuleType("__learner__")
