@@ -171,10 +171,24 @@ def release_notebook(unit):
 
 def notebook_sources(nb, unit) -> list[str]:
     """The code cells that are graded: the notebook's, after restoring locked cells from the release."""
+    from .repair import repair_nbgrader_metadata
+
     release = release_notebook(unit)
     if release is not None:
+        nb, _ = repair_nbgrader_metadata(nb, release)  # an editor may have stripped nbgrader's ids
         nb = restore_locked_cells(nb, release)
     return code_cells_of_notebook(nb)
+
+
+def add_answer_notes(verdicts: list[Verdict], nb, unit) -> list[Verdict]:
+    """Attach "your answer cell is markdown" notes to the verdicts they concern (both views)."""
+    from .repair import answer_cell_notes
+
+    notes = answer_cell_notes(nb, unit)
+    for v in verdicts:
+        if v.exercise_id in notes:
+            v.notes = [notes[v.exercise_id], *v.notes]
+    return verdicts
 
 
 def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
@@ -184,21 +198,20 @@ def check_notebook(path: str | os.PathLike) -> tuple[object, list[Verdict]]:
         FileNotFoundError: no such file.
         ValueError: not a notebook, or a notebook the course does not know.
     """
-    import nbformat
-
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no such file: {p}")
     if p.is_dir() or p.suffix != ".ipynb":
         raise ValueError(f"not a notebook (.ipynb): {p}")
-    try:
-        nb = nbformat.read(p, as_version=4)
-    except Exception as exc:
-        raise ValueError(f"{p} is not a readable Jupyter notebook ({type(exc).__name__})") from None
+    from .repair import read_submission
+
+    nb, cause = read_submission(p)
+    if nb is None:
+        raise ValueError(cause)
     unit = unit_of_notebook(nb, p)
     if unit is None or not unit.exercises:
         raise ValueError(f"{p.name} is not an exercise notebook of this course (see `course list`)")
-    return unit, run_unit(unit.id, notebook_sources(nb, unit))
+    return unit, add_answer_notes(run_unit(unit.id, notebook_sources(nb, unit)), nb, unit)
 
 
 def unit_of_notebook(nb, path: Path | None = None):

@@ -5,7 +5,7 @@
   course check NOTEBOOK    self-check an exercise notebook: passed / failed (+ diagnosis) / not attempted
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
-  course grade DIR [--out OUT] [--timeout S]
+  course grade DIR [--out OUT] [--timeout S] [--roster CSV]
                            autograde nbgrader-style submissions, write feedback HTML and grades.csv
   course map               print the course map (Markdown), as in README.md
 
@@ -187,7 +187,7 @@ def cmd_grade(args) -> int:
     from .grading import grade
 
     try:
-        report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout)
+        report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster)
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -213,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dir")
     p.add_argument("--out", default=None, help="work folder (default .grading/run); recreated")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 600)")
+    p.add_argument("--roster", default=None, help="nbgrader student-import CSV (id,first_name,last_name,email): "
+                   "names in the gradebook")
     p.set_defaults(func=cmd_grade)
+    from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (llmcourse/bench/)
+
+    add_bench_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -275,21 +275,56 @@ class CheckerProcess:
         self._log.close()
 
 
-def _submission_sources(path: Path, unit) -> tuple[list[str], list[str]]:
-    """The graded code cells of a submitted notebook (locked cells restored) and notes."""
-    import nbformat
+def _submission_sources(path: Path, unit) -> tuple[list[str], list[str], object]:
+    """The graded code cells of a submitted notebook (locked cells restored), notes, and the notebook.
 
-    from grader.runner import notebook_sources
+    The notebook (None when unreadable) has its stripped nbgrader metadata put back, so that nbgrader
+    can run it too; the notes say in one line what was wrong with the file.
+    """
+    from grader.repair import read_submission, repair_nbgrader_metadata
+    from grader.runner import notebook_sources, release_notebook
 
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as exc:  # noqa: BLE001
-        return [], [f"{path.name} is not a readable notebook ({type(exc).__name__})"]
-    return notebook_sources(nb, unit), []
+    nb, cause = read_submission(path)
+    if nb is None:
+        return [], [cause], None
+    notes = []
+    release = release_notebook(unit)
+    if release is not None:
+        nb, restored = repair_nbgrader_metadata(nb, release)
+        if restored:
+            notes.append(f"{restored} cell(s) had lost their nbgrader metadata (stripped by an editor?); it was put "
+                         "back from the release by matching the cells, and every answer was graded")
+    return notebook_sources(nb, unit), notes, nb
+
+
+def check_kernel(course) -> None:
+    """Raise ValueError with the one-line fix when the course's Jupyter kernel is not registered."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    name = course.meta.get("kernel_name", "llmcourse")
+    if name not in KernelSpecManager().find_kernel_specs():
+        raise ValueError(f"the course's Jupyter kernel {name!r} is not registered, so nbgrader cannot run any "
+                         f"submission: run `make kernel` (or `{Path(sys.executable).name} -m ipykernel install "
+                         f"--sys-prefix --name {name}`) and grade again")
+
+
+def read_roster(path: str | os.PathLike) -> dict[str, dict]:
+    """nbgrader's student-import CSV (``id,first_name,last_name,email``) as ``{id: fields}``.
+
+    Raises:
+        ValueError: no ``id`` column.
+    """
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    if rows and "id" not in rows[0]:
+        raise ValueError(f"{path}: a roster needs the columns id,first_name,last_name,email (nbgrader's student "
+                         "import format)")
+    return {r["id"].strip(): {k: (r.get(k) or "").strip() or None for k in ("first_name", "last_name", "email")}
+            for r in rows if (r.get("id") or "").strip()}
 
 
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
-          course=None) -> GradeReport:
+          course=None, roster: str | os.PathLike | None = None) -> GradeReport:
     """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
@@ -313,15 +348,22 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         submissions: nbgrader's ``submitted/`` folder, or a folder containing one.
         out_dir: the work root (default ``<course>/.grading/run``); it is recreated.
         cell_timeout: seconds per cell (default ``$LLMCOURSE_CELL_TIMEOUT`` or 600).
+        roster: nbgrader's student-import CSV (``id,first_name,last_name,email``): names in the
+            gradebook and formgrader. Without it (or for ids it lacks) a student is listed under the id.
 
     Returns:
         :class:`GradeReport`: a row per submission with score, max score and notes.
 
     Raises:
-        FileNotFoundError: ``submissions`` does not exist. ValueError: it holds no known assignment.
+        FileNotFoundError: ``submissions`` does not exist. ValueError: it holds no known assignment, the
+            roster is malformed, or the course's Jupyter kernel is not registered (the message says how).
         GradingTampered: grading files changed while submissions ran.
     """
+    from grader.repair import answer_cell_notes
+
     course = course or load_course()
+    check_kernel(course)
+    names = read_roster(roster) if roster else {}
     src = _submitted_root(Path(submissions))
     if not src.is_dir():
         raise FileNotFoundError(f"no such folder: {submissions}")
@@ -342,11 +384,17 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     try:
         # 2. every submission in memory before any of them runs
         jobs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+        answer_notes: dict[tuple[str, str], dict[str, str]] = {}
         for student, assignment in pairs:
             u = known[assignment]
             path = work / ".grading" / "submitted" / student / assignment / Path(u.exercise).name
-            jobs[(student, assignment)] = _submission_sources(path, u) if path.exists() else (
-                [], [f"{Path(u.exercise).name} is missing from the submission"])
+            if not path.exists():
+                jobs[(student, assignment)] = ([], [f"{Path(u.exercise).name} is missing from the submission"])
+                continue
+            sources, notes, nb = _submission_sources(path, u)
+            jobs[(student, assignment)] = (sources, notes)
+            answer_notes[(student, assignment)] = answer_cell_notes(nb, u) if nb is not None else {}
+            _prepare_for_nbgrader(path, nb, u, course)
         # 3. verdicts from the checker process (learner code only in its workers)
         verdicts: dict[tuple[str, str], list[dict]] = {}
         causes: dict[tuple[str, str], str] = {}
@@ -357,6 +405,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 if got is None:
                     causes[(student, assignment)] = cause
                 else:
+                    for v in got:  # "your answer cell is markdown": the same note as in course check
+                        extra = answer_notes.get((student, assignment), {}).get(v["exercise_id"])
+                        if extra:
+                            v["notes"] = [extra, *(v.get("notes") or [])]
                     verdicts[(student, assignment)] = got
                 snapshot.verify(f"while the checker ran {student}/{assignment}")
         finally:
@@ -375,8 +427,18 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             proc = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force"], work,
                              course.root, env_extra=env_extra)
             snapshot.verify(f"while nbgrader ran {student}/{assignment}")
-            if proc.returncode != 0:
-                notes.append("autograde reported errors: " + _last_error(proc))
+            graded_nb = work / ".grading" / "autograded" / student / assignment / Path(known[assignment].exercise).name
+            if proc.returncode != 0 or not graded_nb.exists():
+                if not graded_nb.exists():
+                    # record it without running it (the verdicts never depended on the run)
+                    again = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force",
+                                       "--Execute.enabled=False"], work, course.root, env_extra=env_extra)
+                    snapshot.verify(f"while nbgrader recorded {student}/{assignment}")
+                    ran = "could not be run" if again.returncode == 0 else "could not be recorded"
+                else:
+                    ran = "ran with errors"
+                notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(proc)}); its answers were graded "
+                             "by the checker all the same")
             notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
             nb_notes[(student, assignment)] = notes
         # 5. scores and verdicts from this process, then feedback
@@ -386,7 +448,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             u = known[assignment]
             per = _verdict_points(u, verdicts.get(key), causes.get(key))
             notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
-            notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key))
+            notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
+                                   names.get(student))
             report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
                                 "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
         for student, assignment in pairs:
@@ -421,8 +484,11 @@ def _render(v: dict) -> str:
 
 
 def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str, float],
-                  verdicts: list[dict] | None, cause: str | None) -> list[str]:
-    """Set the gradebook's scores from ``per`` and put each verdict into its grade cell's output."""
+                  verdicts: list[dict] | None, cause: str | None, name: dict | None = None) -> list[str]:
+    """Set the gradebook's scores from ``per`` and put each verdict into its grade cell's output.
+
+    Also names the student (``name`` from the roster, else the id) and caps every output.
+    """
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
@@ -439,6 +505,9 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
             g.extra_credit = None
             g.needs_manual_grade = False
             g.cell.max_score = float(e.points)
+        named = bool(name and (name.get("first_name") or name.get("last_name")))
+        fields = name if named else {"first_name": None, "last_name": student, "email": (name or {}).get("email")}
+        gb.update_or_create_student(student, **fields)
         gb.db.commit()
     path = work / ".grading" / "autograded" / student / assignment / Path(unit.exercise).name
     if not path.exists():
@@ -452,8 +521,67 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
             continue
         text = _render(by_id[e.id]) if e.id in by_id else f"{e.id}: not graded (0/{e.points} points): {cause}"
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
+    if cap_outputs(nb):
+        notes.append(f"printed output over {OUTPUT_CAP_CHARS:,} characters per cell was cut in the graded notebook "
+                     "and the feedback")
     nbformat.write(nb, path)
     return notes
+
+
+OUTPUT_CAP_CHARS = 20_000
+
+
+def cap_outputs(nb, limit: int = OUTPUT_CAP_CHARS) -> bool:
+    """Cut every code cell's outputs to ``limit`` characters in all (text kept, rich data dropped past it)."""
+    cut = False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        budget, kept = limit, []
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = out.get("text", "")
+                if len(text) > budget:
+                    out["text"] = text[:max(budget, 0)] + f"\n... [output cut: {len(text):,} characters]\n"
+                    cut = True
+                budget -= len(out["text"])
+            elif out.get("output_type") in ("execute_result", "display_data"):
+                size = sum(len(str(v)) for v in out.get("data", {}).values())
+                if size > budget:
+                    out["data"] = {"text/plain": f"[output cut: {size:,} characters]"}
+                    cut = True
+                budget -= min(size, 100)
+            elif out.get("output_type") == "error":
+                tb = out.get("traceback", [])
+                if sum(len(t) for t in tb) > budget:
+                    out["traceback"] = [t[:2000] for t in tb[:3]] + ["... [traceback cut]"] + [t[:2000] for t in tb[-3:]]
+                    cut = True
+            if budget < -limit:  # far past the cap: drop the rest of this cell's outputs
+                cut = True
+                break
+            kept.append(out)
+        if len(kept) != len(cell.get("outputs", [])):
+            cell.outputs = kept + [{"output_type": "stream", "name": "stdout", "text": "... [further outputs cut]\n"}]
+    return cut
+
+
+def _prepare_for_nbgrader(path: Path, nb, unit, course) -> None:
+    """Give nbgrader a notebook it can take: metadata repaired, or the release when the file is unreadable."""
+    import nbformat
+
+    if nb is None:  # invalid JSON: nbgrader records the untouched release (no answers), so the student is listed
+        shutil.copy2(course.root / unit.exercise, path)
+    else:
+        nbformat.write(nb, path)
+
+
+def _autograde_cause(proc: subprocess.CompletedProcess) -> str:
+    text = (proc.stderr or "") + (proc.stdout or "")
+    if "DeadKernelError" in text or "Kernel died" in text:
+        return "the kernel died: os._exit, a crash in native code, or out of memory"
+    if "Timeout" in text:
+        return "a cell timed out"
+    return _last_error(proc)
 
 
 def _last_error(proc: subprocess.CompletedProcess) -> str:
