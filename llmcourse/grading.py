@@ -385,6 +385,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         # 2. every submission in memory before any of them runs
         jobs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
         answer_notes: dict[tuple[str, str], dict[str, str]] = {}
+        unreadable: set[tuple[str, str]] = set()  # replaced by the release for nbgrader
         for student, assignment in pairs:
             u = known[assignment]
             path = work / ".grading" / "submitted" / student / assignment / Path(u.exercise).name
@@ -392,8 +393,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 jobs[(student, assignment)] = ([], [f"{Path(u.exercise).name} is missing from the submission"])
                 continue
             sources, notes, nb = _submission_sources(path, u)
-            jobs[(student, assignment)] = (sources, notes)
             answer_notes[(student, assignment)] = answer_cell_notes(nb, u) if nb is not None else {}
+            notes += list(answer_notes[(student, assignment)].values())
+            jobs[(student, assignment)] = (sources, notes)
+            if nb is None:
+                unreadable.add((student, assignment))
             _prepare_for_nbgrader(path, nb, u, course)
         # 3. verdicts from the checker process (learner code only in its workers)
         verdicts: dict[tuple[str, str], list[dict]] = {}
@@ -428,6 +432,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                              course.root, env_extra=env_extra)
             snapshot.verify(f"while nbgrader ran {student}/{assignment}")
             graded_nb = work / ".grading" / "autograded" / student / assignment / Path(known[assignment].exercise).name
+            if (student, assignment) in unreadable:
+                nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
+                continue
             if proc.returncode != 0 or not graded_nb.exists():
                 if not graded_nb.exists():
                     # record it without running it (the verdicts never depended on the run)
