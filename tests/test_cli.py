@@ -50,7 +50,7 @@ def test_check_bad_paths_give_one_line_and_exit_2(tmp_path):
     stranger = tmp_path / "my_notebook.ipynb"
     stranger.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     cases = [(tmp_path / "missing.ipynb", "no such file"), (not_nb, "not a notebook"),
-             (tmp_path, "not a notebook"), (broken, "not a readable Jupyter notebook"),
+             (tmp_path, "not a notebook"), (broken, "not valid JSON (line 1, column 3"),
              (stranger, "not an exercise notebook")]
     r = course("check", str(cases[0][0]))  # one real shell run: exit code and stderr as a learner sees them
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr, r.stderr
