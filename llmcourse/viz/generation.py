@@ -319,13 +319,22 @@ def draw_temperature_sweep(rows: Sequence[dict], prompt: str, width: int = 60) -
 
 def show_temperature_sweep(model, tokenizer, prompt: str = "ROMEO:", temperatures: Sequence[float] = (0.2, 0.8, 1.2, 2.0),
                            n_tokens: int = 120, seed: int = 0, context_length: int | None = None,
-                           static: bool | None = None):
+                           static: bool | None = None, rows: Sequence[dict] | None = None):
     """W09.2: four seeded samples of ``n_tokens`` at T = 0.2, 0.8, 1.2 and 2.0 (⏎ marks a newline; ``|``
-    separates the prompt). Live: a prompt box and a seed slider. Static: the default prompt and seed."""
+    separates the prompt). Live: a prompt box and a seed slider. Static: the default prompt and seed.
+
+    ``rows``: the result of :func:`temperature_sweep` for ``prompt`` and ``seed``, if already computed (it is
+    drawn instead of being recomputed).
+    """
+    first = {(prompt, seed): list(rows)} if rows is not None else {}
+
+    def sweep_rows(text, s):
+        if (text, s) not in first:
+            first[(text, s)] = temperature_sweep(model, tokenizer, text, temperatures, n_tokens, s, context_length)
+        return first[(text, s)]
 
     def build_static():
-        return draw_temperature_sweep(temperature_sweep(model, tokenizer, prompt, temperatures, n_tokens, seed,
-                                                        context_length), prompt)
+        return draw_temperature_sweep(sweep_rows(prompt, seed), prompt)
 
     def build_live():
         import ipywidgets as w
@@ -335,8 +344,7 @@ def show_temperature_sweep(model, tokenizer, prompt: str = "ROMEO:", temperature
         status = w.HTML()
 
         def draw(text, s):
-            rows = temperature_sweep(model, tokenizer, text, temperatures, n_tokens, s, context_length)
-            return draw_temperature_sweep(rows, text)
+            return draw_temperature_sweep(sweep_rows(text, s), text)
 
         out, update = redrawing_output(draw)
 
