@@ -446,7 +446,10 @@ def test_generation_steps_follow_generate_with_a_small_window(char_lm):
     assert [s["next"] for s in steps] == out[0, 6:].tolist()
     for k, s in enumerate(steps):
         assert len(s["sequence"]) == 6 + k and s["start"] == 6 + k - 4
-        assert s["alternatives"][0][0] == s["next"] and abs(s["p_next"] - 1.0) < 1e-6  # greedy: one-hot
+        with torch.no_grad():
+            p = torch.softmax(model(torch.tensor([s["sequence"]])[:, -4:])[0, -1], -1)
+        assert s["alternatives"][0][0] == s["next"]                      # greedy: the model's top token
+        assert abs(s["p_next"] - float(p[s["next"]])) < 1e-6
     with pytest.raises(ValueError, match="window"):
         G.generation_steps(model, tok, "ROMEO:", window=33)
 

@@ -131,17 +131,26 @@ def _settings(view: dict) -> str:
     return ", ".join(parts)
 
 
+FLOOR = 1e-6  # the bottom of the log-scale probability axis
+
+
 def _bars(ax, view: dict, chosen: int | None = None, title: str | None = None) -> None:
+    """Log-scale bars (a confident model puts 0.99 on one token; the tail is where the knobs act). A token
+    the filters removed has probability 0 and no coloured bar."""
     n = len(view["labels"])
     x = torch.arange(n).numpy()
-    ax.bar(x - 0.2, view["model_probs"].numpy(), width=0.4, color=GREY, label="model (T=1, no filter)")
+    ax.bar(x - 0.2, view["model_probs"].clamp_min(FLOOR).numpy(), width=0.4, color=GREY, label="model (T=1, no filter)",
+           bottom=0)
     colours = [CHOSEN if chosen is not None and int(i) == chosen else COLOUR for i in view["ids"]]
-    ax.bar(x + 0.2, view["sampling_probs"].numpy(), width=0.4, color=colours, label="sampled from")
+    sampled = view["sampling_probs"]
+    ax.bar(x + 0.2, torch.where(sampled > 0, sampled.clamp_min(FLOOR), torch.zeros_like(sampled)).numpy(), width=0.4,
+           color=colours, label="sampled from (0 = filtered out)")
+    ax.set_yscale("log")
+    ax.set_ylim(FLOOR, 1.5)
     ax.set_xticks(x, view["labels"], fontsize=9)
-    ax.set_ylim(0, 1.02)
-    ax.set_ylabel("probability")
+    ax.set_ylabel("probability (log)")
     head = title or f"{_settings(view)}"
-    ax.set_title(f"{head}: {view['n_kept']} token(s) kept, entropy {view['entropy_sampling']:.2f} nats "
+    ax.set_title(f"{head}: {view['n_kept']} token(s) kept, entropy {abs(view['entropy_sampling']):.2f} nats "
                  f"(model {view['entropy_model']:.2f})", fontsize=9)
 
 
@@ -305,8 +314,8 @@ def _nll(model, seq: torch.Tensor, start: int, context_length: int) -> float:
 
 def draw_temperature_sweep(rows: Sequence[dict], prompt: str, width: int = 60) -> Figure:
     """The samples as wrapped monospace text, one panel per temperature, with their NLL and repetition."""
-    heights = [1 + len(textwrap.wrap(r["text"].replace("\n", "⏎ "), width)) for r in rows]
-    fig, axes = figure(len(rows), 1, figsize=(8.5, 0.25 * sum(heights) + 0.5 * len(rows)), squeeze=False,
+    heights = [2 + len(textwrap.wrap(prompt + "|" + r["text"].replace("\n", "⏎ "), width)) for r in rows]
+    fig, axes = figure(len(rows), 1, figsize=(8.5, 0.17 * sum(heights) + 0.1), squeeze=False,
                        gridspec_kw={"height_ratios": heights})
     for ax, row in zip(axes[:, 0], rows):
         ax.axis("off")
@@ -378,10 +387,10 @@ def generation_steps(model, tokenizer, prompt: str = "ROMEO:", n_steps: int = 5,
 
     Returns:
         list of ``n_steps`` dicts: ``sequence`` (ids before the step, list), ``start`` (index of the first
-        token fed to the model: ``max(0, len(sequence) − window)``), ``next`` (the id appended), ``p_next``
-        (its probability under the sampling distribution), ``alternatives`` (``[(id, probability)]``, the
-        ``n_alternatives`` most likely under that distribution) and ``labels`` (display strings of
-        ``sequence``).
+        token fed to the model: ``max(0, len(sequence) − window)``), ``next`` (the id appended, drawn from the
+        filtered distribution), ``p_next`` (its probability under the model's own distribution, T = 1, no
+        filter), ``alternatives`` (``[(id, probability)]``, the ``n_alternatives`` most likely under the
+        model's own distribution) and ``labels`` (display strings of ``sequence``).
 
     Raises:
         ValueError: empty prompt, ``window < 1`` or larger than the model's context length.
@@ -394,7 +403,7 @@ def generation_steps(model, tokenizer, prompt: str = "ROMEO:", n_steps: int = 5,
     steps = []
     for _ in range(n_steps):
         logits = _last_logits(model, idx, window)
-        probs = filtered_probs(logits, temperature, top_k, top_p)
+        probs = torch.softmax(logits, dim=-1)
         nxt = int(sample_next_token(logits[None], temperature, top_k, top_p, gen))
         top = torch.topk(probs, min(n_alternatives, probs.shape[-1]))
         seq = idx[0].tolist()
@@ -424,9 +433,10 @@ def _draw_step(ax, step: dict, show: int = 28) -> None:
     j = len(labels) - first
     ax.add_patch(Rectangle((j - 0.45, -0.4), 0.9, 0.8, facecolor="#fde0c5", edgecolor=CHOSEN, lw=1.2))
     ax.text(j, 0, step["next_label"], ha="center", va="center", family="monospace", fontsize=9, fontweight="bold")
-    alts = ", ".join(f"{lab} {p:.2f}" for lab, (_, p) in zip(step["alt_labels"], step["alternatives"]))
+    alts = ", ".join(f"{lab} {p:.3f}" for lab, (_, p) in zip(step["alt_labels"], step["alternatives"]))
     ax.text(-0.4, 0.62, f"window: tokens {step['start']}…{len(labels) - 1} ({len(labels) - step['start']} fed)  →  "
-            f"next {step['next_label']!s} (p = {step['p_next']:.2f});  top: {alts}", fontsize=8, va="center")
+            f"next {step['next_label']!s} (model p = {step['p_next']:.3f});  model's top: {alts}", fontsize=8,
+            va="center")
 
 
 def draw_generation_steps(steps: Sequence[dict]) -> Figure:

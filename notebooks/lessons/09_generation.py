@@ -591,7 +591,9 @@ for row in lines.tolist():
 #
 # Type a prompt and move the sliders. Grey bars: the model's own probabilities (temperature 1, no filter)
 # of the 20 most likely next characters. Blue bars: the distribution that would actually be sampled, after
-# temperature, top-k and top-p. **sample** draws a character (orange), **append** adds it (or, before any
+# temperature, top-k and top-p (a filtered-out character has no blue bar). The axis is logarithmic: a
+# trained model is often very sure of the next character, and the tail, where the knobs act, would
+# otherwise be invisible. **sample** draws a character (orange), **append** adds it (or, before any
 # draw, the greedy choice) to the prompt. Things to try: `T = 0`; a high temperature with and without
 # top-p 0.9; the middle of a word vs just after a space; a name followed by `:` and a newline.
 
