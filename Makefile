@@ -22,7 +22,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean
+.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ release: setup
 
 release-check: setup
 	$(VENV)/bin/course release --check
+
+# Speed benchmarks (not tests; run them on an idle machine): installs the peer implementations with --no-deps
+# (requirements-bench.txt says why), then `course bench train`; results in test-artifacts/bench/.
+bench: setup
+	$(PY) -m pip install --quiet --no-deps -r requirements-bench.txt
+	$(VENV)/bin/course bench train
 
 doctor: setup
 	$(VENV)/bin/course doctor

@@ -1,0 +1,42 @@
+"""Benchmarks behind ``course bench <name>``: one subcommand per benchmark.
+
+Each benchmark module registers itself in :data:`BENCHMARKS` with a function that adds its options to an
+``argparse`` parser and a function that runs it (returning the process exit code). Units add theirs by
+writing ``llmcourse/bench/<name>.py`` and listing it in :data:`MODULES`. Benchmarks are **not** tests:
+they measure speed, which depends on the machine and on what else runs on it; measure on an idle machine.
+Results are printed as a Markdown table and written, with a JSON copy, under ``test-artifacts/bench/``.
+
+``make bench`` installs the peer implementations they compare against (``requirements-bench.txt``,
+installed with ``--no-deps``) and runs every benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+__all__ = ["MODULES", "add_bench_parser", "artifacts_dir"]
+
+MODULES = {"train": "llmcourse.bench.train"}  # name -> module with add_arguments(parser) and run(args) -> int
+
+
+def artifacts_dir():
+    """``<course>/test-artifacts/bench`` (created)."""
+    from ..manifest import course_root
+
+    out = course_root() / "test-artifacts" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def add_bench_parser(sub) -> None:
+    """Add ``bench`` with one subcommand per entry of :data:`MODULES` to the ``course`` CLI's subparsers."""
+    p = sub.add_parser("bench", help="speed benchmarks (e.g. `course bench train`); not tests",
+                       description="Speed benchmarks against reference implementations. Measure on an idle machine.")
+    bench_sub = p.add_subparsers(dest="benchmark", required=True)
+    for name, module_name in MODULES.items():
+        module = importlib.import_module(module_name)
+        bp = bench_sub.add_parser(name, help=module.__doc__.strip().splitlines()[0],
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(bp)
+        bp.set_defaults(func=module.run)
