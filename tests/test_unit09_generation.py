@@ -467,7 +467,9 @@ def test_widgets_render_static_and_live(char_lm):
     live = G.show_next_token_explorer(model, tok, prompt="ROMEO:", static=False)
     assert "llmcourse-w09-1" in live._dom_classes
     box = live.children[0]
-    sample_btn, append_btn, status = live.children[2].children
+    buttons, status = live.children[1].children[1].children
+    sample_btn, append_btn = buttons.children
+    assert (sample_btn.description, append_btn.description) == ("sample", "append")
     sample_btn.click()
     assert "drawn" in status.value
     append_btn.click()

@@ -248,7 +248,11 @@ def show_next_token_explorer(model, tokenizer, prompt: str = "ROMEO:", context_l
         sample_btn.on_click(on_sample)
         append_btn.on_click(on_append)
         refresh()
-        return w.VBox([box, w.HBox([temp, top_k, top_p]), w.HBox([sample_btn, append_btn, status]), out])
+        for slider in (temp, top_k, top_p):
+            slider.layout = w.Layout(width="440px")
+        status.layout = w.Layout(width="420px")
+        controls = w.HBox([w.VBox([temp, top_k, top_p]), w.VBox([w.HBox([sample_btn, append_btn]), status])])
+        return w.VBox([box, controls, out])
 
     return live_or_static("W09.1", build_live, build_static, static,
                           caption=f"{prompt!r}: T = 0.5, 1.0, 1.5, then top-k 5 and top-p 0.8 (T = 1). Grey: the "
