@@ -12,6 +12,10 @@ private copy of the course and with ``course check``'s path (:func:`grader.runne
                     subclass it, reuse its forward, or dig it out of gc                      ->  0
   gradebook_editor  stub answers; a top cell rewrites every row of the gradebook to 99       ->  0
 
+and the rest of the hostile-submission corpus (``CORPUS`` below: every tamper notebook carries
+wrong or stub answers, so any point it earns is a free point; controls show that nothing present is
+lost). All of it is graded in one ``course grade`` run with a 20 s cell timeout.
+
 The two views must agree exercise by exercise, and the gradebook must hold the checker's scores.
 A second run proves that a notebook that writes to the grading code stops the run with a clear
 message and leaves no scores behind.
@@ -20,7 +24,9 @@ message and leaves no scores behind.
 from __future__ import annotations
 
 import copy
+import re
 import sqlite3
+import time
 from pathlib import Path
 
 import nbformat
@@ -139,8 +145,68 @@ if _root:
     _db.close()
 """
 
+TORCH_PATCH = """\
+import torch, builtins
+torch.softmax = lambda x, dim=-1, **k: x
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+torch.isclose = lambda a, b, *x, **k: torch.ones_like(a, dtype=torch.bool)
+torch.testing.assert_close = lambda *a, **k: None
+builtins.isinstance = lambda obj, cls: True
+"""
+
+REFERENCE_POISON = """\
+import llmcourse.nn.attention as _att
+_att.softmax_stable = lambda x, dim=-1: x
+_att.simple_attention = lambda x: (x, x)
+_att.scaled_dot_product_attention = lambda q, k, v, mask=None, dropout=None: (v, q)
+"""
+
+# while called: look through every live object for a tensor of the right shape (an expected value?)
+_GC = """\
+    import gc
+    import torch
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.shape == {shape} and obj is not {arg}:
+            return {ret}
+"""
+GC_INSIDE = {
+    "ex03_softmax_stable_answer": "def softmax_stable(x, dim=-1):\n" + _GC.format(shape="x.shape", arg="x",
+                                                                                 ret="obj.clone()") + "    return x\n",
+    "ex03_simple_attention_answer": "def simple_attention(x):\n" + _GC.format(shape="x.shape", arg="x",
+                                                                             ret="(obj.clone(), obj.clone())")
+                                    + "    return x, x\n",
+    "ex03_scaled_dot_product_attention_answer":
+        "def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):\n"
+        + _GC.format(shape="v.shape", arg="v", ret="(obj.clone(), q)") + "    return v, q\n",
+    "ex03_SelfAttention_answer": WRONG["ex03_SelfAttention_answer"],
+    "ex03_CausalSelfAttention_answer": WRONG["ex03_CausalSelfAttention_answer"],
+}
+
+_GRADER_INSIDE = """\
+    import grader.core, grader.runner
+    grader.core.Tester.compare = lambda self, *a, **k: None
+    grader.core.Tester.expect = lambda self, *a, **k: None
+    grader.core._same = lambda *a, **k: True
+"""
+GRADER_INSIDE = {gid: src.replace("):\n", "):\n" + _GRADER_INSIDE, 1) if src.startswith("def") else src
+                 for gid, src in WRONG.items()}
+
+
+def _calling(body: str) -> dict[str, str]:
+    """Wrong answers that run ``body`` first whenever a function is called."""
+    return {gid: src.replace("):\n", "):\n" + body, 1) if src.startswith("def") else src for gid, src in WRONG.items()}
+
+
 EXPECTED = {"control": 20, "grader_patched": 0, "allclose_patched": 0, "patch_inside": 0, "reference_abuse": 0,
-            "gradebook_editor": 0}
+            "gradebook_editor": 0,
+            # tampering, wrong or stub answers: every point would be free
+            "torch_patched": 0, "reference_poisoned": 0, "gc_inside": 0, "grader_patched_inside": 0,
+            "sys_exit_top": 0, "os_exit_top": 0, "loop_top": 0, "huge_output": 0, "sys_exit_inside": 0,
+            "os_exit_inside": 0, "loop_inside": 0, "invalid_json": 0, "stripped_wrong": 0, "tests_deleted_wrong": 0,
+            "tests_retyped_wrong": 0, "markdown_answers": 0, "nan_answers": 0, "batch_dims": 0, "stub": 0,
+            # correct answers around what a real class produces: nothing present is lost
+            "float64_answers": 6, "crash_correct": 20, "stripped_correct": 20, "tests_tampered_correct": 20,
+            "huge_output_correct": 20, "markdown_one_correct": 17}
 
 
 def _answers(solution) -> dict[str, str]:
@@ -165,8 +231,63 @@ def _write(submitted: Path, student: str, unit, nb) -> Path:
     folder = submitted / student / unit.name
     folder.mkdir(parents=True)
     path = folder / Path(unit.exercise).name
-    nbformat.write(nb, path)
+    if nb is not None:
+        nbformat.write(nb, path)
     return path
+
+
+HUGE = "print('x' * 20_000_000)\nfor _ in range(20):\n    print('y' * 1_000_000)"
+
+
+def _stripped(nb):
+    for c in nb.cells:
+        c.metadata.pop("nbgrader", None)
+    return nb
+
+
+def _grade_cell(c) -> bool:
+    return bool(c.metadata.get("nbgrader", {}).get("grade"))
+
+
+def _tests_deleted(nb, keep_one: bool = False):
+    graded = [c for c in nb.cells if _grade_cell(c)]
+    drop = graded[1:] if keep_one else graded
+    nb.cells = [c for c in nb.cells if not any(c is d for d in drop)]
+    return nb
+
+
+def _tests_retyped(nb):
+    for c in nb.cells:
+        if _grade_cell(c):
+            c.source = "print('passed (99/99 points)')"
+    return nb
+
+
+def _markdown(nb, all_answers: bool):
+    for c in nb.cells:
+        meta = c.metadata.get("nbgrader", {})
+        if meta.get("solution") and (all_answers or meta.get("grade_id") == "ex03_softmax_stable_answer"):
+            c.cell_type = "markdown"
+            c.pop("outputs", None)
+            c.pop("execution_count", None)
+    return nb
+
+
+def _wrapped(answers: dict[str, str], wrap: str) -> dict[str, str]:
+    """Correct answers whose every result goes through ``wrap`` (``x`` is each returned tensor)."""
+    out = {}
+    for gid, src in answers.items():
+        for n in ("softmax_stable", "simple_attention", "scaled_dot_product_attention"):
+            src = re.sub(rf"^def {n}\(", f"def _{n}(", src, flags=re.M)
+            if gid == f"ex03_{n}_answer":
+                src += (f"\n\ndef {n}(*args, **kwargs):\n    o = _{n}(*args, **kwargs)\n"
+                        f"    return tuple({wrap} for x in o) if isinstance(o, tuple) else (lambda x: {wrap})(o)\n")
+        for n in ("SelfAttention", "CausalSelfAttention"):
+            if gid == f"ex03_{n}_answer":
+                src += (f"\n\nclass {n}({n}):\n    def forward(self, *args):\n"
+                        f"        return (lambda x: {wrap})(super().forward(*args))\n")
+        out[gid] = src
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +298,33 @@ def attacked(tmp_path_factory, course_copy):
     correct = _answers(nbformat.read(ROOT / unit.solution, as_version=4))
     subs = {
         "control": _submission(exercise, correct),
+        "torch_patched": _submission(exercise, WRONG, top=TORCH_PATCH),
+        "reference_poisoned": _submission(exercise, WRONG, top=REFERENCE_POISON),
+        "gc_inside": _submission(exercise, GC_INSIDE),
+        "grader_patched_inside": _submission(exercise, GRADER_INSIDE),
+        "sys_exit_top": _submission(exercise, WRONG, top="import sys\nsys.exit(0)"),
+        "os_exit_top": _submission(exercise, WRONG, top="import os\nos._exit(0)"),
+        "loop_top": _submission(exercise, WRONG, top="while True:\n    pass"),
+        "huge_output": _submission(exercise, WRONG, top=HUGE),
+        "sys_exit_inside": _submission(exercise, _calling("    import sys\n    sys.exit(0)\n")),
+        "os_exit_inside": _submission(exercise, _calling("    import os\n    os._exit(0)\n")),
+        "loop_inside": _submission(exercise, {**WRONG, "ex03_softmax_stable_answer":
+                                              "def softmax_stable(x, dim=-1):\n    while True:\n        pass\n"}),
+        "stripped_wrong": _stripped(_submission(exercise, WRONG)),
+        "tests_deleted_wrong": _tests_deleted(_submission(exercise, WRONG)),
+        "tests_retyped_wrong": _tests_retyped(_submission(exercise, WRONG)),
+        "markdown_answers": _markdown(_submission(exercise, correct), all_answers=True),
+        "nan_answers": _submission(exercise, _calling("    return _nan(locals())\n"),
+                                   top="import torch\ndef _nan(args):\n    t = next(v for v in args.values() "
+                                       "if isinstance(v, torch.Tensor))\n    return torch.full_like(t, float('nan'))"),
+        "batch_dims": _submission(exercise, _wrapped(correct, "x.unsqueeze(0)")),
+        "stub": _submission(exercise, None),
+        "float64_answers": _submission(exercise, _wrapped(correct, "x.double()")),
+        "crash_correct": _submission(exercise, correct, top="import os\nos._exit(1)"),
+        "stripped_correct": _stripped(_submission(exercise, correct)),
+        "tests_tampered_correct": _tests_retyped(_tests_deleted(_submission(exercise, correct), keep_one=True)),
+        "huge_output_correct": _submission(exercise, correct, top=HUGE),
+        "markdown_one_correct": _markdown(_submission(exercise, correct), all_answers=False),
         "grader_patched": _submission(exercise, WRONG, top=GRADER_PATCH),
         "allclose_patched": _submission(exercise, WRONG, top=ALLCLOSE_PATCH),
         "patch_inside": _submission(exercise, PATCH_INSIDE),
@@ -185,29 +333,82 @@ def attacked(tmp_path_factory, course_copy):
     }
     submitted = tmp_path_factory.mktemp("class") / "submitted"
     paths = {student: _write(submitted, student, unit, nb) for student, nb in subs.items()}
+    damaged = nbformat.writes(_submission(exercise, WRONG))
+    paths["invalid_json"] = _write(submitted, "invalid_json", unit, None)
+    paths["invalid_json"].write_text(damaged[:5000] + damaged[5010:], encoding="utf-8")
     out = tmp_path_factory.mktemp("grading")
-    report = grade(submitted.parent, out_dir=out, cell_timeout=60, course=course)
-    checked = {student: {v.exercise_id: v for v in check_notebook(path)[1]} for student, path in paths.items()}
+    started = time.monotonic()
+    report = grade(submitted.parent, out_dir=out, cell_timeout=20, course=course)
+    print(f"corpus: {len(paths)} notebooks graded by course grade in {time.monotonic() - started:.0f} s")
+    checked = {}
+    for student, path in paths.items():
+        try:
+            checked[student] = {v.exercise_id: v for v in check_notebook(path)[1]}
+        except ValueError as exc:  # unreadable: nothing graded (the message names the cause)
+            checked[student] = str(exc)
     return report, checked, out, unit
 
 
 def test_every_attack_scores_zero_and_the_control_full_marks(attacked):
     report, _, _, _ = attacked
     scores = {r["student"]: r["score"] for r in report.rows}
-    assert scores == EXPECTED, report.render()
+    assert len(scores) >= 30 and scores == EXPECTED, report.render()
 
 
 def test_course_check_gives_the_same_points_exercise_by_exercise(attacked):
     report, checked, _, unit = attacked
     for row in report.rows:
-        view = {e.grade_id: float(checked[row["student"]][e.id].points) for e in unit.exercises}
+        got = checked[row["student"]]
+        view = {e.grade_id: float(got[e.id].points) if isinstance(got, dict) else 0.0 for e in unit.exercises}
         assert view == row["per_exercise"], (row["student"], view, row["per_exercise"])
+
+
+def test_course_check_gives_the_expected_scores(attacked):
+    _, checked, _, _ = attacked
+    totals = {s: sum(v.points for v in got.values()) if isinstance(got, dict) else 0 for s, got in checked.items()}
+    assert totals == EXPECTED
+
+
+def test_no_verdict_blames_the_grader(attacked):
+    _, checked, _, _ = attacked
+    for student, got in checked.items():
+        for v in got.values() if isinstance(got, dict) else ():
+            assert v.status != "error" and "grader itself" not in v.render(), (student, v.render())
+
+
+def test_what_went_wrong_is_named_in_one_line(attacked):
+    report, checked, out, _ = attacked
+    notes = {r["student"]: r["notes"] for r in report.rows}
+    assert "kernel died" in notes["crash_correct"] and "kernel died" in notes["os_exit_top"], notes
+    assert "not valid JSON (line" in notes["invalid_json"] and "not valid JSON (line" in checked["invalid_json"]
+    assert "nbgrader metadata" in notes["stripped_correct"]
+    assert "output" in notes["huge_output_correct"] and "cut" in notes["huge_output_correct"]
+    assert "markdown cell" in checked["markdown_one_correct"]["03.softmax_stable"].render()
+    assert any("float64" in v.message for v in checked["float64_answers"].values())
+    for student in ("crash_correct", "stripped_correct", "invalid_json"):  # recorded, with feedback
+        assert (out / ".grading" / "feedback" / student).exists(), student
+
+
+def test_output_is_capped_in_the_graded_notebook_and_the_feedback(attacked):
+    _, _, out, unit = attacked
+    for student in ("huge_output", "huge_output_correct"):
+        graded = out / ".grading" / "autograded" / student / unit.name / f"{unit.name}.ipynb"
+        feedback = out / ".grading" / "feedback" / student / unit.name / f"{unit.name}.html"
+        assert graded.stat().st_size < 1_000_000 and feedback.stat().st_size < 1_500_000
+
+
+def test_students_are_listed_under_their_ids(attacked):
+    report, _, out, _ = attacked
+    db = sqlite3.connect(out / ".grading" / "gradebook.db")
+    rows = dict(db.execute("SELECT id, last_name FROM student").fetchall())
+    db.close()
+    assert rows == {r["student"]: r["student"] for r in report.rows}
 
 
 def test_reference_abuse_is_named(attacked):
     _, checked, _, _ = attacked
     verdicts = checked["reference_abuse"]
-    for exercise_id, v in verdicts.items():
+    for _exercise_id, v in verdicts.items():
         text = v.render()
         assert v.points == 0 and "course library" in text, text
 
