@@ -492,8 +492,7 @@ class Tester:
         """A learner-facing message when ``exc`` (raised while the check handled returned data) comes
         from a wrong dtype or shape in what the learner returned; None when it looks like a grader bug."""
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        odd = sorted({d for d, _ in self.returned if d in {"float64", "float16", "bfloat16", "complex64", "complex128"}
-                      or d.startswith(("int", "uint"))})
+        odd = sorted({d for d, _ in self.returned if d in {"float64", "float16", "bfloat16", "complex64", "complex128"}})
         if odd and isinstance(exc, (RuntimeError, TypeError, ValueError)):
             return (f"your code returned {', '.join(odd)} tensors where the check expects float32 (the default "
                     f"dtype) and could not compare them ({first}); keep the input's dtype")
