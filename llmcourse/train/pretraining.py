@@ -106,15 +106,23 @@ def sample_text(model: nn.Module, tokenizer, prompt: str = "\n", max_new_tokens:
     """A continuation of ``prompt`` (the generated part only), decoded; greedy when ``temperature == 0``.
 
     Uses :func:`llmcourse.train.sampling.generate` (unit 09) with a ``torch.Generator`` seeded by ``seed``;
-    ``context_length`` defaults to the model's ``cfg.context_length``.
+    ``context_length`` defaults to the model's ``cfg.context_length``. On the CPU it decodes with one
+    thread (restored afterwards): the matrices of a batch-1 step are too small to split across cores,
+    and on a busy machine a second thread mostly waits.
     """
     from .sampling import generate
 
     ctx = context_length or model.cfg.context_length
     device = next(model.parameters()).device
     idx = torch.tensor([tokenizer.encode(prompt)], dtype=torch.long, device=device)
-    out = generate(model, idx, max_new_tokens, ctx, temperature=temperature,
-                   generator=torch.Generator().manual_seed(seed))
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        out = generate(model, idx, max_new_tokens, ctx, temperature=temperature,
+                       generator=torch.Generator().manual_seed(seed))
+    finally:
+        torch.set_num_threads(threads)
     return tokenizer.decode(out[0, idx.shape[1]:].tolist())
 
 
