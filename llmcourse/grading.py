@@ -379,6 +379,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     (work / ".grading").mkdir(parents=True)
     shutil.copytree(src, work / ".grading" / "submitted")
     env_extra = {"LLMCOURSE_CELL_TIMEOUT": str(cell_timeout)} if cell_timeout else {}
+    # the hidden cells' in-kernel checks would be replaced by the checker's verdicts: skip them there
+    env_extra["LLMCOURSE_DEFER_CHECKS"] = "1"
 
     snapshot = GradingSnapshot(course.root)
     try:
