@@ -14,7 +14,10 @@ private copy of the course and with ``course check``'s path (:func:`grader.runne
 
 and the rest of the hostile-submission corpus (``CORPUS`` below: every tamper notebook carries
 wrong or stub answers, so any point it earns is a free point; controls show that nothing present is
-lost). All of it is graded in one ``course grade`` run with a 20 s cell timeout.
+lost). All of it, with the round trip's cases (``mutant``: scaled_dot_product_attention without 1/√d_k,
+which SelfAttention and CausalSelfAttention call, 20 − 5 − 3 − 6 = 6; ``syntax``: a syntax error in
+the softmax_stable cell, 17), is graded in one ``course grade`` run with a 20 s cell timeout: this
+file is the nbgrader round-trip test (release, autograde, gradebook, feedback, grades.csv).
 
 The two views must agree exercise by exercise, and the gradebook must hold the checker's scores.
 A second run proves that a notebook that writes to the grading code stops the run with a clear
@@ -206,7 +209,10 @@ EXPECTED = {"control": 20, "grader_patched": 0, "allclose_patched": 0, "patch_in
             "tests_retyped_wrong": 0, "markdown_answers": 0, "nan_answers": 0, "batch_dims": 0, "stub": 0,
             # correct answers around what a real class produces: nothing present is lost
             "float64_answers": 6, "crash_correct": 20, "stripped_correct": 20, "tests_tampered_correct": 20,
-            "huge_output_correct": 20, "markdown_one_correct": 17}
+            "huge_output_correct": 20, "markdown_one_correct": 17,
+            # the nbgrader round trip: a named mistake costs its exercise and those built on it; a syntax
+            # error costs only its own cell's exercise
+            "mutant": 6, "syntax": 17}
 
 
 def _answers(solution) -> dict[str, str]:
@@ -330,7 +336,13 @@ def attacked(tmp_path_factory, course_copy):
         "patch_inside": _submission(exercise, PATCH_INSIDE),
         "reference_abuse": _submission(exercise, REFERENCE_ABUSE),
         "gradebook_editor": _submission(exercise, None, top=GRADEBOOK_EDIT),
+        "mutant": _submission(exercise, {**correct, "ex03_scaled_dot_product_attention_answer":
+                                         correct["ex03_scaled_dot_product_attention_answer"].replace(
+                                             " / math.sqrt(d_k)", "")}),
+        "syntax": _submission(exercise, {**correct, "ex03_softmax_stable_answer":
+                                         "def softmax_stable(x, dim=-1)\n    return x\n"}),
     }
+    assert subs["mutant"].cells != subs["control"].cells
     submitted = tmp_path_factory.mktemp("class") / "submitted"
     paths = {student: _write(submitted, student, unit, nb) for student, nb in subs.items()}
     damaged = nbformat.writes(_submission(exercise, WRONG))
@@ -455,3 +467,36 @@ def test_writing_to_the_grading_code_stops_the_run(tmp_path, course_copy):
     assert "grader/checks/u03_self_attention.py" in text and "tamperer/03_self_attention" in text
     assert "No scores were written" in text
     assert not (out / ".grading" / "gradebook.db").exists()
+
+
+# ------------------------------------------------------------------ the nbgrader round trip (same run)
+
+
+def test_grades_csv_has_totals_and_per_exercise_points(attacked):
+    import csv
+
+    report, _, _, _ = attacked
+    rows = {r["student"]: r for r in csv.DictReader(report.grades_csv.open())}
+    assert float(rows["control"]["score"]) == 20.0 and float(rows["control"]["max_score"]) == 20.0
+    assert float(rows["mutant"]["ex03_scaled_dot_product_attention"]) == 0.0
+    assert float(rows["mutant"]["ex03_softmax_stable"]) == 3.0
+
+
+def test_the_timeout_is_reported(attacked):
+    report, _, _, _ = attacked
+    notes = {r["student"]: r["notes"] for r in report.rows}
+    assert "timed out" in notes["loop_inside"] or "errors" in notes["loop_inside"], notes["loop_inside"]
+
+
+def test_feedback_names_the_mutant_and_hides_the_checks(attacked):
+    _, _, out, unit = attacked
+    feedback = sorted((out / ".grading" / "feedback").rglob("*.html"))
+    assert {"control", "stub", "mutant", "syntax", "loop_inside", "tests_tampered_correct"} <= {p.parts[-3]
+                                                                                                for p in feedback}
+    for html_path in feedback:
+        html = html_path.read_text(encoding="utf-8")
+        for leak in ("BEGIN HIDDEN TESTS", "from grader import", "grader/checks", "grader/core", "def check_",
+                     "t.compare", "BEGIN SOLUTION"):
+            assert leak not in html, f"{html_path}: feedback shows {leak!r}"
+    mutant = (out / ".grading" / "feedback" / "mutant" / unit.name / f"{unit.name}.html").read_text()
+    assert "B03.no_scale" in mutant and "Divide the scores by" in mutant
