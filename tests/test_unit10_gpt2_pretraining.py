@@ -254,10 +254,10 @@ def test_pretrain_history_on_char_data(shakespeare):
                       max_lr=3e-3, min_lr=3e-4, warmup_steps=3, eval_every=5, eval_batches=2,
                       sample_fn=lambda m: "x", snapshot_steps=(0, 6, 12), callback=lambda h: seen.append(len(h["step"])),
                       progress=False)
-    assert hist["step"] == list(range(1, 13)) and hist["eval_step"] == [0, 5, 10, 12]
+    assert hist["step"] == list(range(1, 13)) and hist["eval_step"] == [0, 5, 6, 10, 12]   # snapshots evaluated
     assert abs(hist["val_loss"][0] - math.log(65)) < 0.1 and hist["val_loss"][-1] < hist["val_loss"][0]
     assert hist["lr"] == pytest.approx([warmup_cosine_lr(s, 3e-3, 3e-4, 3, 12) for s in range(12)])
-    assert sorted(hist["snapshots"]) == [0, 6, 12] and len(hist["samples"]) == 4 and seen == [0, 5, 10, 12]
+    assert sorted(hist["snapshots"]) == [0, 6, 12] and len(hist["samples"]) == 5 and seen == [0, 5, 6, 10, 12]
     assert all(n > 0 for n in hist["grad_norm"]) and hist["tokens_per_step"] == 256 and not model.training
 
 
@@ -334,6 +334,8 @@ def test_checkpoint_samples_from_snapshots():
     rows = checkpoint_samples(snaps, tiny_gpt, tok, prompt="abc", n_chars=10, val_losses={0: 2.5})
     assert [r["step"] for r in rows] == [0, 5] and all(len(r["greedy"]) == len(r["sampled"]) == 10 for r in rows)
     assert rows[0]["val_loss"] == 2.5 and math.isnan(rows[1]["val_loss"])
+    again = checkpoint_samples(snaps, tiny_gpt, tok, prompt="abc", n_chars=10, sampled={5: rows[1]["sampled"]})
+    assert again == [{**r, "val_loss": again[i]["val_loss"]} for i, r in enumerate(rows)]   # reused = redrawn
 
 
 def test_live_widgets_build():

@@ -137,9 +137,10 @@ def pretrain(model: nn.Module, train_data: Tensor, val_data: Tensor, *, steps: i
     AdamW (:func:`configure_optimizer`, betas (0.9, 0.95)) with the schedule
     ``warmup_cosine_lr(s, max_lr, min_lr, warmup_steps, steps)``; each step as in :func:`train_steps`
     (batch seeded by ``seed + s``). Evaluation (:func:`estimate_loss` on ``eval_batches`` fixed batches of
-    the training and the validation stream) runs before the first step and after every ``eval_every``
-    steps and the last; ``sample_fn(model)`` is recorded at the same moments. ``snapshot_steps``: the
-    step counts (0 = before training) at which a copy of the weights is kept in ``history["snapshots"]``.
+    the training and the validation stream) runs before the first step, after every ``eval_every``
+    steps, at every snapshot step and after the last; ``sample_fn(model)`` is recorded at the same
+    moments. ``snapshot_steps``: the step counts (0 = before training) at which a copy of the weights is
+    kept in ``history["snapshots"]``.
     ``callback(history)`` is called after each evaluation and every ``callback_every`` steps (a live
     dashboard, :func:`llmcourse.viz.pretraining.make_training_dashboard`). ``device``: where to train
     (the model and both streams are moved there; batches are drawn on the CPU generator either way).
@@ -195,7 +196,7 @@ def pretrain(model: nn.Module, train_data: Tensor, val_data: Tensor, *, steps: i
         hist["grad_norm"].append(norm)
         hist["tokens_per_s"].append(batch_size * context_length / dt)
         snapshot(done)
-        evaluated = done % eval_every == 0 or done == steps
+        evaluated = done % eval_every == 0 or done == steps or done in snapshot_steps
         if evaluated:
             evaluate(done)
             bar.set_postfix(loss=f"{loss:.3f}", val=f"{hist['val_loss'][-1]:.3f}", lr=f"{lr:.1e}")

@@ -270,7 +270,8 @@ def show_schedule_explorer(max_lr: float = 3e-3, min_lr: float = 3e-4, warmup_st
 
 @torch.no_grad()
 def checkpoint_samples(snapshots: dict, build_model, tokenizer, prompt: str = "ROMEO:", n_chars: int = 160,
-                       temperature: float = 0.8, seed: int = 0, val_losses: dict | None = None) -> list[dict]:
+                       temperature: float = 0.8, seed: int = 0, val_losses: dict | None = None,
+                       sampled: dict | None = None) -> list[dict]:
     """Greedy and sampled continuations of ``prompt`` from each weight snapshot.
 
     Args:
@@ -280,6 +281,8 @@ def checkpoint_samples(snapshots: dict, build_model, tokenizer, prompt: str = "R
         prompt, n_chars: the prompt and the number of generated tokens.
         temperature, seed: the sampled continuation uses ``torch.Generator().manual_seed(seed)``.
         val_losses: optional ``{step: validation loss}`` to show next to each row.
+        sampled: optional ``{step: text}`` already drawn with the same prompt, temperature, seed and length
+            (``dict(history["samples"])`` of ``pretrain``); those steps skip the sampled generation.
 
     Returns:
         list (by step) of ``{"step", "greedy", "sampled", "val_loss"}`` (generated text only).
@@ -291,8 +294,10 @@ def checkpoint_samples(snapshots: dict, build_model, tokenizer, prompt: str = "R
         model = build_model()
         model.load_state_dict(snapshots[step])
         model.eval()
+        drawn = (sampled or {}).get(step)
         rows.append({"step": int(step), "greedy": sample_text(model, tokenizer, prompt, n_chars, 0.0, seed),
-                     "sampled": sample_text(model, tokenizer, prompt, n_chars, temperature, seed),
+                     "sampled": drawn if drawn is not None else sample_text(model, tokenizer, prompt, n_chars,
+                                                                            temperature, seed),
                      "val_loss": (val_losses or {}).get(step, math.nan)})
     return rows
 

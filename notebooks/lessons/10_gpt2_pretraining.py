@@ -331,8 +331,9 @@ model0.zero_grad()
 # ## 7. The loop, and the mistake that makes gradients pile up
 #
 # One step of `train_steps`: set the step's learning rate on every group, zero the gradients, forward,
-# loss, backward, clip, optimizer step. `loss.backward()` **adds** into `.grad`; nothing resets it but
-# `zero_grad()`.
+# loss, backward, clip, optimizer step. The order matters twice. Clipping after `optimizer.step()` clips
+# gradients that have already been used (the step it was meant to tame is taken unclipped). And
+# `loss.backward()` **adds** into `.grad`; nothing resets it but `zero_grad()`.
 #
 # ### Spot the bug: no `zero_grad`
 #
@@ -504,7 +505,8 @@ self_check_sharing()
 #
 # Now the real thing, with this profile's settings: `gpt2-char-tiny` with a context of `T` characters,
 # AdamW with the two groups, warm-up and cosine, clipping at `max_norm`, an evaluation on fixed
-# training and validation batches every `eval_every` steps, and a 120-to-200-character sample each time.
+# training and validation batches every `eval_every` steps, and a text sample of `sample_chars` characters
+# each time.
 # Weight snapshots at 0, 25, 50 and 100 % of the run feed the checkpoint sampler further down. With
 # live widgets (the `laptop` profile) the dashboard redraws while the model trains.
 
@@ -594,18 +596,14 @@ for step, sample in hist["samples"]:
     print("ROMEO:" + sample)
 
 # %% [markdown]
-# **The checkpoint sampler.** The snapshots taken at 0, 25, 50 and 100 % of the run, each evaluated on
-# the validation batches and asked for a greedy and a sampled continuation. Greedy decoding from a
-# weak model loops on the most likely few characters (unit 09).
+# **The checkpoint sampler.** The snapshots taken at 0, 25, 50 and 100 % of the run (the loop evaluated
+# and sampled each of them), now also decoded greedily. Greedy decoding from a weak model loops on the
+# most likely few characters (unit 09).
 
 # %%
-snap_val = {}
-for s, state in hist["snapshots"].items():
-    probe = GPT2Model(run_cfg)
-    probe.load_state_dict(state)
-    snap_val[s] = P.estimate_loss(probe, corpus.val, B, T, cfg["eval_batches"], P.EVAL_SEED)
+val_at = dict(zip(hist["eval_step"], hist["val_loss"]))
 rows = viz.checkpoint_samples(hist["snapshots"], lambda: GPT2Model(run_cfg), corpus.tokenizer, "ROMEO:",
-                              cfg["sample_chars"], val_losses=snap_val)
+                              cfg["sample_chars"], val_losses=val_at, sampled=dict(hist["samples"]))
 for r in rows:
     print(f"after {r['step']:5d} steps: validation loss {r['val_loss']:.3f}")
 assert [r["step"] for r in rows] == snapshots_at and rows[-1]["val_loss"] < rows[0]["val_loss"]
@@ -627,7 +625,7 @@ print({k: info["recipe"][k] for k in ("context_length", "steps", "batch_size", "
 shipped_val = P.estimate_loss(char_model, corpus.val, 32, char_model.cfg.context_length, 20, P.EVAL_SEED)
 print(f"validation loss {shipped_val:.3f} (perplexity {perplexity(shipped_val):.2f}); recorded at training time "
       f"{info['val_loss']:.3f}; this notebook's run: {final_val:.3f}")
-print("ROMEO:" + P.sample_text(char_model, char_tok, "ROMEO:", 300, temperature=0.8, seed=1))
+print("ROMEO:" + P.sample_text(char_model, char_tok, "ROMEO:", cfg["sample_chars"], temperature=0.8, seed=1))
 assert char_tok.chars == corpus.tokenizer.chars
 
 # %% [markdown]
@@ -642,5 +640,5 @@ assert char_tok.chars == corpus.tokenizer.chars
 #   norm and log the norm before clipping.
 # * Always watch a validation curve next to the training curve.
 #
-# **Lab** (optional, about 20 minutes): `lessons/10_gpt2_pretraining_lab.ipynb` trains the same model
+# **Lab** (optional, about 15–20 minutes): `lessons/10_gpt2_pretraining_lab.ipynb` trains the same model
 # size on TinyStories with GPT-2's tokenizer and a compacted vocabulary (unit 07's method).

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Unit 10 lab — TinyStories with GPT-2's tokenizer
 #
-# **Expected time**: about 20 minutes on a 2-core laptop under the `laptop` profile; under `ci` a
-# 20-step smoke run of the same code (well under a minute).
+# **Expected time**: about 15–20 minutes on an idle 2-core laptop under the `laptop` profile (3,000
+# steps); under `ci` a 20-step smoke run of the same code (well under a minute).
 #
 # The lesson trained on characters. Real language models read **subword tokens**. This lab keeps the
 # model's size (D = 128, 4 heads, 4 layers, context 128) and changes the data: about 1,100 short
@@ -129,7 +129,7 @@ for step, text in hist["samples"]:
     print(f"--- after {step} steps\n{prompt}{text}")
 
 # %% [markdown]
-# Unlike the lesson's run, this corpus is small for its vocabulary: with the `laptop` settings the model
-# passes over the training stories many times. Look at the gap between the curves in the dashboard: where
-# the validation loss flattens while the training loss keeps falling, the extra steps buy memorisation,
-# and a larger corpus (the full TinyStories has about two million stories) is the cure.
+# The number of passes printed above says how often the model has seen each training story. Compare it
+# with the lesson's run, and look at the gap between the curves in the dashboard: where the validation
+# loss flattens while the training loss keeps falling, the extra steps buy memorisation, and more data (the
+# full TinyStories has about two million stories) is the cure.
