@@ -43,6 +43,12 @@ __all__ = [
 # (grader/worker.py swaps its code): recognised in run_learner to say what happened.
 BLOCK_MARK = "llmcourse-reference-blocked:"
 
+
+def blocked_reference(exc: BaseException) -> str | None:
+    """The label of the blocked course object an exception came from (see :data:`BLOCK_MARK`), else None."""
+    text = str(exc)
+    return text.split(BLOCK_MARK, 1)[1].strip() if BLOCK_MARK in text else None
+
 CHECK_TIME_LIMIT_S = 30.0  # per check; each is designed to finish in well under 10 s on 2 cores
 
 
@@ -300,8 +306,8 @@ def run_learner(fn, name, args, kwargs):
         if isinstance(exc, MemoryError) or "allocate memory" in str(exc):
             raise CheckFailure(f"`{name}` ran out of memory{learner_frame(exc)}: the process running your code "
                                "has a memory limit; are you building a far larger tensor than the task needs?") from None
-        if BLOCK_MARK in str(exc):
-            label = str(exc).split(BLOCK_MARK, 1)[1].strip()
+        label = blocked_reference(exc)
+        if label is not None:
             raise CheckFailure(f"`{name}` uses the course library's own answer to this exercise ({label}): calling, "
                                "wrapping or subclassing it is not allowed here; write your own.") from None
         raise LearnerError(name, exc) from exc
@@ -570,11 +576,8 @@ class Tester:
         For contracts such as "raises ValueError when T > context_length". A stub still counts as
         not attempted.
         """
-        try:
-            self._learner.call(probe)
-        except LearnerError as err:
-            return err.etype
-        return "no error"
+        error = self.raised_error(probe)
+        return error[0] if error is not None else "no error"
 
     def raised_error(self, probe: Callable[[Impl], Any]) -> tuple[str, str] | None:
         """``(type name, first line of the message)`` of the learner's exception in ``probe``, or None."""

@@ -116,10 +116,10 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
                                     f"within {time_limit_s:.0f} s")
                 continue
             except Exception as exc:  # a failing import, a decorator that raises, ...
-                from .core import BLOCK_MARK
+                from .core import blocked_reference
 
-                if BLOCK_MARK in str(exc):
-                    label = str(exc).split(BLOCK_MARK, 1)[1].strip()
+                label = blocked_reference(exc)
+                if label is not None:
                     out.problems.append(f"code cell {index}, line {node.lineno}: this definition builds on the course "
                                         f"library's own answer to this exercise ({label}); write your own")
                 else:

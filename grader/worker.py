@@ -34,9 +34,17 @@ import types
 
 import torch
 
-from .core import BLOCK_MARK, CheckFailure, Impl, LearnerError, NotAttempted, TimeLimitExceeded
+from .core import (
+    BLOCK_MARK,
+    CheckFailure,
+    Impl,
+    LearnerError,
+    NotAttempted,
+    TimeLimitExceeded,
+    blocked_reference,
+)
 from .extract import extract_namespace
-from .plain import Opaque, dumps, loads, plain
+from .plain import dumps, loads, plain
 
 __all__ = ["LearnerProcess", "WorkerDied", "block_reference", "serve"]
 
@@ -331,7 +339,7 @@ def _run_probe(probe, impl) -> dict:
     except RecursionError:
         return {"ok": False, "status": "failed", "message": "Your code recursed too deeply (RecursionError)."}
     except BaseException as exc:  # noqa: BLE001 - the probe touched learner objects outside a guard
-        if BLOCK_MARK in str(exc):
+        if blocked_reference(exc) is not None:
             return {"ok": False, "status": "failed", "message": "Your code uses the course library's own answer to "
                     "this exercise; calling, wrapping or subclassing it is not allowed here; write your own."}
         text = str(exc).splitlines()[0][:300] if str(exc) else ""
@@ -390,5 +398,3 @@ def serve(conn, settings: dict) -> None:
         except (BrokenPipeError, OSError):
             return
 
-
-__all__ += ["Opaque"]
