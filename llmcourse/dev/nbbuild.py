@@ -76,7 +76,7 @@ def build_notebook(source: Path, course=None) -> nbformat.NotebookNode:
                 seen[gid] = n
                 cell.metadata["nbgrader"] = {"grade": False, "grade_id": f"{gid}_answer" + (f"_{n}" if n > 1 else ""),
                                              "locked": False, "schema_version": 3, "solution": True, "task": False}
-        cell.metadata = {k: v for k, v in cell.metadata.items() if k in {"tags", "nbgrader"}}
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in {"tags", "nbgrader", "jupyter"}}  # jupyter: source_hidden (collapsed reference fixes)
         if keep:
             cell.metadata["tags"] = keep
         else:
