@@ -27,7 +27,7 @@ from .data import (
     load_text,
 )
 from .manifest import course_root, load_course
-from .models import GPT2Config, GPT2Model
+from .models import GPT2Config, GPT2Model, Llama3Config, Llama3Model
 from .nn import (
     GPTEmbedding,
     InputEmbeddings,
@@ -40,6 +40,7 @@ from .nn import (
     split_heads,
 )
 from .runtime import profile, profile_name, seed_everything, setup_notebook, widgets_live
+from .selfcheck import check, install_history_hook
 from .train import generate, label_smoothed_cross_entropy, make_noam_scheduler, noam_lambda, sample_next_token
 
 __version__ = "0.1.0"
@@ -52,6 +53,9 @@ __all__ = [
     "seed_everything", "setup_notebook", "split_heads", "widgets_live",
     "GPTEmbedding", "InputEmbeddings", "PositionalEncoding", "sinusoidal_pe",
     "MultiHeadAttention",
-    "GPT2Config", "GPT2Model",
+    "GPT2Config", "GPT2Model", "Llama3Config", "Llama3Model",
     "generate", "sample_next_token",
+    "check",
 ]
+
+install_history_hook()  # llmcourse.check() warns about cells run but not saved (a no-op outside IPython)

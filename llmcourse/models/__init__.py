@@ -17,6 +17,28 @@ from .gpt2 import (
     pretrained_gpt2_dir,
     random_hf_gpt2,
 )
+from .llama3 import (
+    LLAMA3_PRESETS,
+    GroupedQueryAttention,
+    Llama3Block,
+    Llama3Config,
+    Llama3Model,
+    RMSNorm,
+    SwiGLUFeedForward,
+    apply_rope,
+    apply_rope_interleaved,
+    hf_llama_config,
+    interleaved_to_half_split_perm,
+    llama3_param_breakdown,
+    llama3_param_count,
+    llama_parity_configs,
+    load_hf_llama,
+    random_hf_llama,
+    repeat_kv,
+    rope_cos_sin,
+    rope_inv_freq,
+    rotate_half,
+)
 from .transformer import Transformer
 
 __all__ = [
@@ -24,4 +46,8 @@ __all__ = [
     "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "gpt2_param_breakdown",
     "gpt2_param_count", "hf_gpt2_config", "load_hf_gpt2", "random_hf_gpt2",
     "find_pretrained_gpt2", "load_pretrained_gpt2", "pretrained_gpt2_dir",
+    "LLAMA3_PRESETS", "GroupedQueryAttention", "Llama3Block", "Llama3Config", "Llama3Model", "RMSNorm",
+    "SwiGLUFeedForward", "apply_rope", "apply_rope_interleaved", "hf_llama_config", "interleaved_to_half_split_perm",
+    "llama3_param_breakdown", "llama3_param_count", "llama_parity_configs", "load_hf_llama", "random_hf_llama",
+    "repeat_kv", "rope_cos_sin", "rope_inv_freq", "rotate_half",
 ]
