@@ -21,11 +21,14 @@
 #
 # The companion exercise notebook (`exercises/03_self_attention/03_self_attention.ipynb`) asks you to
 # write `softmax_stable`, `simple_attention`, `scaled_dot_product_attention`, `SelfAttention` and
-# `CausalSelfAttention` yourself. Here we develop them in the open; from unit 04 on, the course
-# imports the finished versions from `llmcourse.nn`.
+# `CausalSelfAttention` yourself. Here we develop the ideas, the math and the tests that pin them down,
+# and call the finished library versions where a result is needed; the code is yours to write in the
+# exercises. From unit 04 on, the course imports the finished versions from `llmcourse.nn`.
 #
-# Cells marked **Spot the bug** show mistakes that appear in popular write-ups. Run them, read which
-# property breaks, and compare with the fixed version.
+# Cells marked **Spot the bug** show mistakes that appear in popular write-ups. Run the buggy cell and
+# read which property breaks; then write your fix in the **TODO** cell and run its self-check (it prints
+# "not yet" until the fix is right). A reference fix follows in a collapsed cell (click its margin to
+# expand it); it runs with the rest of the notebook, so later cells work either way.
 #
 # **Conventions used everywhere in the course**
 #
@@ -47,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import llmcourse
-from llmcourse.nn import CausalSelfAttention, SelfAttention, causal_mask, scaled_dot_product_attention
+from llmcourse.nn import CausalSelfAttention, SelfAttention, causal_mask, scaled_dot_product_attention, softmax_stable
 from llmcourse.viz import attention as viz
 
 cfg = llmcourse.setup_notebook("03")
@@ -120,8 +123,8 @@ print("context of 'journey':", context_journey)
 # $$\text{weights} = \operatorname{softmax}(X X^\top) \quad (T\times T),\qquad \text{context} = \text{weights}\; X \quad (T \times d).$$
 #
 # Row $i$ of $XX^\top$ holds the scores of query $i$ against every key, so the softmax runs along
-# the **last** dimension (`dim=-1`): each *row* sums to 1. We check the result against the
-# course's fixture F03.2 (values computed independently and written in the syllabus).
+# the **last** dimension (`dim=-1`): each *row* sums to 1. We check the result against reference
+# values computed independently, to four decimals.
 
 # %%
 attn_scores = inputs @ inputs.T              # (6, 3) @ (3, 6) -> (6, 6)
@@ -130,22 +133,22 @@ all_context = attn_weights @ inputs          # (6, 6) @ (6, 3) -> (6, 3)
 print(attn_weights)
 print(all_context)
 
-F03_2_weights = torch.tensor([[0.2098, 0.2006, 0.1981, 0.1242, 0.1220, 0.1452],
+ref_weights = torch.tensor([[0.2098, 0.2006, 0.1981, 0.1242, 0.1220, 0.1452],
                               [0.1385, 0.2379, 0.2333, 0.1240, 0.1082, 0.1581],
                               [0.1390, 0.2369, 0.2326, 0.1242, 0.1108, 0.1565],
                               [0.1435, 0.2074, 0.2046, 0.1462, 0.1263, 0.1720],
                               [0.1526, 0.1958, 0.1975, 0.1367, 0.1879, 0.1295],
                               [0.1385, 0.2184, 0.2128, 0.1420, 0.0988, 0.1896]])
-F03_2_context = torch.tensor([[0.4421, 0.5931, 0.5790], [0.4419, 0.6515, 0.5683], [0.4431, 0.6496, 0.5671],
+ref_context = torch.tensor([[0.4421, 0.5931, 0.5790], [0.4419, 0.6515, 0.5683], [0.4431, 0.6496, 0.5671],
                               [0.4304, 0.6298, 0.5510], [0.4671, 0.5910, 0.5266], [0.4177, 0.6503, 0.5645]])
-assert torch.allclose(attn_weights, F03_2_weights, atol=1e-4)
-assert torch.allclose(all_context, F03_2_context, atol=1e-4)
+assert torch.allclose(attn_weights, ref_weights, atol=1e-4)
+assert torch.allclose(all_context, ref_context, atol=1e-4)
 assert torch.allclose(attn_weights[1], weights_journey) and torch.allclose(all_context[1], context_journey)
 assert torch.allclose(attn_weights.sum(dim=-1), torch.ones(6))
 # the same computation is in the course library (and is exercise 03.simple_attention):
 lib_context, lib_weights = llmcourse.nn.simple_attention(inputs)
 assert torch.allclose(lib_weights, attn_weights) and torch.allclose(lib_context, all_context)
-print("F03.2 reproduced: weights and context match the fixture to 1e-4")
+print("weights and context match the reference values to 1e-4")
 
 # %% [markdown]
 # ## 3. Softmax, and computing it safely
@@ -180,16 +183,14 @@ assert torch.allclose(torch.softmax(z + 100.0, dim=0), p_soft)   # shift invaria
 # ordinary. Shift invariance is the cure: subtract the row maximum first. The largest exponent is then
 # $e^0 = 1$, nothing overflows, and the result is unchanged. Entries equal to $-\infty$ become
 # $e^{-\infty} = 0$, which is exactly what masking will need.
+#
+# Below, `softmax_stable` is the library's version (you write your own in the exercises). The tests it
+# must pass: no `nan` for huge inputs, the same values as `torch.softmax`, weight 0 for $-\infty$, and
+# the reference values of a few cases computed independently.
 
 # %%
 def softmax_naive(x, dim=-1):
     e = x.exp()
-    return e / e.sum(dim=dim, keepdim=True)
-
-
-def softmax_stable(x, dim=-1):
-    shifted = x - x.amax(dim=dim, keepdim=True)   # the largest entry becomes 0
-    e = shifted.exp()
     return e / e.sum(dim=dim, keepdim=True)
 
 
@@ -199,7 +200,7 @@ print("stable:", softmax_stable(big))
 assert torch.isnan(softmax_naive(big)).all()
 assert torch.allclose(softmax_stable(big), torch.tensor([0.2689, 0.7311]), atol=1e-4)
 
-# Fixture F03.1: every case, against torch.softmax and against the syllabus values
+# reference cases (computed independently), each also compared with torch.softmax
 cases = {
     (2.0, 3.0, 5.0): [0.0420, 0.1142, 0.8438],
     (2.0, 3.0, -math.inf): [0.2689, 0.7311, 0.0],
@@ -218,15 +219,26 @@ for values, expected in cases.items():
 # **Rows with nothing allowed.** When every entry of a row is $-\infty$ (a query that may attend to
 # no key at all), the softmax is $0/0 =$ `nan`. Some code fills blocked scores with a large negative
 # number such as `-1e9` instead; an all-blocked row then becomes *uniform*, which hides the problem.
-# `-1e9` is also not representable in float16, where it silently turns into $-\infty$ (the largest
-# float16 is 65504). If you need a finite fill, use `torch.finfo(dtype).min`. In this course every
-# query always has at least one allowed key (itself), so we use $-\infty$.
+# `-1e9` is also out of range for float16 (its largest magnitude is 65504): `masked_fill(mask, -1e9)`
+# on a float16 tensor **raises** an overflow error, and only an explicit conversion such as
+# `torch.tensor(-1e9).half()` rounds it to $-\infty$ (both printed below). If you need a finite fill,
+# use `torch.finfo(dtype).min`. In this course every query always has at least one allowed key
+# (itself), so we use $-\infty$.
 
 # %%
 all_blocked = torch.full((4,), -math.inf)
 print("all -inf  ->", torch.softmax(all_blocked, dim=0))
 print("all -1e9  ->", torch.softmax(torch.full((4,), -1e9), dim=0))
-print("-1e9 in float16 ->", torch.tensor(-1e9, dtype=torch.float16), "; finfo(float16).min =", torch.finfo(torch.float16).min)
+print("torch.tensor(-1e9).half() ->", torch.tensor(-1e9).half(), "; finfo(float16).min =", torch.finfo(torch.float16).min)
+half_scores, half_block = torch.zeros(4, dtype=torch.float16), torch.tensor([False, True, True, True])
+try:
+    half_scores.masked_fill(half_block, -1e9)
+    fp16_fill_raises = False
+except RuntimeError as err:
+    fp16_fill_raises = True
+    print("float16 masked_fill(mask, -1e9) -> RuntimeError:", str(err).splitlines()[0])
+assert fp16_fill_raises
+print("float16 masked_fill(mask, finfo.min) ->", half_scores.masked_fill(half_block, torch.finfo(torch.float16).min))
 assert torch.isnan(torch.softmax(all_blocked, dim=0)).all()
 assert torch.allclose(torch.softmax(torch.full((4,), -1e9), dim=0), torch.full((4,), 0.25))
 assert torch.isinf(torch.tensor(-1e9, dtype=torch.float16))
@@ -250,8 +262,9 @@ assert all(torch.equal(fills[0], f) for f in fills[1:])
 # token would typically score highest against itself. With separate projections "journey" can look
 # for something quite different from what it advertises.
 #
-# We project from $d_{in} = 3$ to $d_{out} = 2$, with weights drawn by the recipe of fixture F03.3:
-# `torch.manual_seed(123)`, then `torch.rand(3, 2)` three times, in the order query, key, value.
+# We project from $d_{in} = 3$ to $d_{out} = 2$, with weights drawn by a fixed recipe so that every
+# number below is reproducible: `torch.manual_seed(123)`, then `torch.rand(3, 2)` three times, in the
+# order query, key, value.
 # (`requires_grad=False` only because we are not training yet.)
 
 # %%
@@ -309,7 +322,7 @@ assert abs(float(raw_scores[0, 0]) - 0.9231) < 1e-4 and abs(score_cut - 0.9112) 
 # variance 1, and variances of independent terms add: $\operatorname{Var}(q\cdot k) = d_k$, so the
 # typical size of a score grows like $\sqrt{d_k}$. Dividing by $\sqrt{d_k}$ brings the variance back to 1
 # whatever the width. Even with no randomness the growth is plain: $0.1\cdot\mathbf 1_d$ dotted with
-# itself is $0.01\,d$ (fixture F03.7).
+# itself is $0.01\,d$.
 
 # %%
 for d, expected in [(2, 0.02), (100, 1.0), (1000, 10.0)]:
@@ -317,7 +330,7 @@ for d, expected in [(2, 0.02), (100, 1.0), (1000, 10.0)]:
     print(f"d = {d:4d}: (0.1·1)·(0.1·1) = {float(v @ v):.4f}")
     assert abs(float(v @ v) - expected) < 1e-4
 
-# F03.8: Monte Carlo with 100,000 samples per d (drawn in chunks so memory stays small)
+# Monte Carlo with 100,000 samples per d (drawn in chunks so memory stays small)
 for d in (2, 64, 512):
     raw, scaled = viz.dot_product_samples(d, n_samples=100_000, seed=0)
     var_raw, var_scaled = float(raw.var()), float(scaled.var())
@@ -330,7 +343,7 @@ assert abs(math.sqrt(512) - 22.63) < 0.005
 # %% [markdown]
 # **The sharpness experiment.** Why would large scores hurt? Softmax turns score *differences* into
 # weight *ratios* exponentially. Multiply the same scores by 8 (what 64-times-wider keys do to typical
-# unscaled scores, since $\sqrt{64} = 8$) and the softmax collapses onto its largest entry (fixture F03.1). A nearly one-hot
+# unscaled scores, since $\sqrt{64} = 8$) and the softmax collapses onto its largest entry. A nearly one-hot
 # softmax has nearly zero gradient with respect to all its inputs, so the query and key projections
 # stop learning. Scaling keeps the softmax in its responsive range at initialisation.
 #
@@ -378,19 +391,19 @@ assert float((raw64 / 64).var()) < 0.02 and float((raw64 / math.sqrt(512)).var()
 
 # %% [markdown]
 # Back to our example: the attention weights are the softmax of the scaled scores, with $d_k = 2$
-# (fixture F03.3).
+# (checked against reference values computed independently).
 
 # %%
 d_k = keys.shape[-1]
 attn_weights = torch.softmax(raw_scores / math.sqrt(d_k), dim=-1)
 print(attn_weights)
-F03_3_weights = torch.tensor([[0.1551, 0.2104, 0.2059, 0.1413, 0.1074, 0.1799],
+ref_scaled_weights = torch.tensor([[0.1551, 0.2104, 0.2059, 0.1413, 0.1074, 0.1799],
                               [0.1500, 0.2264, 0.2199, 0.1311, 0.0906, 0.1820],
                               [0.1503, 0.2256, 0.2192, 0.1315, 0.0914, 0.1819],
                               [0.1591, 0.1994, 0.1962, 0.1477, 0.1206, 0.1769],
                               [0.1610, 0.1949, 0.1923, 0.1501, 0.1265, 0.1752],
                               [0.1557, 0.2092, 0.2048, 0.1419, 0.1089, 0.1794]])
-assert torch.allclose(attn_weights, F03_3_weights, atol=1e-4)
+assert torch.allclose(attn_weights, ref_scaled_weights, atol=1e-4)
 
 # %% [markdown]
 # ## 6. Context vectors
@@ -411,14 +424,14 @@ assert torch.allclose(attn_weights, F03_3_weights, atol=1e-4)
 # %%
 context_vecs = attn_weights @ values      # (6, 6) @ (6, 2) -> (6, 2)
 print(context_vecs)
-F03_3_context = torch.tensor([[0.2996, 0.8053], [0.3061, 0.8210], [0.3058, 0.8203],
+ref_scaled_context = torch.tensor([[0.2996, 0.8053], [0.3061, 0.8210], [0.3058, 0.8203],
                               [0.2948, 0.7939], [0.2927, 0.7891], [0.2990, 0.8040]])
-assert torch.allclose(context_vecs, F03_3_context, atol=1e-4)
+assert torch.allclose(context_vecs, ref_scaled_context, atol=1e-4)
 # the library function (exercise 03.scaled_dot_product_attention) and PyTorch's built-in agree
 ctx_lib, w_lib = scaled_dot_product_attention(queries, keys, values)
 assert torch.allclose(ctx_lib, context_vecs, atol=1e-6) and torch.allclose(w_lib, attn_weights, atol=1e-6)
 assert torch.allclose(F.scaled_dot_product_attention(queries, keys, values), context_vecs, atol=1e-6)
-print("context vectors match F03.3, llmcourse and F.scaled_dot_product_attention")
+print("context vectors match the reference values, llmcourse and F.scaled_dot_product_attention")
 
 # %% [markdown]
 # With $d_{out} = 2$ we can draw the geometry. Each key is a point in the plane and the query is an
@@ -432,7 +445,8 @@ viz.show_query_geometry()
 # ## 7. A `SelfAttention` module, and why initialisation matters
 #
 # Wrapping the projections in a module is a few lines. A first version stores the three matrices as
-# `nn.Parameter(torch.rand(d_in, d_out))`, exactly the recipe we used above, so it reproduces F03.3.
+# `nn.Parameter(torch.rand(d_in, d_out))`, exactly the recipe we used above, so it reproduces the
+# context vectors of section 6.
 
 # %%
 class SelfAttentionRand(nn.Module):
@@ -454,7 +468,7 @@ torch.manual_seed(123)
 sa_rand = SelfAttentionRand(3, 2)
 with torch.no_grad():
     out_rand = sa_rand(inputs)
-assert torch.allclose(out_rand, F03_3_context, atol=1e-4)
+assert torch.allclose(out_rand, ref_scaled_context, atol=1e-4)
 
 # The library's SelfAttention uses nn.Linear layers. nn.Linear computes x @ weight.T, so to load the
 # same matrices we store their transposes, shape (d_out, d_in).
@@ -474,7 +488,7 @@ print("state_dict keys:", list(sa.state_dict()), "| W_query.weight shape:", tupl
 # a sum of $d_{in}$ positive terms and every dot product a sum of $d_{out}$ large positive terms.
 #
 # Even without projections, 512-dimensional `torch.rand` inputs already give huge scores, and a softmax
-# that is one-hot (fixture F03.6):
+# that is one-hot:
 
 # %%
 torch.manual_seed(123)
@@ -490,7 +504,7 @@ assert torch.allclose(torch.diagonal(inputs_512 @ inputs_512.T),
                       torch.tensor([172.0800, 169.7252, 177.2513, 168.5083]), atol=1e-3)
 
 # %% [markdown]
-# Now add `torch.rand(512, 64)` projections (fixture F03.9). Each query and key component is about
+# Now add `torch.rand(512, 64)` projections. Each query and key component is about
 # $512 \times 0.5 \times 0.5 = 128$, so a score is about $64 \times 128^2 \approx 10^6$. Dividing by
 # $\sqrt{64} = 8$ cannot rescue that: neighbouring scores differ by thousands and the softmax is
 # **exactly** one-hot in float32. `nn.Linear` draws its weights from $U(-1/\sqrt{d_{in}}, 1/\sqrt{d_{in}})$,
@@ -515,53 +529,75 @@ assert torch.equal(weights_rand.max(dim=-1).values, torch.ones(4))          # ex
 assert float(weights_lin.max()) < 0.9 and float(weights_lin.min()) > 0.01    # every key gets some weight
 
 # %% [markdown]
-# ### Spot the bug 1: a scale that comes from outside the class
+# ### Spot the bug 1: a scale that comes from outside
 #
-# A widely copied version divides by `d_out**0.5`, where `d_out` is a *global variable* defined a few
-# cells earlier for the toy example. It gives the right numbers as long as every module happens to have
-# that width. Run it with a module of width 5:
+# A widely copied version divides the scores by `d_out**0.5`, where `d_out` is a *global variable*
+# defined a few cells earlier for the toy example. It gives the right numbers as long as every key
+# happens to have that width. The property to test: attention built on these scores must equal
+# PyTorch's `F.scaled_dot_product_attention` **for any key width**. Run it with widths 2 and 5:
 
 # %%
 d_out = 2   # a notebook-level variable left over from the toy example
 
 
-class SelfAttentionGlobalScale(nn.Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=False)
-        self.W_key = nn.Linear(d_in, d_out, bias=False)
-        self.W_value = nn.Linear(d_in, d_out, bias=False)
-
-    def forward(self, x):
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        weights = torch.softmax(q @ k.transpose(-2, -1) / d_out**0.5, dim=-1)   # <- which d_out is this?
-        return weights @ v
+def scaled_scores_global(q, k):
+    return q @ k.transpose(-2, -1) / d_out**0.5   # <- which d_out is this?
 
 
-def matches_pytorch(module, x):
-    """Self-check: the module's output equals F.scaled_dot_product_attention on its own projections."""
-    with torch.no_grad():
-        expected = F.scaled_dot_product_attention(module.W_query(x), module.W_key(x), module.W_value(x))
-        return torch.allclose(module(x), expected, atol=1e-5)
+def matches_pytorch(scores_fn, width, seed=0):
+    """Self-check: softmax(scores_fn(q, k)) @ v equals F.scaled_dot_product_attention for keys of this width."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(6, width, generator=g) for _ in range(3))
+    ours = torch.softmax(scores_fn(q, k), dim=-1) @ v
+    return bool(torch.allclose(ours, F.scaled_dot_product_attention(q, k, v), atol=1e-5))
 
 
+for width in (2, 5):
+    print(f"global-scale scores, key width {width}: matches PyTorch? {matches_pytorch(scaled_scores_global, width)}")
+
+# %% [markdown]
+# It passes for width 2 and fails for width 5. (The grader builds your modules with other widths in a
+# fresh namespace, where the global does not even exist.)
+#
+# **Your fix.** Rewrite `scaled_scores(q, k)` so that it returns the raw scores over the last two axes,
+# divided by the square root of the width of *these* keys, for `q (..., T_q, d_k)` and
+# `k (..., T_k, d_k)`. Then run the self-check.
+
+# %%
+def scaled_scores(q, k):
+    # TODO: divide by the square root of the key width of this call, not by a global
+    return q @ k.transpose(-2, -1) / d_out**0.5
+
+
+def self_check_scaled_scores():
+    ok = all(matches_pytorch(scaled_scores, w, seed) for w in (1, 2, 5, 64) for seed in (0, 1))
+    print("✓ scaled_scores is fixed" if ok else "✗ not yet: the scale must come from the keys themselves")
+    return ok
+
+
+fixed_1 = self_check_scaled_scores()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed). Running it replaces your version of scaled_scores.
+def scaled_scores(q, k):
+    return q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
+
+
+assert self_check_scaled_scores()
+
+# %% [markdown]
+# The library's `SelfAttention` passes the same property for modules of width 2 and 5:
+
+# %%
 x_demo = torch.randn(6, 3)
 for width in (2, 5):
     torch.manual_seed(0)
-    print(f"global-scale version, d_out = {width}: matches PyTorch? {matches_pytorch(SelfAttentionGlobalScale(3, width), x_demo)}")
-
-# %% [markdown]
-# It passes for width 2 and fails for width 5: the scale must be the key width **of this call**,
-# `k.shape[-1]`. (The grader builds your class with another width in a fresh namespace, where the global
-# does not even exist.) The library's `SelfAttention` passes both:
-
-# %%
-for width in (2, 5):
-    torch.manual_seed(0)
-    ok = matches_pytorch(SelfAttention(3, width), x_demo)
+    sa_w = SelfAttention(3, width)
+    with torch.no_grad():
+        ok = torch.allclose(sa_w(x_demo), F.scaled_dot_product_attention(
+            sa_w.W_query(x_demo), sa_w.W_key(x_demo), sa_w.W_value(x_demo)), atol=1e-5)
     print(f"llmcourse SelfAttention, d_out = {width}: matches PyTorch? {ok}")
     assert ok
-print("self-check passed")
 
 # %% [markdown]
 # ## 8. Causal masking
@@ -602,7 +638,7 @@ variants = {"-inf before softmax": w_neg_inf, "fill 0 before softmax": w_zero_fi
 for name, w in variants.items():
     print(f"{name:31s} row 0 = {[round(v, 4) for v in w[0].tolist()]}  row sums = {[round(v, 4) for v in w.sum(-1).tolist()]}")
 
-# fixture F03.4 (the -inf path) and F03.5 (the other three)
+# reference values (computed independently) for the -inf path and the other three
 assert torch.allclose(w_neg_inf[1, :2], torch.tensor([0.3986, 0.6014]), atol=1e-4)
 assert torch.allclose(w_neg_inf[2], torch.tensor([0.2526, 0.3791, 0.3683, 0, 0, 0]), atol=1e-4)
 assert torch.allclose(w_neg_inf[3], torch.tensor([0.2265, 0.2839, 0.2794, 0.2103, 0, 0]), atol=1e-4)
@@ -615,9 +651,9 @@ print(f"renormalised vs -inf: max |difference| = {max_diff:.1e} (rounding only)"
 assert max_diff < 1e-6
 
 causal_context = w_neg_inf @ values
-F03_4_context = torch.tensor([[0.1855, 0.8812], [0.3116, 0.9549], [0.3395, 0.9652],
+ref_causal_context = torch.tensor([[0.1855, 0.8812], [0.3116, 0.9549], [0.3395, 0.9652],
                               [0.3129, 0.8747], [0.2865, 0.7897], [0.2990, 0.8040]])
-assert torch.allclose(causal_context, F03_4_context, atol=1e-4)
+assert torch.allclose(causal_context, ref_causal_context, atol=1e-4)
 assert torch.allclose(causal_context[0], values[0])   # token 0 can only see itself: its own value vector
 
 # %% [markdown]
@@ -708,15 +744,37 @@ print("weights with the mismatched mask:\n", w_bad)
 print("rows that see the future:", future_leaks(block_mask))
 
 # %% [markdown]
-# Row 0 now attends only to tokens 1–5, and the last row is `nan`. The fix is to convert the mask to the
-# convention the code expects (or, better, to use one convention everywhere: the course's
-# `causal_mask`, `True` = may attend):
+# Row 0 now attends only to tokens 1–5, and the last row is `nan`. The cure is to convert the mask to the
+# convention the code expects (better still: use one convention everywhere, the course's `causal_mask`,
+# `True` = may attend).
+#
+# **Your fix.** Write `to_allowed(mask01)`: it takes a 0/1 mask in which 1 = blocked and returns the
+# boolean mask the attention code above expects (`True` = may attend), same shape. Then run the
+# self-check: no row may see the future.
 
 # %%
-fixed_mask = (block_mask == 0)            # 1 = blocked  ->  True = may attend
-assert torch.equal(fixed_mask, causal_mask(6))
-assert future_leaks(fixed_mask) == [] and future_leaks(causal_mask(6)) == []
-print("self-check passed: no row sees the future")
+def to_allowed(mask01):
+    # TODO: convert "1 = blocked" into a bool mask with True = may attend
+    return mask01
+
+
+def self_check_to_allowed():
+    m = to_allowed(block_mask)
+    ok = m.dtype == torch.bool and future_leaks(m) == [] and torch.equal(m, causal_mask(6))
+    print("✓ no row sees the future" if ok else
+          f"✗ not yet: dtype {m.dtype}, rows that see the future: {future_leaks(m)}")
+    return ok
+
+
+fixed_2 = self_check_to_allowed()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed). Running it replaces your version of to_allowed.
+def to_allowed(mask01):
+    return mask01 == 0
+
+
+assert self_check_to_allowed() and future_leaks(causal_mask(6)) == []
 
 # %% [markdown]
 # ### Attention on a real sentence
@@ -829,7 +887,8 @@ viz.show_dropout_on_weights()
 # batch uses its top-left `T × T` corner: `mask[:T, :T]`. A batch longer than `context_length` is an
 # error, raised with a clear message.
 #
-# Here is the library's module (you write your own in the exercises), with the F03.3 weights loaded.
+# Here is the library's module (you write your own in the exercises), with the weights of section 4
+# loaded.
 
 # %%
 torch.manual_seed(0)
@@ -844,7 +903,7 @@ with torch.no_grad():
     out = ca(batch)
 print("output shape:", tuple(out.shape), "| last_weights shape:", tuple(ca.last_weights.shape))
 assert out.shape == (2, 6, 2) and ca.last_weights.shape == (2, 6, 6)
-assert torch.allclose(out[0], F03_4_context, atol=1e-4)              # F03.4 again, now batched
+assert torch.allclose(out[0], ref_causal_context, atol=1e-4)              # section 8's causal context again, now batched
 assert torch.allclose(ca.last_weights[0], w_neg_inf, atol=1e-6)
 
 print("parameters:", [n for n, _ in ca.named_parameters()])
@@ -912,33 +971,22 @@ assert worst < 4, "inverted dropout should be unbiased"
 # In a single-sequence version, `softmax(scores, dim=1)` and `dim=-1` are the same thing, because scores
 # are `(T, T)`. A batched version that keeps `dim=1` normalises over the **queries** of `(B, T, T)` scores:
 # the *columns* sum to 1 instead of the rows. The output of one widely read notebook was produced this
-# way; its last row looks far too large. Run the buggy class and inspect the sums:
+# way; its last row looks far too large. Here is its weight computation, run on the projections of the
+# module above; inspect the sums:
 
 # %%
-class CausalAttentionDim1(nn.Module):
-    def __init__(self, d_in, d_out, context_length):
-        super().__init__()
-        self.W_query = nn.Linear(d_in, d_out, bias=False)
-        self.W_key = nn.Linear(d_in, d_out, bias=False)
-        self.W_value = nn.Linear(d_in, d_out, bias=False)
-        self.register_buffer("mask", causal_mask(context_length), persistent=False)
-
-    def forward(self, x):
-        t = x.shape[1]
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        s = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
-        s = s.masked_fill(~self.mask[:t, :t], -math.inf)
-        self.last_weights = torch.softmax(s, dim=1)           # <- the bug
-        return self.last_weights @ v
+def causal_weights_dim1(scores, mask):
+    """(B, T, T) scaled scores and a (T, T) bool mask -> attention weights, as the buggy notebook does it."""
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)   # <- the bug
 
 
-buggy = CausalAttentionDim1(3, 2, 6)
-buggy.load_state_dict(ca.state_dict())
 with torch.no_grad():
-    out_buggy = buggy(batch)
-print("row sums    (should be 1):", buggy.last_weights[0].sum(-1))
-print("column sums (no reason to be 1):", buggy.last_weights[0].sum(-2))
-print("last row of the output, buggy vs correct:", out_buggy[0, -1], base_out[0, -1])
+    q_b, k_b, v_b = ca.W_query(batch), ca.W_key(batch), ca.W_value(batch)
+scores_b = q_b @ k_b.transpose(-2, -1) / math.sqrt(k_b.shape[-1])
+w_buggy = causal_weights_dim1(scores_b, causal_mask(6))
+print("row sums    (should be 1):", w_buggy[0].sum(-1))
+print("column sums (no reason to be 1):", w_buggy[0].sum(-2))
+print("last row of the output, buggy vs correct:", (w_buggy @ v_b)[0, -1], base_out[0, -1])
 
 
 def rows_are_distributions(weights):
@@ -947,31 +995,39 @@ def rows_are_distributions(weights):
                 and (weights.triu(1) == 0).all())
 
 
-print("self-check on the buggy module:", rows_are_distributions(buggy.last_weights))
+print("rows are distributions?", rows_are_distributions(w_buggy))
 
 # %% [markdown]
 # The last key (column 5) is allowed for only one query, so after a column-wise softmax that single entry
-# is 1 and token 5's whole value vector is added to the last output: the "far too large" last row. The fix
-# is one character, `dim=-1`:
+# is 1 and token 5's whole value vector is added to the last output: the "far too large" last row.
+#
+# **Your fix.** Rewrite `causal_weights(scores, mask)` (same inputs as above, any number of leading batch
+# dimensions) so that every query's weights form a distribution over the keys it may see. The
+# self-check also compares the resulting output with the library module's.
 
 # %%
-class CausalAttentionFixed(CausalAttentionDim1):
-    def forward(self, x):
-        t = x.shape[1]
-        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
-        s = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
-        s = s.masked_fill(~self.mask[:t, :t], -math.inf)
-        self.last_weights = torch.softmax(s, dim=-1)          # normalise over the keys
-        return self.last_weights @ v
+def causal_weights(scores, mask):
+    # TODO: normalise over the keys, whatever the number of batch dimensions
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)
 
 
-fixed = CausalAttentionFixed(3, 2, 6)
-fixed.load_state_dict(ca.state_dict())
-with torch.no_grad():
-    out_fixed = fixed(batch)
-assert rows_are_distributions(fixed.last_weights)
-assert torch.allclose(out_fixed, base_out, atol=1e-6)
-print("self-check passed: rows sum to 1 and the output matches llmcourse's CausalSelfAttention")
+def self_check_causal_weights():
+    w = causal_weights(scores_b, causal_mask(6))
+    ok = rows_are_distributions(w) and torch.allclose(w @ v_b, base_out, atol=1e-6)
+    print("✓ rows sum to 1 and the output matches llmcourse's CausalSelfAttention" if ok else
+          "✗ not yet: the rows of the weights must sum to 1")
+    return ok
+
+
+fixed_3 = self_check_causal_weights()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): one character, dim=-1. Running it replaces your version of causal_weights.
+def causal_weights(scores, mask):
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
+
+
+assert self_check_causal_weights()
 
 # %% [markdown]
 # ## 11. Training a one-layer attention language model
