@@ -2,7 +2,11 @@
 
   course doctor            [OK]/[FAIL] per requirement; exit 1 on a failure
   course list              units and exercises from course.toml, with availability
-  course check NOTEBOOK    self-check an exercise notebook: passed / failed (+ diagnosis) / not attempted
+  course check [--json] NOTEBOOK
+                           self-check an exercise notebook: passed / failed (+ diagnosis) / not attempted
+  course progress [FOLDER] [--json]
+                           points, passed / failed / not attempted and the most common bug per unit
+                           over a folder of exercise notebooks (default exercises/)
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
   course grade DIR [--out OUT] [--timeout S] [--roster CSV]
@@ -127,7 +131,44 @@ def cmd_map(args) -> int:
 # ------------------------------------------------------------------------------------------ check
 
 
+def verdict_record(v) -> dict:
+    """A verdict as plain JSON data (what ``course check --json`` and ``llmcourse.check()`` show)."""
+    return {"exercise_id": v.exercise_id, "status": v.status, "message": v.message, "bug_id": v.bug_id,
+            "hint": v.hint, "points": v.points, "max_points": v.max_points, "notes": list(v.notes)}
+
+
+def check_report(unit, verdicts, notebook: str) -> dict:
+    """``course check``'s result as plain data: the text report and the JSON report are both made from it."""
+    counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("passed", "failed", "not_attempted")}
+    counts["failed"] += len(verdicts) - sum(counts.values())  # missing / grader errors count as failed
+    return {
+        "unit": unit.id, "title": unit.title, "notebook": str(notebook),
+        "problems": list(dict.fromkeys(n for v in verdicts for n in v.notes)),
+        "verdicts": [verdict_record(v) for v in verdicts],
+        "earned": sum(v.points for v in verdicts), "total": sum(v.max_points for v in verdicts),
+        "counts": counts, "passed": all(v.passed for v in verdicts),
+    }
+
+
+def render_check_report(report: dict) -> str:
+    """The text of ``course check`` from :func:`check_report`'s data."""
+    from grader.core import Verdict
+
+    out = [f"Unit {report['unit']} {report['title']}: {report['notebook']}", ""]
+    if report["problems"]:
+        out.append("Problems while loading your notebook (only imports, functions and classes are loaded):")
+        out += [f"  - {p}" for p in report["problems"]] + [""]
+    for rec in report["verdicts"]:
+        out += [Verdict(**rec).render(notes=False), ""]
+    c = report["counts"]
+    out.append(f"{c['passed']} passed, {c['failed']} failed, {c['not_attempted']} not attempted "
+               f"— {report['earned']}/{report['total']} points")
+    return "\n".join(out)
+
+
 def cmd_check(args) -> int:
+    import json
+
     from grader.worker import start_forkserver
 
     start_forkserver()  # the learner processes' parent preloads torch while this process reads the notebook
@@ -136,23 +177,94 @@ def cmd_check(args) -> int:
     try:
         unit, verdicts = check_notebook(args.notebook)
     except (FileNotFoundError, ValueError) as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc)}))
         print(f"course check: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"Unit {unit.id} {unit.title}: {args.notebook}\n")
-    problems = list(dict.fromkeys(n for v in verdicts for n in v.notes))
-    if problems:
-        print("Problems while loading your notebook (only imports, functions and classes are loaded):")
-        print("\n".join(f"  - {p}" for p in problems) + "\n")
-    for v in verdicts:
-        print(v.render(notes=False))
-        print()
-    earned = sum(v.points for v in verdicts)
-    total = sum(v.max_points for v in verdicts)
-    counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("passed", "failed", "not_attempted")}
-    other = len(verdicts) - sum(counts.values())
-    print(f"{counts['passed']} passed, {counts['failed'] + other} failed, {counts['not_attempted']} not attempted "
-          f"— {earned}/{total} points")
-    return EXIT_OK if all(v.passed for v in verdicts) else EXIT_FAIL
+    report = check_report(unit, verdicts, args.notebook)
+    print(json.dumps(report, indent=1) if args.json else render_check_report(report))
+    return EXIT_OK if report["passed"] else EXIT_FAIL
+
+
+def find_unit_notebook(folder: Path, unit) -> Path | None:
+    """The exercise notebook of ``unit`` in a student's folder: ``NN_slug/NN_slug.ipynb`` or ``NN_slug.ipynb``."""
+    name = Path(unit.exercise).name
+    for candidate in (folder / Path(unit.exercise).parent.name / name, folder / name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def progress_report(folder: Path, course=None) -> dict:
+    """``course progress``: every available unit's notebook in ``folder`` checked in this one process
+    (one forkserver for all of them)."""
+    from collections import Counter
+
+    from grader.runner import check_notebook
+
+    course = course or _course()
+    rows = []
+    for unit in course.available_units:
+        if not unit.exercises:
+            continue
+        row = {"unit": unit.id, "title": unit.title, "notebook": None, "earned": 0,
+               "available": sum(e.points for e in unit.exercises), "passed": 0, "failed": 0,
+               "not_attempted": len(unit.exercises), "exercises": len(unit.exercises), "common_bug": None,
+               "common_bug_count": 0, "error": None}
+        path = find_unit_notebook(folder, unit)
+        if path is None:
+            row["error"] = "no notebook"
+            rows.append(row)
+            continue
+        row["notebook"] = str(path)
+        try:
+            _, verdicts = check_notebook(path)
+        except (FileNotFoundError, ValueError) as exc:
+            row["error"] = str(exc)
+            rows.append(row)
+            continue
+        rep = check_report(unit, verdicts, str(path))
+        row.update(earned=rep["earned"], available=rep["total"], passed=rep["counts"]["passed"],
+                   failed=rep["counts"]["failed"], not_attempted=rep["counts"]["not_attempted"])
+        bugs = Counter(v.bug_id for v in verdicts if v.bug_id)
+        if bugs:
+            row["common_bug"], row["common_bug_count"] = bugs.most_common(1)[0]
+        rows.append(row)
+    return {"folder": str(folder), "units": rows, "earned": sum(r["earned"] for r in rows),
+            "available": sum(r["available"] for r in rows)}
+
+
+def render_progress(report: dict) -> str:
+    head = ["Unit", "Title", "Points", "Passed", "Failed", "Not attempted", "Most common bug"]
+    body = []
+    for r in report["units"]:
+        if r["error"]:
+            body.append([r["unit"], r["title"], f"0/{r['available']}", "-", "-", "-", r["error"]])
+            continue
+        bug = f"{r['common_bug']} (x{r['common_bug_count']})" if r["common_bug"] else "-"
+        body.append([r["unit"], r["title"], f"{r['earned']}/{r['available']}", str(r["passed"]), str(r["failed"]),
+                     str(r["not_attempted"]), bug])
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [f"Progress in {report['folder']}", "", line(head), line(["-" * w for w in widths])]
+    out += [line(r) for r in body]
+    out += ["", f"Total: {report['earned']}/{report['available']} points"]
+    return "\n".join(out)
+
+
+def cmd_progress(args) -> int:
+    import json
+
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        print(f"course progress: not a folder: {folder}", file=sys.stderr)
+        return EXIT_USAGE
+    from grader.worker import start_forkserver
+
+    start_forkserver()
+    report = progress_report(folder)
+    print(json.dumps(report, indent=1) if args.json else render_progress(report))
+    return EXIT_OK
 
 
 # ------------------------------------------------------------------------------------------ release / grade
@@ -203,7 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("map", help="the course map as Markdown").set_defaults(func=cmd_map)
     p = sub.add_parser("check", help="self-check an exercise notebook")
     p.add_argument("notebook")
+    p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")
     p.set_defaults(func=cmd_check)
+    p = sub.add_parser("progress", help="points per unit over a folder of exercise notebooks")
+    p.add_argument("folder", nargs="?", default="exercises", help="default: exercises/")
+    p.add_argument("--json", action="store_true", help="the table as JSON")
+    p.set_defaults(func=cmd_progress)
     p = sub.add_parser("release", help="regenerate exercises/ from solutions/ (nbgrader)")
     p.add_argument("units", nargs="*", help="unit ids (default: every available unit)")
     p.add_argument("--check", action="store_true", help="only report stale exercises; exit 1 if any")

@@ -14,6 +14,12 @@ Cell tags in the source header (``# %% tags=["..."]``) carry the course's conven
   course.toml; visible asserts plus a ``### BEGIN HIDDEN TESTS`` block that calls ``grader.grade``;
 * ``nbval-ignore-output``, ``nbval-skip``, ``raises-exception``: kept as tags (nbval / Jupyter).
 
+Every exercise (solution) notebook gets, from the builder, a last markdown cell and a last code cell
+``llmcourse.check()`` (:data:`CHECK_MARKDOWN`, :data:`CHECK_CODE`): the in-notebook check of the saved file. They are not graded
+(no nbgrader metadata) and print one line under nbval / nbgrader (see :func:`llmcourse.check`). The
+introduction's sentence ``**Check your work** at any time: save the notebook, then run in a terminal`` is
+rewritten to name that check first (:func:`_intro_check_first`).
+
 The output is normalised (course kernelspec, deterministic cell ids, no outputs) so rebuilding an
 unchanged source gives byte-identical notebooks; ``tests/test_notebooks_built.py`` checks that.
 Run ``make notebooks`` (``python -m llmcourse.dev.nbbuild``) after editing a source.
@@ -51,6 +57,48 @@ def _normalise(nb, course, prefix: str) -> nbformat.NotebookNode:
     return nb
 
 
+CHECK_MARKDOWN = """## Check your work
+
+Save the notebook (**Ctrl+S**), then run the cell below. It runs the grader's checks on the notebook *as
+saved*, in a separate process, and shows a table: for each exercise *passed*, *failed* (what went wrong
+and, for a known mistake, its name and a hint) or *not attempted*, with your points and the total. You can
+call `llmcourse.check()` in any cell. In a terminal, `course check {exercise}` prints the same report."""
+CHECK_CODE = "llmcourse.check()"
+CHECK_TAG = "llmcourse-check"
+
+INTRO_TERMINAL = "**Check your work** at any time: save the notebook, then run in a terminal"
+INTRO_CHECK_FIRST = ("**Check your work** at any time: save the notebook (Ctrl+S) and run the last cell, "
+                     "`llmcourse.check()` (it works in any cell): it shows a table of your results. Or run in "
+                     "a terminal")
+
+
+def _intro_check_first(nb) -> None:
+    """The introduction names the in-notebook check first and the terminal command second."""
+    first = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    if first is None or "llmcourse.check()" in first.source:
+        return
+    if INTRO_TERMINAL in first.source:
+        first.source = first.source.replace(INTRO_TERMINAL, INTRO_CHECK_FIRST, 1)
+    else:
+        first.source += ("\n\n**Check your work** at any time: save the notebook (Ctrl+S) and run the last cell, "
+                         "`llmcourse.check()`; or `course check` in a terminal.")
+
+
+def add_check_cells(nb, course, unit_id: str) -> None:
+    """Append the "Check your work" cells (no nbgrader metadata: never graded; the release copies them)."""
+    if any(CHECK_TAG in c.metadata.get("tags", []) for c in nb.cells):
+        return
+    try:
+        exercise = course.unit(unit_id).exercise
+    except KeyError:
+        return
+    _intro_check_first(nb)
+    nb.cells.append(nbformat.v4.new_markdown_cell(CHECK_MARKDOWN.format(exercise=exercise)))
+    code = nbformat.v4.new_code_cell(CHECK_CODE)
+    code.metadata["tags"] = [CHECK_TAG]
+    nb.cells.append(code)
+
+
 def build_notebook(source: Path, course=None) -> nbformat.NotebookNode:
     """Convert one percent-format source into a normalised notebook (nbgrader metadata included)."""
     course = course or load_course()
@@ -81,6 +129,8 @@ def build_notebook(source: Path, course=None) -> nbformat.NotebookNode:
             cell.metadata["tags"] = keep
         else:
             cell.metadata.pop("tags", None)
+    if source.parent.name == "solutions":
+        add_check_cells(nb, course, source.stem.split("_")[0])
     return _normalise(nb, course, source.stem.split("_")[0])
 
 
@@ -89,8 +139,8 @@ def course_home(course=None) -> nbformat.NotebookNode:
     course = course or load_course()
     md = [f"# {course.meta['title']}", "",
           "Welcome. Work through the units in order: read and run the **lesson**, then fill in the "
-          "**exercise** notebook and check it with `course check <exercise notebook>` in a terminal "
-          "(or nbgrader's *Validate* button). See README.md for the full workflow.", "",
+          "**exercise** notebook; save it and run its last cell, `llmcourse.check()`, to see the grader's "
+          "verdicts (or `course check <exercise notebook>` in a terminal). See README.md for the full workflow.", "",
           course_map_markdown(course, links=True)]
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("\n".join(md))]
