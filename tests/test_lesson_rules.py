@@ -36,7 +36,6 @@ KNOWN_FAILING: set[str] = {
     "answers:01",
     "answers:03",
     "answers:05",
-    "ids:00",
     "ids:01",
     "ids:02",
     "ids:03",

@@ -21,8 +21,12 @@
 #
 # Nothing here trains for long: the whole lesson runs in well under a minute on a laptop CPU. Claims are
 # checked in the open: when the text says two things are equal, a cell computes both and asserts it.
-# Cells marked **Spot the bug** run a short wrong snippet, show which property breaks, and then check
-# the fix. The exercise notebook of this unit asks you to write six of these tools yourself; after
+# Cells marked **Spot the bug** run a short wrong snippet and show which property breaks; you then write
+# the fix in the cell marked `TODO`, and the self-check under it prints `✓` once the property holds (or
+# `✗ not yet` while it does not). A collapsed cell after it holds a reference fix: open it after trying.
+# Parts marked **Reference — come back in unit NN** are used only later (label smoothing and the Noam
+# schedule in unit 06, PyTorch's transformer layers in unit 05, the mask offset of a KV cache in unit 12):
+# read them once now and return when that unit needs them. The exercise notebook of this unit asks you to write six of these tools yourself; after
 # that, the course imports the finished versions from `llmcourse`.
 
 # %%
@@ -77,13 +81,13 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 # `∂result/∂tensor` in each leaf tensor's `.grad`.
 #
 # For `loss = Σ_i v_i · w_i` the partial derivatives are `∂loss/∂v = w` and `∂loss/∂w = v`: each vector's
-# gradient is the other vector. Fixture F00.5 checks this with seeded numbers.
+# gradient is the other vector; the seeded example below checks it.
 
 # %%
 torch.manual_seed(42)
 w = torch.randn(3)
 print("w =", w)
-assert torch.allclose(w, torch.tensor([0.3367, 0.1288, 0.2345]), atol=1e-4)  # F00.5
+assert torch.allclose(w, torch.tensor([0.3367, 0.1288, 0.2345]), atol=1e-4)
 
 w.requires_grad_(True)
 v = torch.tensor([0.2, -0.4, 0.6], requires_grad=True)
@@ -180,16 +184,40 @@ except TypeError as err:
     print("TypeError:", err)
 
 # %% [markdown]
-# The fix: pass the size positionally (or as `normalized_shape=`). Self-check: the layer normalises the
-# last dimension, so every row of the output has mean ≈ 0 and (biased) variance ≈ 1.
+# **Your turn.** Fix `make_norm` so that it builds a layer normalising the last dimension of size
+# `d_model`. The self-check feeds rows with mean 1 and standard deviation 3: after the layer every row
+# must have mean ≈ 0 and (biased) variance ≈ 1.
 
 # %%
-norm = nn.LayerNorm(512)                     # or nn.LayerNorm(normalized_shape=512)
-with torch.no_grad():
-    out = norm(torch.randn(4, 512) * 3 + 1)
-print("row means:", out.mean(-1)[:2], " row variances:", out.var(-1, unbiased=False)[:2])
-assert torch.allclose(out.mean(-1), torch.zeros(4), atol=1e-5)
-assert torch.allclose(out.var(-1, unbiased=False), torch.ones(4), atol=1e-3)
+def make_norm(d_model):
+    # TODO: build the layer (the keyword above does not exist)
+    return nn.LayerNorm(d_model=d_model)
+
+
+def self_check_norm(make):
+    try:
+        norm = make(512)
+        with torch.no_grad():
+            out = norm(torch.randn(4, 512) * 3 + 1)
+    except Exception as err:  # noqa: BLE001 - the learner's cell may raise anything
+        print(f"✗ not yet: {type(err).__name__}: {err}")
+        return False
+    ok = torch.allclose(out.mean(-1), torch.zeros(4), atol=1e-5) and torch.allclose(
+        out.var(-1, unbiased=False), torch.ones(4), atol=1e-3)
+    print("✓ every row now has mean 0 and variance 1" if ok else
+          f"✗ not yet: row means {out.mean(-1).tolist()}, variances {out.var(-1, unbiased=False).tolist()}")
+    return ok
+
+
+self_check_norm(make_norm)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: PyTorch's argument is `normalized_shape` (the trailing shape), given positionally here.
+def make_norm_reference(d_model):
+    return nn.LayerNorm(d_model)
+
+
+assert self_check_norm(make_norm_reference)
 
 # %% [markdown]
 # ## 3. `nn.Embedding` is a table lookup
@@ -296,7 +324,7 @@ for i, row in enumerate(trace_head_shapes(batch=2, seq=5, d_model=64, n_heads=8)
 
 # %% [markdown]
 # Two steps produce non-contiguous tensors: both transposes. The merge therefore needs `.contiguous()`
-# before `.view` (or `.reshape`). The widget below (W00.1) lets you change `B`, `T`, `d_model` and
+# before `.view` (or `.reshape`). The widget below lets you change `B`, `T`, `d_model` and
 # `n_heads`; try a `d_model` that `n_heads` does not divide.
 
 # %% tags=["nbval-ignore-output"]
@@ -304,7 +332,7 @@ show_shape_tracer()
 
 # %% [markdown]
 # The split and merge are two of the tools you write in the exercises (`split_heads`, `merge_heads`);
-# the finished versions live in `llmcourse`. Fixture F00.1 checks the shapes, and the round trip must
+# the finished versions live in `llmcourse`. A small example checks the shapes, and the round trip must
 # give back the input **exactly**.
 
 # %%
@@ -313,7 +341,7 @@ viewed = x.view(2, 6, 4, 4)
 heads = viewed.transpose(1, 2)
 merged = heads.contiguous().view(2, 6, 16)
 print(tuple(x.shape), "->", tuple(viewed.shape), "->", tuple(heads.shape), "->", tuple(merged.shape))
-assert heads.shape == (2, 4, 6, 4) and merged.shape == (2, 6, 16)            # F00.1
+assert heads.shape == (2, 4, 6, 4) and merged.shape == (2, 6, 16)
 assert torch.equal(llmcourse.split_heads(x, 4), heads)
 assert torch.equal(llmcourse.merge_heads(heads), x)
 try:
@@ -325,13 +353,13 @@ except ValueError as err:
 # **Broadcasting a padding mask.** A key-padding mask says, per sequence, which keys are real tokens. It
 # starts as `(B, T)` (or `(T,)` for one sequence); attention scores are `(B, H, T_q, T_k)`. Adding the
 # missing axes with `unsqueeze` gives `(B, 1, 1, T_k)`, which broadcasts over heads and queries.
-# Fixture F00.1 does it for one sequence of length 6:
+# For one sequence of length 6:
 
 # %%
 pad = torch.ones(6)
 pad4 = pad.unsqueeze(0).unsqueeze(1).unsqueeze(2)
 print(tuple(pad.shape), "->", tuple(pad4.shape))
-assert pad4.shape == (1, 1, 1, 6)                                             # F00.1
+assert pad4.shape == (1, 1, 1, 6)
 
 lengths = torch.tensor([6, 4])                                  # the second sequence has 2 padding tokens
 key_mask = llmcourse.nn.padding_mask(lengths)                   # (B, 1, 1, T_k), True = real token
@@ -359,26 +387,28 @@ for name, t in [("tril(0)", ones.tril(0)), ("tril(-1)", ones.tril(-1)), ("triu(1
 # shows the conversion, which is a single `~`.) Blocked scores are filled with `-inf` before the softmax
 # with `scores.masked_fill(~mask, float("-inf"))`.
 #
-# A **causal** mask lets query `i` see keys `0 … i`. When the queries are only the last `t_q` of `t_k`
-# positions (generation with a cache, unit 12), query row `i` sits at absolute position `offset + i` with
+# A **causal** mask lets query `i` see keys `0 … i`. *Reference — come back in unit 12:* when the queries
+# are only the last `t_q` of `t_k` positions (generation with a cache), query row `i` sits at absolute position `offset + i` with
 # `offset = t_k − t_q`, and key `j` is allowed iff `j ≤ offset + i`. That is
 # `torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=offset)`. `llmcourse.causal_mask` is the single
-# source of causal masks in the course (you write it in the exercises). Fixture F00.2:
+# source of causal masks in the course (you write it in the exercises). Three small cases:
 
 # %%
 m35 = llmcourse.causal_mask(3, 5)
 print(m35.int())
 T_, F_ = True, False
-assert m35.tolist() == [[T_, T_, T_, F_, F_], [T_, T_, T_, T_, F_], [T_, T_, T_, T_, T_]]      # F00.2
-assert llmcourse.causal_mask(1, 5).all()                                                     # F00.2
-assert torch.equal(llmcourse.causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())      # F00.2
+assert m35.tolist() == [[T_, T_, T_, F_, F_], [T_, T_, T_, T_, F_], [T_, T_, T_, T_, T_]]
+assert llmcourse.causal_mask(1, 5).all()
+assert torch.equal(llmcourse.causal_mask(4), torch.ones(4, 4, dtype=torch.bool).tril())
 assert torch.equal(llmcourse.causal_mask(3, 5, offset=0), torch.ones(3, 5, dtype=torch.bool).tril())
 
 # %% [markdown]
 # **What to fill with.** A row whose keys are *all* blocked has no valid softmax: with `-inf` every entry
 # becomes NaN. With `-1e9` the same row becomes uniform (every score equally hopeless). In `float16`,
-# `-1e9` is not representable and rounds to `-inf`, so it silently behaves like `-inf`;
-# `torch.finfo(dtype).min` is the safe "very negative" number for any dtype. In this course every query
+# `-1e9` does not fit (the most negative finite `float16` is printed below), and
+# `scores.masked_fill(mask, -1e9)` on a `float16` tensor **raises** a `RuntimeError` (only converting the
+# number itself, `torch.tensor(-1e9).half()`, rounds it to `-inf`). `torch.finfo(dtype).min` is the safe
+# "very negative" number for any dtype. In this course every query
 # always sees at least one key (itself), so these rows never occur in graded code; rows with at least one
 # allowed key get identical weights from all three fills in `float32`.
 
@@ -392,6 +422,15 @@ row = torch.tensor([0.3, 1.2, -0.5, 2.0])
 keep = torch.tensor([True, True, False, False])
 fills = [row.masked_fill(~keep, f).softmax(-1) for f in (float("-inf"), torch.finfo(torch.float32).min, -1e9)]
 assert torch.equal(fills[0], fills[1]) and torch.equal(fills[0], fills[2])
+half_scores = row.half()
+try:
+    half_scores.masked_fill(~keep, -1e9)
+    raised = None
+except RuntimeError as err:
+    raised = str(err)
+print("float16 masked_fill with -1e9 raises:", raised)
+print("float16 with finfo.min:", half_scores.masked_fill(~keep, torch.finfo(torch.float16).min).softmax(-1))
+assert raised is not None and torch.isinf(torch.tensor(-1e9).half())
 
 # %% [markdown]
 # ### Spot the bug: a mask with the wrong polarity
@@ -413,15 +452,34 @@ print("weight above the diagonal:", w_wrong.triu(1).sum().item(), "| NaN rows:",
       torch.isnan(w_wrong).any(-1).tolist())
 
 # %% [markdown]
-# Query 0 may look only at the future, and the last row is NaN (it may attend to nothing). The fix is to
-# use a mask in the course's polarity (`causal_mask`, or `~wrong_mask`). Self-check:
+# Query 0 may look only at the future, and the last row is NaN (it may attend to nothing). **Your turn:**
+# fix `future_mask_fixed` so that it returns a `(t, t)` mask in the course's polarity (`True` = may
+# attend), without calling `llmcourse.causal_mask`.
 
 # %%
-w_right = attention_weights(scores, llmcourse.causal_mask(4))
-print(w_right)
-assert (w_right.triu(1) == 0).all(), "no weight may sit above the diagonal"
-assert torch.allclose(w_right.sum(-1), torch.ones(4)), "every row sums to 1"
-print("self-check passed")
+def future_mask_fixed(t):
+    # TODO: return a boolean (t, t) mask in which True means "may attend"
+    return torch.ones(t, t, dtype=torch.bool).triu(diagonal=1)
+
+
+def self_check_mask(make_mask):
+    w = attention_weights(scores, make_mask(4))
+    ok = bool(torch.isfinite(w).all() and (w.triu(1) == 0).all() and torch.allclose(w.sum(-1), torch.ones(4)))
+    print("✓ no weight above the diagonal, every row sums to 1" if ok else
+          f"✗ not yet: weight above the diagonal {w.triu(1).nan_to_num().sum().item():.3f}, "
+          f"NaN rows {torch.isnan(w).any(-1).tolist()}")
+    return ok
+
+
+self_check_mask(future_mask_fixed)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: flip the polarity of the "future" mask (or call llmcourse.causal_mask).
+def future_mask_reference(t):
+    return ~torch.ones(t, t, dtype=torch.bool).triu(diagonal=1)
+
+
+assert self_check_mask(future_mask_reference)
 
 # %% [markdown]
 # ## 7. `nn.ModuleList`, and `train()` vs `eval()`
@@ -466,7 +524,7 @@ assert n_stack == 4 * (16 * 16 + 16) == 1_088
 # %%
 torch.manual_seed(123)
 drop = nn.Dropout(0.5)
-pattern = drop(torch.ones(6, 6))                         # F00.6: display only
+pattern = drop(torch.ones(6, 6))                         # display only: the zeros depend on the generator
 print(pattern)
 assert set(pattern.unique().tolist()) <= {0.0, 2.0}
 drop.eval()
@@ -476,7 +534,7 @@ x16 = torch.randn(3, 16)
 assert torch.equal(stack(x16), stack(x16)), "in eval mode two calls agree"
 
 # %% [markdown]
-# Click through the dropout widget (W00.4): switch between `train` and `eval` and press *run again*.
+# Click through the dropout widget: switch between `train` and `eval` and press *run again*.
 
 # %% tags=["nbval-ignore-output"]
 show_dropout_clicker()
@@ -501,15 +559,38 @@ class LeakyDropoutBlock(nn.Module):
 block = LeakyDropoutBlock(16, 0.5).eval()
 print("eval-mode calls agree?", torch.equal(block(x16), block(x16)))
 
+# %% [markdown]
+# **Your turn:** fix `forward` below. The self-check wants two things: eval mode is deterministic, and
+# train mode still drops (two calls differ).
 
+# %%
+class MyDropoutBlock(LeakyDropoutBlock):
+    def forward(self, x):
+        # TODO: dropout must follow the module's train/eval mode
+        return x + F.dropout(self.fc(x), self.p)
+
+
+def self_check_dropout(cls):
+    block = cls(16, 0.5)
+    with torch.no_grad():
+        eval_ok = torch.equal(block.eval()(x16), block(x16))
+        train_ok = not torch.equal(block.train()(x16), block(x16))
+    ok = eval_ok and train_ok
+    print("✓ deterministic in eval mode, still dropping in train mode" if ok else
+          f"✗ not yet: eval mode deterministic {eval_ok}, train mode drops {train_ok}")
+    return ok
+
+
+self_check_dropout(MyDropoutBlock)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: pass the module's flag, F.dropout(..., training=self.training) (or use an nn.Dropout child).
 class FixedDropoutBlock(LeakyDropoutBlock):
     def forward(self, x):
         return x + F.dropout(self.fc(x), self.p, training=self.training)
 
 
-fixed = FixedDropoutBlock(16, 0.5).eval()
-assert torch.equal(fixed(x16), fixed(x16)), "with training=self.training, eval mode is deterministic"
-print("self-check passed")
+assert self_check_dropout(FixedDropoutBlock)
 
 # %% [markdown]
 # ## 8. The greedy loop: `torch.full`, `argmax`, `cat`
@@ -547,7 +628,7 @@ assert all(idx[b, t + 1] == bigram_logits[idx[b, t]].argmax() for b in range(bat
 # shape `(B, V, T)` gives the same number.) Cross-entropy takes **raw logits**: it applies
 # `log_softmax` itself.
 #
-# Fixture F00.4: logits `[2.0, 1.0, 0.1]` and target class 0.
+# A worked example: logits `[2.0, 1.0, 0.1]` and target class 0.
 
 # %%
 z = torch.tensor([[2.0, 1.0, 0.1]])
@@ -583,13 +664,13 @@ assert torch.allclose(loss_ignored, per_token[kept].mean())
 assert (per_token[~kept] == 0).all()
 
 # %% [markdown]
-# **Label smoothing** trains against a softened target: the true class gets `1 − ε` and the remaining
+# **Label smoothing** (*reference — come back in unit 06*, whose translation model trains with it) trains against a softened target: the true class gets `1 − ε` and the remaining
 # mass `ε` is spread **uniformly over all `C` classes, the true class included**. The loss per position is
 #
 # $$(1-\varepsilon)\,(-\log p_y) \;+\; \frac{\varepsilon}{C}\sum_{c=1}^{C} (-\log p_c),$$
 #
-# which is what `F.cross_entropy(..., label_smoothing=ε)` computes. For F00.4 with ε = 0.1:
-# 0.9 · 0.4170 + 0.1 · 1.3837 = 0.5137 (1.3837 is the mean of the three `−log p_c`).
+# which is what `F.cross_entropy(..., label_smoothing=ε)` computes. The cell below evaluates it for the
+# worked example with ε = 0.1 term by term (the second term uses the mean of the three `−log p_c`).
 # `llmcourse.label_smoothed_cross_entropy` is the course's version, written from `log_softmax` (an
 # exercise of this unit); it takes the class axis **last**, so 3-D logits need no flattening.
 
@@ -598,6 +679,8 @@ eps = 0.1
 smoothed_torch = F.cross_entropy(z, torch.tensor([0]), label_smoothing=eps)
 by_hand = (1 - eps) * (-log_p[0, 0]) + eps * (-log_p[0]).mean()
 ours = llmcourse.label_smoothed_cross_entropy(z, torch.tensor([0]), eps=eps)
+print(f"(1 - ε)·(-log p_y) + ε·mean_c(-log p_c) = {1 - eps:.1f} · {-log_p[0, 0].item():.4f} + {eps:.1f} · "
+      f"{(-log_p[0]).mean().item():.4f} = {by_hand.item():.4f}")
 print(f"F.cross_entropy: {smoothed_torch.item():.4f}  by hand: {by_hand.item():.4f}  llmcourse: {ours.item():.4f}")
 assert abs(smoothed_torch.item() - 0.5137) < 1e-4
 assert torch.allclose(smoothed_torch, by_hand) and torch.allclose(smoothed_torch, ours)
@@ -629,7 +712,7 @@ assert torch.isinf(torch.log(torch.softmax(huge, -1))).any() and torch.isfinite(
 assert torch.isfinite(llmcourse.label_smoothed_cross_entropy(huge, torch.tensor([2]), eps=0.1))
 
 # %% [markdown]
-# Move the ε slider and the target class in W00.3 and watch both the target distribution and the loss.
+# Move the ε slider and the target class in the widget and watch both the target distribution and the loss.
 
 # %% tags=["nbval-ignore-output"]
 show_label_smoothing()
@@ -638,24 +721,26 @@ show_label_smoothing()
 # ## 10. `einsum` for attention products
 #
 # `torch.einsum` names each axis with a letter. Letters that appear in the inputs but not in the output
-# are **summed over**; all others are kept (and matched across inputs). The two products of attention
-# on per-head tensors `(B, H, T, hd)`:
-#
-# - raw scores `q kᵀ`: `"bhqd,bhkd->bhqk"` (sum over the feature letter `d`);
-# - context vectors `weights · V`: `"bhqk,bhkd->bhqd"` (sum over the key letter `k`).
+# are **summed over**; all others are kept (and matched across inputs). Two products on batches of
+# matrices show the rule: a batched matrix product `A B` is `"bij,bjk->bik"` (the shared letter `j` is
+# summed), and `A Bᵀ` is `"bij,bkj->bik"` (the same letter `j` on the *last* axis of both inputs: no
+# transpose needed). Attention's two products are the same pattern with one more batch letter for the
+# heads; writing them is exercise 3, and the course's versions are `llmcourse.nn.attention_scores_einsum`
+# and `llmcourse.nn.attention_output_einsum`.
 
 # %%
 torch.manual_seed(1)
+a, b_, c_ = torch.randn(2, 5, 8), torch.randn(2, 8, 3), torch.randn(2, 7, 8)
+assert torch.allclose(torch.einsum("bij,bjk->bik", a, b_), a @ b_, atol=1e-6)
+assert torch.allclose(torch.einsum("bij,bkj->bik", a, c_), a @ c_.transpose(1, 2), atol=1e-6)
 q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8), torch.randn(2, 4, 7, 3)
-scores_e = torch.einsum("bhqd,bhkd->bhqk", q, k)
 scores_m = q @ k.transpose(-2, -1)
 weights = (scores_m / math.sqrt(8)).softmax(-1)
-ctx_e = torch.einsum("bhqk,bhkd->bhqd", weights, v)
+scores_e = llmcourse.nn.attention_scores_einsum(q, k)
+ctx_e = llmcourse.nn.attention_output_einsum(weights, v)
 print("scores", tuple(scores_e.shape), "context", tuple(ctx_e.shape))
 assert torch.allclose(scores_e, scores_m, atol=1e-6)
 assert torch.allclose(ctx_e, weights @ v, atol=1e-6)
-assert torch.allclose(llmcourse.nn.attention_scores_einsum(q, k), scores_m, atol=1e-6)
-assert torch.allclose(llmcourse.nn.attention_output_einsum(weights, v), weights @ v, atol=1e-6)
 
 # %% [markdown]
 # ### Spot the bug: the right shape, the wrong numbers
@@ -673,12 +758,27 @@ print("every query got row_sum × Σ V?",
       torch.allclose(ctx_bug, weights.sum(-1, keepdim=True) * all_values, atol=1e-5))
 
 # %% [markdown]
-# Fix: the index summed over must be the same letter in the weights and the values. Self-check:
+# **Your turn:** fix the equation string in `context_fixed` (the self-check compares with `weights @ v`).
 
 # %%
-ctx_fixed = torch.einsum("bhqk,bhkd->bhqd", weights, v)
-assert torch.allclose(ctx_fixed, weights @ v, atol=1e-6)
-print("self-check passed")
+def context_fixed(weights, v):
+    # TODO: the axis summed over must carry the same letter in the weights and in the values
+    return torch.einsum("bhqk,bhvd->bhqd", weights, v)
+
+
+def self_check_context(fn):
+    ok = torch.allclose(fn(weights, v), weights @ v, atol=1e-5)
+    print("✓ every query now gets its own weighted mix of the values" if ok else
+          "✗ not yet: the result differs from weights @ v")
+    return ok
+
+
+self_check_context(context_fixed)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: give the key axis of `weights` and the key axis of `v` the same letter (the course's
+# finished version is llmcourse.nn.attention_output_einsum; writing it is exercise 3).
+assert self_check_context(llmcourse.nn.attention_output_einsum)
 
 # %% [markdown]
 # **A claim to check: "dot products grow: E[q·k] ∝ d_k".** For random `q`, `k` with independent
@@ -758,6 +858,8 @@ assert ckpt["step"] == 3 and len(opt2.state_dict()["state"]) == 2
 # %% [markdown]
 # ## 12. Optimizers, `LambdaLR` and the Noam schedule; `DataLoader`
 #
+# *The Noam part is reference — come back in unit 06, whose translation model trains with it.*
+#
 # An optimizer holds **param groups**, each with its own hyperparameters; `optimizer.param_groups[0]["lr"]`
 # is the learning rate the next `optimizer.step()` will use. A **learning-rate scheduler** changes those
 # values as training goes on.
@@ -767,14 +869,14 @@ assert ckpt["step"] == 3 and len(opt2.state_dict()["state"]) == 2
 # $$\text{lr}(s) = d_\text{model}^{-0.5}\cdot\min\!\left(s^{-0.5},\; s\cdot \text{warmup}^{-1.5}\right),$$
 #
 # with its peak at `s = warmup`, where both terms are equal: `lr = (d_model · warmup)^{-0.5}`.
-# `llmcourse.noam_lambda` computes it (with `s = max(step, 1)`). Fixture F00.3, `d_model=512,
-# warmup=4000`:
+# `llmcourse.noam_lambda` computes it (with `s = max(step, 1)`). The table below holds its values for
+# `d_model=512, warmup=4000`, computed from the formula with a calculator:
 
 # %%
-F003 = {1: 1.746928e-07, 100: 1.746928e-05, 1000: 1.746928e-04, 4000: 6.987712e-04, 8000: 4.941059e-04,
+NOAM_TABLE = {1: 1.746928e-07, 100: 1.746928e-05, 1000: 1.746928e-04, 4000: 6.987712e-04, 8000: 4.941059e-04,
         16000: 3.493856e-04}
 print(" step    noam_lambda")
-for step, expected in F003.items():
+for step, expected in NOAM_TABLE.items():
     value = llmcourse.noam_lambda(step, 512, 4000)
     print(f"{step:5d}   {value:.6e}")
     assert math.isclose(value, expected, rel_tol=2e-6)
@@ -784,7 +886,7 @@ assert math.isclose(llmcourse.noam_lambda(4000, 512, 4000), (512 * 4000) ** -0.5
 # **`LambdaLR` multiplies.** `torch.optim.lr_scheduler.LambdaLR(optimizer, f)` does not set the lr to
 # `f(step)`; it sets it to `base_lr · f(step)`, where `base_lr` is the lr the optimizer had when the
 # scheduler was created. A demo that builds `Adam(lr=1e-4)` and attaches the Noam lambda, while its text
-# promises a warm-up "to 1e-4", actually trains with learning rates that never exceed 7e-8. Let us drive a real
+# promises a warm-up "to 1e-4", actually trains with learning rates 10⁴ times smaller than the table. Let us drive a real
 # optimizer for 16,000 steps and record the lr each step uses (no gradients are needed to watch the
 # schedule; `step()` simply skips parameters without one).
 
@@ -803,17 +905,17 @@ def lrs_used(optimizer, scheduler, record_at, n_steps):
 param = nn.Parameter(torch.zeros(1))
 trap_opt = torch.optim.Adam([param], lr=1e-4)
 trap_sched = torch.optim.lr_scheduler.LambdaLR(trap_opt, lambda e: llmcourse.noam_lambda(e + 1, 512, 4000))
-trap = lrs_used(trap_opt, trap_sched, set(F003), 16_000)
+trap = lrs_used(trap_opt, trap_sched, set(NOAM_TABLE), 16_000)
 print(" step    lr with Adam(lr=1e-4)   ratio to the Noam value")
 for step, value in trap.items():
-    print(f"{step:5d}   {value:.6e}            {value / F003[step]:.0e}")
-    assert math.isclose(value, 1e-4 * F003[step], rel_tol=1e-5)
+    print(f"{step:5d}   {value:.6e}            {value / NOAM_TABLE[step]:.0e}")
+    assert math.isclose(value, 1e-4 * NOAM_TABLE[step], rel_tol=1e-5)
 print(f"peak: {max(trap.values()):.6e}")
 assert math.isclose(trap[4000], 6.987712e-08, rel_tol=1e-5)
 
 # %% [markdown]
-# Every value is 10⁴ times smaller than the table above: the peak is 6.987712e-08 instead of
-# 6.987712e-04. The model would barely move. Fix: make the base lr the overall scale you want, `1.0`
+# Every value is the table's value times `1e-4` (the ratio column), and the peak printed above is
+# ten thousand times below the schedule's peak. The model would barely move. Fix: make the base lr the overall scale you want, `1.0`
 # for the paper's schedule (or a deliberate `factor`).
 #
 # **The step counter.** `LambdaLR` calls the lambda with its own counter, which is `0` when the
@@ -840,18 +942,18 @@ assert off_by_one[0] == off_by_one[1] and aligned == wanted
 # %% [markdown]
 # `llmcourse.make_noam_scheduler(optimizer, d_model, warmup, factor=1.0)` (an exercise of this unit)
 # does both: it sets every group's base lr to `factor` and uses `e + 1`. Even with an optimizer created
-# with `lr=1e-4`, the recorded learning rates now reproduce F00.3:
+# with `lr=1e-4`, the recorded learning rates now reproduce the table:
 
 # %%
 fixed_opt = torch.optim.Adam([nn.Parameter(torch.zeros(1))], lr=1e-4)
 fixed_sched = llmcourse.make_noam_scheduler(fixed_opt, d_model=512, warmup=4000)
-fixed = lrs_used(fixed_opt, fixed_sched, set(F003), 16_000)
+fixed = lrs_used(fixed_opt, fixed_sched, set(NOAM_TABLE), 16_000)
 for step, value in fixed.items():
-    assert math.isclose(value, F003[step], rel_tol=1e-5), (step, value)
+    assert math.isclose(value, NOAM_TABLE[step], rel_tol=1e-5), (step, value)
 print("peak lr used by step 4000:", f"{fixed[4000]:.6e}")
 
 # %% [markdown]
-# The widget (W00.2) draws the schedule; move `d_model` and `warmup`, and switch the base lr between
+# The widget draws the schedule; move `d_model` and `warmup`, and switch the base lr between
 # `1.0` and the `1e-4` trap. The peak always sits at `step = warmup`.
 
 # %% tags=["nbval-ignore-output"]
@@ -904,6 +1006,8 @@ assert after < before
 
 # %% [markdown]
 # ## Two traps with PyTorch's built-in transformer layers
+#
+# *Reference — come back in unit 05, where PyTorch's layers check your own blocks.*
 #
 # `nn.TransformerEncoderLayer` defaults to `batch_first=False`: it reads its input as `(T, B, D)`. Feed it
 # a `(B, T, D)` batch and nothing crashes, but attention now runs across the **batch** axis: sequence 0
@@ -960,3 +1064,31 @@ assert no_mask > 1e-3 and masked < 1e-6
 #
 # Next: the exercise notebook `exercises/00_pytorch_essentials/00_pytorch_essentials.ipynb`, then unit 01
 # (tokenization).
+#
+# ## Open-ended extension (ungraded): a sliding-window causal mask
+#
+# Long-context models often let a query see only the last `w` keys (a *sliding window*, as in Mistral or
+# Gemma's local layers). Write `sliding_window_mask(t_q, t_k, w)`: the causal mask of this lesson
+# (queries aligned to the end of the keys) with the extra rule that key `j` is allowed only when
+# `j > offset + i − w`. Then think about what it does to the cost of attention and to a KV cache (unit 12),
+# and how information can still travel further than `w` positions through a stack of layers. The
+# self-check compares your mask with a double loop on a few shapes.
+
+# %%
+def sliding_window_mask(t_q, t_k, w):
+    # TODO (optional): a (t_q, t_k) bool mask, True = may attend
+    return None
+
+
+def self_check_window(fn):
+    for t_q, t_k, w in [(4, 4, 2), (3, 7, 3), (1, 6, 4), (5, 5, 10)]:
+        want = torch.tensor([[t_k - t_q + i - w < j <= t_k - t_q + i for j in range(t_k)] for i in range(t_q)])
+        got = fn(t_q, t_k, w)
+        if got is None or not (isinstance(got, torch.Tensor) and got.dtype == torch.bool and torch.equal(got, want)):
+            print(f"✗ not yet: for t_q={t_q}, t_k={t_k}, w={w} expected\n{want.int()}")
+            return False
+    print("✓ the sliding-window mask matches the double loop")
+    return True
+
+
+self_check_window(sliding_window_mask)

@@ -185,7 +185,7 @@ print("visible tests passed")
 #   return the mean over the other positions.
 # - Do not call `F.cross_entropy` or `nn.CrossEntropyLoss` (the grader blocks them during your call).
 #
-# Example (F00.4): logits `[[2.0, 1.0, 0.1]]`, target `[0]`: 0.4170 with ε = 0, 0.5137 with ε = 0.1.
+# Example: logits `[[2.0, 1.0, 0.1]]`, target `[0]`: 0.4170 with ε = 0, 0.5137 with ε = 0.1.
 
 # %% tags=["solution:00.label_smoothed_cross_entropy"]
 def label_smoothed_cross_entropy(logits, targets, eps=0.0, ignore_index=-100):
@@ -211,9 +211,9 @@ from grader import grade; grade("00.label_smoothed_cross_entropy")  # noqa: E702
 logits = torch.tensor([[2.0, 1.0, 0.1]])
 loss = label_smoothed_cross_entropy(logits, torch.tensor([0]))
 assert loss.dim() == 0, f"the loss must be a scalar tensor, got shape {tuple(loss.shape)}"
-assert abs(loss.item() - 0.4170) < 1e-4, f"plain cross-entropy (F00.4) should be 0.4170, got {loss.item():.4f}"
+assert abs(loss.item() - 0.4170) < 1e-4, f"plain cross-entropy should be 0.4170, got {loss.item():.4f}"
 smoothed = label_smoothed_cross_entropy(logits, torch.tensor([0]), eps=0.1)
-assert abs(smoothed.item() - 0.5137) < 1e-4, f"with eps=0.1 (F00.4) expected 0.5137, got {smoothed.item():.4f}"
+assert abs(smoothed.item() - 0.5137) < 1e-4, f"with eps=0.1 expected 0.5137, got {smoothed.item():.4f}"
 z, y = torch.randn(2, 5, 7), torch.tensor([[1, 2, 3, -100, -100], [4, 5, 6, 0, -100]])
 ours = label_smoothed_cross_entropy(z, y, eps=0.1)
 theirs = F.cross_entropy(z.reshape(-1, 7), y.reshape(-1), label_smoothing=0.1)
@@ -229,14 +229,11 @@ print("visible tests passed")
 # ```
 #
 # `make_noam_scheduler` must make the lr used by the n-th `optimizer.step()` (n = 1, 2, …) equal
-# `factor · noam_lambda(n, d_model, warmup)`, when `scheduler.step()` is called after each
-# `optimizer.step()`. Two facts from the lesson decide how:
+# `factor · noam_lambda(n, d_model, warmup)` for every param group, when `scheduler.step()` is called
+# after each `optimizer.step()`, **whatever lr the optimizer was created with** (the grader builds it
+# with `lr=1e-4` and with several groups). The lesson's section on `LambdaLR` has what you need.
 #
-# - `LambdaLR` **multiplies** each group's base lr (its lr when the scheduler is built) by your lambda,
-#   so first set every param group's `"lr"` to `factor`;
-# - `LambdaLR` calls the lambda with its own counter, which is `0` for the first optimizer step.
-#
-# Example (F00.3, `d_model=512, warmup=4000`): λ(1) = 1.746928e-07, λ(4000) = 6.987712e-04 (the peak).
+# Example (`d_model=512, warmup=4000`): λ(1) = 1.746928e-07, λ(4000) = 6.987712e-04 (the peak).
 
 # %% tags=["solution:00.noam_schedule"]
 def noam_lambda(step, d_model, warmup):
