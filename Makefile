@@ -1,5 +1,6 @@
 # LLMs from scratch: two commands matter.
 #   make lab   set up .venv (pinned), register the course kernel, start JupyterLab on the course
+#              (student tools only; `make lab-instructor` adds nbgrader's instructor tools)
 #   make test  the same setup, then the whole test suite (what CI runs)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -22,7 +23,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
-.PHONY: lab test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean bench
+.PHONY: lab lab-instructor test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +42,16 @@ setup: $(STAMP) $(KERNEL)
 
 kernel: $(KERNEL)
 
+LAB_ARGS = $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/course_home.ipynb
+# lab-config/student/page_config.json disables nbgrader's instructor plugins (Create Assignment, Formgrader,
+# Course List); the Validate button and the Assignment List stay. tests/browser/test_browser_check.py checks both.
+STUDENT_LAB = --LabApp.app_settings_dir="$(CURDIR)/lab-config/student"
+
 lab: setup
-	$(VENV)/bin/jupyter-lab $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" \
-	  --LabApp.default_url=/lab/tree/course_home.ipynb
+	$(VENV)/bin/jupyter-lab $(LAB_ARGS) $(STUDENT_LAB)
+
+lab-instructor: setup
+	$(VENV)/bin/jupyter-lab $(LAB_ARGS)
 
 # Debian's Chromium for the browser tests (apt-get as root; Playwright itself is pinned in
 # requirements-dev.txt and never downloads a browser). Without it the browser tests skip, saying why.
@@ -82,10 +90,11 @@ release-check: setup
 	$(VENV)/bin/course release --check
 
 # Speed benchmarks (not tests; run them on an idle machine): installs the peer implementations with --no-deps
-# (requirements-bench.txt says why), then `course bench train`; results in test-artifacts/bench/.
+# (requirements-bench.txt says why), then `course bench train` and `course bench decode`; results in test-artifacts/bench/.
 bench: setup
 	$(PY) -m pip install --quiet --no-deps -r requirements-bench.txt
 	$(VENV)/bin/course bench train
+	$(VENV)/bin/course bench decode
 
 doctor: setup
 	$(VENV)/bin/course doctor

@@ -17,7 +17,7 @@ import importlib
 
 __all__ = ["MODULES", "add_bench_parser", "artifacts_dir"]
 
-MODULES = {"train": "llmcourse.bench.train"}  # name -> module with add_arguments(parser) and run(args) -> int
+MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode"}  # name -> module with add_arguments(parser) and run(args) -> int
 
 
 def artifacts_dir():

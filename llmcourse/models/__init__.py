@@ -39,6 +39,13 @@ from .llama3 import (
     rope_inv_freq,
     rotate_half,
 )
+from .llama3_cached import (
+    CachedGroupedQueryAttention,
+    CachedLlama3Block,
+    CachedLlama3Model,
+    generate_cached,
+    generate_uncached,
+)
 from .transformer import Transformer
 
 __all__ = [
@@ -50,4 +57,5 @@ __all__ = [
     "SwiGLUFeedForward", "apply_rope", "apply_rope_interleaved", "hf_llama_config", "interleaved_to_half_split_perm",
     "llama3_param_breakdown", "llama3_param_count", "llama_parity_configs", "load_hf_llama", "random_hf_llama",
     "repeat_kv", "rope_cos_sin", "rope_inv_freq", "rotate_half",
+    "CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached", "generate_uncached",
 ]
