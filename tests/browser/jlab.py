@@ -42,6 +42,10 @@ LAB_SETTINGS = {
 }
 
 
+# What `make lab` adds to show students only student tools (the Makefile's STUDENT_LAB; a test compares them)
+STUDENT_LAB_ARGS = [f"--LabApp.app_settings_dir={ROOT / 'lab-config' / 'student'}"]
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -61,15 +65,17 @@ class LabServer:
         env: extra environment variables for the server and its kernels.
         allow_hidden: serve dot-folders (``.grading/``) too.
         name: a label for logs and artifacts.
+        extra_args: more ``jupyter-lab`` options (e.g. :data:`STUDENT_LAB_ARGS`, what ``make lab`` adds).
     """
 
     def __init__(self, root_dir: Path, cwd: Path | None = None, env: dict | None = None,
-                 allow_hidden: bool = False, name: str = "lab"):
+                 allow_hidden: bool = False, name: str = "lab", extra_args: list[str] | None = None):
         self.root_dir = Path(root_dir)
         self.cwd = Path(cwd or root_dir)
         self.extra_env = dict(env or {})
         self.allow_hidden = allow_hidden
         self.name = name
+        self.extra_args = list(extra_args or [])
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -125,6 +131,7 @@ class LabServer:
         ]
         if self.allow_hidden:
             cmd.append("--ContentsManager.allow_hidden=True")
+        cmd += self.extra_args
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         return cmd
