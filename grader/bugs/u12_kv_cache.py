@@ -1,0 +1,184 @@
+"""Bug catalog of unit 12 (the KV cache): one known-wrong implementation per syllabus entry.
+
+The cached-forward mutants are the reference classes (``llmcourse.models.llama3_cached``) with exactly one
+mistake in where positions, masks or cached keys come from; they are named by matching the learner's logits on
+the failing probe (``detect="mutant"``) or, for the cache layout, by the shape of the cached keys
+(``detect="detector"``). ``generate_cached`` mutants are named by their tokens, or by the recorded call pattern
+(recomputing every token without a cache).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from llmcourse.models.llama3 import apply_rope, repeat_kv
+from llmcourse.models.llama3_cached import CachedGroupedQueryAttention, CachedLlama3Model
+from llmcourse.nn.kv_cache import KVCache
+from llmcourse.nn.masks import causal_mask
+
+from ..core import bug_group
+
+U = "12"
+
+
+# ---------------------------------------------------------------- cached_forward
+
+
+class _Attn(CachedGroupedQueryAttention):
+    """Attention that always uses the mask it is given; ``None`` = bottom-right over the cached keys."""
+
+    variant = "plain"
+
+    def forward(self, x, cos, sin, mask, cache=None, layer_idx=None):
+        B, T, _ = x.shape
+        q, k, v = self.project(x, cos, sin)
+        if self.variant == "prerope":
+            hd = self.head_dim
+            k = self.k_proj(x).view(B, T, self.n_kv_heads, hd).transpose(1, 2)   # raw keys cached
+        if self.variant == "after_repeat":
+            k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
+        if cache is not None:
+            k, v = cache.update(layer_idx, k, v)
+        if self.variant == "prerope":
+            k = apply_rope(k, cos[-1:], sin[-1:])    # every key rotated at the current position
+        if mask is None:
+            mask = causal_mask(T, k.shape[2], device=x.device)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def _model(attn_variant: str, positions: str = "ok", mask: str = "ok"):
+    attn_cls = type(f"GroupedQueryAttention_{attn_variant}", (_Attn,), {"variant": attn_variant})
+
+    class Llama3Model(CachedLlama3Model):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            for layer in self.layers:
+                layer.self_attn = attn_cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.hd)
+
+        def forward(self, idx, cache=None):
+            T = idx.shape[1]
+            start = cache.seq_len if cache is not None else 0
+            if start + T > self.cfg.context_length:
+                raise ValueError("too long")
+            x = self.embed_tokens(idx)
+            for i, layer in enumerate(self.layers):
+                if positions == "after_update":
+                    s = cache.seq_len if cache is not None else 0   # read again after earlier layers appended
+                elif positions == "restart":
+                    s = 0
+                else:
+                    s = start
+                cos, sin = self.rope_cos[s:s + T], self.rope_sin[s:s + T]
+                m = causal_mask(T, start + T, offset=0) if mask == "top_left" else None
+                x = layer(x, cos, sin, m, cache, i)
+            return self.lm_head(self.norm(x))
+
+    return attn_cls, Llama3Model
+
+
+def _cf(bug_id, hint, detect="mutant", **kw):
+    attn, model = _model(**kw)
+    bug_group(bug_id, f"{U}.cached_forward", hint, {"GroupedQueryAttention": attn, "Llama3Model": model},
+              detect=detect)
+
+
+_cf("B12.positions_restart", "New tokens sit at absolute positions `start + i`.", attn_variant="plain",
+    positions="restart")
+_cf("B12.start_after_update", "Read the cache length once, before the first layer.", attn_variant="plain",
+    positions="after_update")
+_cf("B12.mask_top_left", "Align the causal mask bottom-right: offset = cached length.", attn_variant="plain",
+    mask="top_left")
+_cf("B12.cache_after_repeat", "Cache the KV heads; repeat only for the matmul.", detect="detector",
+    attn_variant="after_repeat")
+_cf("B12.cache_prerope_rerotated", "Rotate each key once, at its own position, before caching.",
+    attn_variant="prerope")
+
+
+# ---------------------------------------------------------------- generate_cached
+
+
+@torch.no_grad()
+def _gen_no_cache(model, idx, max_new_tokens, eos_id=None):
+    model.eval()
+    for _ in range(max_new_tokens):   # recomputes keys and values of every token at every step
+        nxt = model(idx)[:, -1, :].argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+@torch.no_grad()
+def _gen_no_reset(model, idx, max_new_tokens, eos_id=None):
+    model.eval()
+    cache = getattr(model, "_kept_cache", None)
+    if cache is None:
+        cache = model._kept_cache = KVCache(len(model.layers))   # one cache for every prompt
+    out = [idx]
+    if max_new_tokens == 0:
+        return idx
+    logits = model(idx, cache=cache)
+    for step in range(max_new_tokens):
+        nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+        out.append(nxt)
+        if step < max_new_tokens - 1:
+            logits = model(nxt, cache=cache)
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def _gen_prefill_twice(model, idx, max_new_tokens, eos_id=None):
+    model.eval()
+    cache = KVCache(len(model.layers))
+    out = [idx]
+    if max_new_tokens == 0:
+        return idx
+    logits = model(idx, cache=cache)
+    for step in range(max_new_tokens):
+        nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+        out.append(nxt)
+        if step < max_new_tokens - 1:
+            feed = torch.cat([idx[:, -1:], nxt], dim=1) if step == 0 else nxt   # the last prompt token again
+            logits = model(feed, cache=cache)
+    return torch.cat(out, dim=1)
+
+
+bug_group("B12.cache_queries", f"{U}.generate_cached", "Past queries are never reused; cache K and V only.",
+          {"generate_cached": _gen_no_cache}, detect="detector")
+bug_group("B12.no_reset", f"{U}.generate_cached", "Reset (or create) the cache per prompt.",
+          {"generate_cached": _gen_no_reset})
+bug_group("B12.prefill_twice", f"{U}.generate_cached", "After prefill, feed only the newly generated token.",
+          {"generate_cached": _gen_prefill_twice})
+
+
+# ---------------------------------------------------------------- kv_cache_bytes
+
+
+def _bytes_no_factor2(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):
+    return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_elem
+
+
+def kv_cache_bytes(n_layers, n_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):   # noqa: D103
+    return 2 * n_layers * n_heads * head_dim * seq_len * batch_size * bytes_per_elem
+
+
+bug_group("B12.bytes_no_factor2", f"{U}.kv_cache_bytes", "There are two tensors (K and V) per layer.",
+          {"kv_cache_bytes": _bytes_no_factor2})
+bug_group("B12.bytes_uses_heads", f"{U}.kv_cache_bytes", "GQA caches only the KV heads.",
+          {"kv_cache_bytes": kv_cache_bytes})
+
+
+# ---------------------------------------------------------------- mha_to_gqa
+
+
+def _gqa_strided(k_proj_weight, v_proj_weight, n_heads, n_kv_heads):
+    out = []
+    for w in (k_proj_weight, v_proj_weight):
+        rows, d = w.shape
+        hd = rows // n_heads
+        out.append(w.reshape(n_heads // n_kv_heads, n_kv_heads, hd, d).mean(0).reshape(n_kv_heads * hd, d))
+    return out[0], out[1]
+
+
+bug_group("B12.gqa_strided_groups", f"{U}.mha_to_gqa", "Groups are contiguous, as in `repeat_interleave`.",
+          {"mha_to_gqa": _gqa_strided})

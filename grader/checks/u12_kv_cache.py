@@ -1,0 +1,474 @@
+"""Checks of unit 12 (the KV cache).
+
+Independent routes: ``torch.cat`` of the appended chunks (the cache contents), the closed-form byte count
+``2·L·KV·hd·T·B·bytes`` (F12.2), unit 11's **cache-free** ``Llama3Model`` on the whole sequence (the logits
+every cached step must reproduce, and the greedy tokens of uncached generation), and per-group means written
+out with explicit head slices (MHA→GQA). Models are ``llama3-tiny`` with seeded random weights of a large
+scale (clear greedy margins) and, when present, the course's trained character Llama
+(``assets/llama_char_tiny.pt``).
+
+Probes build their models inside the worker from a config and a state dict. The cache-aware probes use the
+course's ``KVCache`` (an earlier exercise of this unit, not the reference of the exercise being checked), so a
+wrong ``KVCache`` costs its own points only. ``generate_cached``'s call pattern (one prefill call, then
+``T = 1`` calls) is recorded by a forward pre-hook in the worker and only shapes feedback: points come from
+the returned tokens, compared here with uncached greedy tokens computed by the cache-free model.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..core import check, module_facts, unwrap
+
+U = "12"
+T = torch.tensor
+CHUNKS = (3, 1, 5, 2)
+
+
+def _ref_kvcache():
+    from llmcourse.nn.kv_cache import KVCache
+
+    return {"KVCache": KVCache}
+
+
+def _ref_cached_forward():
+    from llmcourse.models.llama3_cached import CachedGroupedQueryAttention, CachedLlama3Model
+
+    return {"GroupedQueryAttention": CachedGroupedQueryAttention, "Llama3Model": CachedLlama3Model}
+
+
+def _ref_generate():
+    from llmcourse.models.llama3_cached import generate_cached
+
+    return {"generate_cached": generate_cached}
+
+
+def _ref_bytes():
+    from llmcourse.nn.kv_cache import kv_cache_bytes
+
+    return {"kv_cache_bytes": kv_cache_bytes}
+
+
+def _ref_gqa():
+    from llmcourse.nn.kv_cache import mha_to_gqa
+
+    return {"mha_to_gqa": mha_to_gqa}
+
+
+# ================================================================== 12.KVCache
+
+
+def _chunks(seed: int, B=2, KV=2, hd=4, n_layers=3, lengths=(3, 1, 5)):
+    g = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(B, KV, n, hd, generator=g), torch.randn(B, KV, n, hd, generator=g))
+             for _ in range(n_layers)] for n in lengths]
+
+
+def _cache_run(chunks, dtype=None):
+    def probe(impl):
+        c = impl.KVCache(len(chunks[0]))
+        rec = {"empty_len": c.seq_len, "empty_bytes": c.nbytes(), "returned": [], "lens": []}
+        for step in chunks:
+            for layer, (k, v) in enumerate(step):
+                if dtype is not None:
+                    k, v = k.to(dtype), v.to(dtype)
+                rk, rv = c.update(layer, k.clone(), v.clone())
+                rec["returned"].append([rk, rv])
+            rec["lens"].append(c.seq_len)
+        rec["nbytes"] = c.nbytes()
+        c.reset()
+        rec["reset"] = [c.seq_len, c.nbytes()]
+        k, v = chunks[0][0]
+        rk, _ = c.update(0, k.clone(), v.clone())
+        rec["after_reset"] = [rk, c.seq_len]
+        return rec
+    return probe
+
+
+@check(f"{U}.KVCache", ["KVCache"], _ref_kvcache)
+def check_kvcache(t):
+    chunks = _chunks(0)
+    probe = _cache_run(chunks)
+    got = t.run(probe)
+    t.expect(isinstance(got, dict) and got["empty_len"] == 0, f"an empty cache must have seq_len 0; got "
+             f"{got.get('empty_len') if isinstance(got, dict) else got!r}")
+    t.expect(got["empty_bytes"] == 0, f"an empty cache holds 0 bytes; nbytes() returned {got['empty_bytes']!r}")
+    i = 0
+    for s, step in enumerate(chunks):
+        for layer in range(len(step)):
+            k_all = torch.cat([chunks[j][layer][0] for j in range(s + 1)], dim=2)
+            v_all = torch.cat([chunks[j][layer][1] for j in range(s + 1)], dim=2)
+            rk, rv = got["returned"][i]
+            t.expect(isinstance(rk, torch.Tensor) and isinstance(rv, torch.Tensor),
+                     "update must return the layer's (keys, values) as two tensors")
+            t.expect(tuple(rk.shape) == tuple(k_all.shape) and tuple(rv.shape) == tuple(v_all.shape),
+                     f"update #{s + 1} of layer {layer}: the returned keys/values must hold every appended token, "
+                     f"shape {tuple(k_all.shape)} (appended on dim 2); got {tuple(rk.shape)} / {tuple(rv.shape)}")
+            t.expect(torch.equal(rk, k_all) and torch.equal(rv, v_all),
+                     f"update #{s + 1} of layer {layer}: the returned tensors must be the earlier keys/values of "
+                     "this layer followed by the new ones, in order (each layer has its own slot)")
+            i += 1
+    lens = [sum((3, 1, 5)[: s + 1]) for s in range(3)]
+    t.expect(got["lens"] == lens, f"seq_len after appending chunks of 3, 1 and 5 tokens to every layer must be "
+             f"{lens}; got {got['lens']}")
+    expected_bytes = 2 * 3 * 2 * 4 * 9 * 2 * 4   # 2 · L · KV · hd · T · B · 4 bytes (float32)
+    t.expect(got["nbytes"] == expected_bytes, f"nbytes() of a float32 cache with 3 layers, B=2, KV=2, T=9, hd=4 "
+             f"must be 2·3·2·4·9·2·4 = {expected_bytes}; got {got['nbytes']!r}")
+    t.expect(got["reset"] == [0, 0], f"after reset() the cache must be empty (seq_len 0, nbytes 0); got "
+             f"seq_len {got['reset'][0]!r}, nbytes {got['reset'][1]!r}")
+    rk, n = got["after_reset"]
+    t.expect(torch.equal(rk, chunks[0][0][0]) and n == 3, "after reset() a new update must start from scratch "
+             "(the old keys are gone)")
+    half = t.run(_cache_run(_chunks(1, B=1, KV=1, hd=8, n_layers=2, lengths=(4, 2)), dtype=torch.bfloat16))
+    expected = 2 * 2 * 1 * 8 * 6 * 1 * 2
+    t.expect(half["nbytes"] == expected, f"nbytes() of a bfloat16 cache (2 layers, KV=1, hd=8, T=6) must count 2 "
+             f"bytes per element: {expected}; got {half['nbytes']!r}")
+    t.expect(half["returned"][-1][0].dtype == torch.bfloat16, "the cache must keep the dtype of the keys it is given")
+
+
+# ================================================================== model fixtures
+
+
+def _tiny_cfg() -> dict:
+    from llmcourse.models.llama3 import Llama3Config
+
+    return Llama3Config.preset("llama3-tiny").to_dict()
+
+
+def _seeded_state(cfg: dict, seed: int, std: float = 0.1) -> dict:
+    """Random weights of a large scale (every linear and embedding ``std·N(0,1)``, norms ``1 + std·N(0,1)``)."""
+    from llmcourse.models.llama3 import Llama3Config, Llama3Model
+
+    model = Llama3Model(Llama3Config(**cfg))
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, p in model.state_dict().items():
+        noise = std * torch.randn(p.shape, generator=g)
+        state[name] = 1.0 + noise if name.endswith("norm.weight") else noise
+    if cfg.get("tie_word_embeddings", True):
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    return state
+
+
+@functools.lru_cache(maxsize=1)
+def _asset() -> dict | None:
+    """The course's trained character Llama as (config, state, characters), or None when absent."""
+    try:
+        from llmcourse.train.llama_char import load_llama_char_tiny
+
+        model, tok = load_llama_char_tiny(retrain=False, verbose=False)
+    except (ImportError, FileNotFoundError):
+        return None
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {"cfg": model.cfg.to_dict(), "state": state, "chars": "".join(tok.chars)}
+
+
+def _plain_model(cfg: dict, state: dict):
+    """Unit 11's cache-free model (the independent route), here in the checker."""
+    from llmcourse.models.llama3 import Llama3Config, Llama3Model
+
+    m = Llama3Model(Llama3Config(**cfg))
+    m.load_state_dict(state)
+    return m.eval()
+
+
+def _learner_model(impl, cfg: dict, state: dict):
+    """The learner's Llama3Model with the given weights (inside a probe)."""
+    from llmcourse.models.llama3 import Llama3Config
+
+    m = impl.Llama3Model(Llama3Config(**cfg))
+    unwrap(m).load_state_dict(state)
+    unwrap(m).eval()
+    return m
+
+
+@torch.no_grad()
+def _uncached_greedy(model, idx: torch.Tensor, n: int) -> torch.Tensor:
+    for _ in range(n):
+        nxt = model(idx)[:, -1, :].argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+# ================================================================== 12.cached_forward
+
+
+def _steps_probe(cfg, state, idx, chunks):
+    """Feed ``idx`` in chunks through one cache; the concatenated logits and the cached key/value shapes."""
+    def probe(impl):
+        from llmcourse.nn.kv_cache import KVCache
+
+        m = _learner_model(impl, cfg, state)
+        cache = KVCache(cfg["n_layers"])
+        outs, pos = [], 0
+        with torch.no_grad():
+            for n in chunks:
+                outs.append(m(idx[:, pos:pos + n], cache=cache))
+                pos += n
+        shapes = [list(k.shape) if isinstance(k, torch.Tensor) else None for k in cache.keys]
+        vshapes = [list(v.shape) if isinstance(v, torch.Tensor) else None for v in cache.values]
+        return {"logits": torch.cat(outs, dim=1), "k_shapes": shapes, "v_shapes": vshapes}
+    return probe
+
+
+@check(f"{U}.cached_forward", ["GroupedQueryAttention", "Llama3Model"], _ref_cached_forward)
+def check_cached_forward(t):
+    cfg = _tiny_cfg()
+    state = _seeded_state(cfg, 0)
+    plain = _plain_model(cfg, state)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, cfg["vocab_size"], (2, 16), generator=g)
+    with torch.no_grad():
+        full = plain(idx)
+
+    facts = t.run(lambda impl: module_facts(_learner_model(impl, cfg, state)))
+    t.expect(facts["is_module"], "Llama3Model must be an nn.Module (extend unit 11's Llama3Model)")
+    ref_keys = {k: tuple(v.shape) for k, v in state.items()}
+    t.expect(facts["state_dict"] == ref_keys, "Llama3Model must keep unit 11's state_dict keys and shapes (the same "
+             "weights load into both); differences: "
+             f"{sorted(set(facts['state_dict']) ^ set(ref_keys))[:4] or 'shapes'}")
+
+    # without a cache: the ordinary forward
+    t.compare(lambda impl: _learner_model(impl, cfg, state)(idx), full, "forward(idx) without a cache on a (2, 16) "
+              "batch of llama3-tiny with seeded weights (unit 11's logits)", atol=1e-5, rtol=1e-5)
+
+    # prefill 4 tokens, then one token at a time
+    decode = _steps_probe(cfg, state, idx, [4] + [1] * 12)
+    got = t.run(decode)
+    t.expect(isinstance(got["logits"], torch.Tensor) and tuple(got["logits"].shape) == tuple(full.shape),
+             f"prefill + 12 single-token steps must return logits (2, 1, V) per step; concatenated shape "
+             f"{tuple(getattr(got['logits'], 'shape', ()))}, expected {tuple(full.shape)}")
+    H, KV, hd = cfg["n_heads"], cfg["n_kv_heads"], cfg["d_model"] // cfg["n_heads"]
+    if got["k_shapes"][0] is not None and got["k_shapes"][0][1] == H != KV:
+        t.fail(f"the cache holds {H} key heads per layer (shape {got['k_shapes'][0]}): after repeat_kv; cache the "
+               f"{KV} key/value heads", bug="B12.cache_after_repeat")
+    expected_shape = [2, KV, 16, hd]
+    t.expect(all(s == expected_shape for s in got["k_shapes"] + got["v_shapes"]),
+             f"after 16 tokens every layer's cached keys and values must have shape (B, KV, T, hd) = "
+             f"{tuple(expected_shape)}; got keys {got['k_shapes']}, values {got['v_shapes']}")
+    t.compare(decode, full[:, :4], "logits of the 4-token prefill with an empty cache", atol=1e-5, rtol=1e-5,
+              pick=lambda o: o["logits"][:, :4])
+    t.compare(decode, full, "logits of prefill (4 tokens) then 12 single-token steps, each equal to the uncached "
+              "forward on the whole sequence at that position", atol=1e-5, rtol=1e-5, pick=lambda o: o["logits"])
+
+    # chunked prefill 3, 1, 5, 2 (then the rest)
+    chunked = _steps_probe(cfg, state, idx, [*CHUNKS, 5])
+    t.compare(chunked, full, f"logits of chunked prefill (chunks {', '.join(map(str, CHUNKS))}, 5) through one "
+              "cache", atol=1e-5, rtol=1e-5, pick=lambda o: o["logits"])
+
+    # the context limit
+    C = cfg["context_length"]
+
+    def too_long(impl):
+        from llmcourse.nn.kv_cache import KVCache
+
+        m = _learner_model(impl, cfg, state)
+        cache = KVCache(cfg["n_layers"])
+        with torch.no_grad():
+            m(torch.zeros(1, C - 3, dtype=torch.long), cache=cache)
+            m(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+
+    err = t.raised(too_long)
+    t.expect(err == "ValueError", f"feeding 5 tokens after {C - 3} cached ones (context_length {C}) must raise "
+             f"ValueError (start + T > context_length); got {err}")
+
+
+# ================================================================== 12.generate_cached
+
+
+def _gen_probe(cfg, state, prompts, n):
+    """Run the learner's generate_cached on the course's cache-aware model, once per prompt, recording the
+    inputs of every model call (token ids and the cache length before the call)."""
+    def probe(impl):
+        from llmcourse.models.llama3 import Llama3Config
+        from llmcourse.models.llama3_cached import CachedLlama3Model
+
+        m = CachedLlama3Model(Llama3Config(**cfg))
+        m.load_state_dict(state)
+        m.eval()
+        calls = []
+
+        def hook(module, args, kwargs):
+            x = args[0] if args else kwargs.get("idx")
+            cache = args[1] if len(args) > 1 else kwargs.get("cache")
+            calls.append([x.detach().clone() if isinstance(x, torch.Tensor) else None,
+                          None if cache is None else int(cache.seq_len)])
+
+        m.register_forward_pre_hook(hook, with_kwargs=True)
+        outs, per_prompt = [], []
+        for p in prompts:
+            start = len(calls)
+            outs.append(impl.generate_cached(m, p.clone(), n))
+            per_prompt.append(calls[start:])
+        return {"out": outs, "calls": per_prompt}
+    return probe
+
+
+def _pattern_problem(calls, prompt: torch.Tensor, out: torch.Tensor) -> tuple[str, str | None] | None:
+    """Feedback on the call pattern (returned inputs), or None when it is one prefill and then T = 1 calls."""
+    t0 = prompt.shape[1]
+    if not calls:
+        return "the model was never called", None
+    first, cache_len = calls[0]
+    if first is None or tuple(first.shape) != tuple(prompt.shape) or not torch.equal(first, prompt):
+        return (f"the first model call must be the prefill of the whole prompt {tuple(prompt.shape)}; got "
+                f"{tuple(getattr(first, 'shape', ())) or first!r}"), None
+    if cache_len is None:
+        return "the model was called without a cache: pass a KVCache to every call (cache=...)", "B12.cache_queries"
+    if cache_len != 0:
+        return (f"the prefill call found {cache_len} tokens already cached: make (or reset) a cache for every "
+                "prompt"), "B12.no_reset"
+    for i, (x, n_cached) in enumerate(calls[1:], start=1):
+        if x is None or x.shape[1] != 1:
+            return (f"model call #{i + 1} received {tuple(getattr(x, 'shape', ()))} tokens: after the prefill, feed "
+                    "only the newly generated token (T = 1); the cache holds the rest"), "B12.cache_queries"
+        if n_cached != t0 + i - 1:
+            return f"model call #{i + 1} found {n_cached} cached tokens, expected {t0 + i - 1}", None
+        if not torch.equal(x[:, 0], out[:, t0 + i - 1]):
+            return (f"model call #{i + 1} fed a token that is not the one generated at the previous step "
+                    "(after the prefill, feed only the newly generated token)"), "B12.prefill_twice"
+    return None
+
+
+@check(f"{U}.generate_cached", ["generate_cached"], _ref_generate)
+def check_generate_cached(t):
+    cfg = _tiny_cfg()
+    g = torch.Generator().manual_seed(2)
+    cases = [("llama3-tiny with seeded random weights", cfg, _seeded_state(cfg, 3), None)]
+    asset = _asset()
+    if asset is not None:
+        cases.append(("the course's trained character Llama", asset["cfg"], asset["state"], asset["chars"]))
+    n = 40
+    for label, c, state, chars in cases:
+        plain = _plain_model(c, state)
+        if chars is None:
+            prompts = [torch.randint(0, c["vocab_size"], (2, 6), generator=g),
+                       torch.randint(0, c["vocab_size"], (3, 9), generator=g)]
+        else:
+            prompts = [T([[chars.index(ch) for ch in "ROMEO:"]]),
+                       T([[chars.index(ch) for ch in s] for s in ("JULIET:\n", "KING RIC")])]
+        probe = _gen_probe(c, state, prompts, n)
+        got = t.run(probe)
+        for j, (p, out) in enumerate(zip(prompts, got["out"])):
+            what = f"greedy generation of {n} tokens from a {tuple(p.shape)} prompt ({label}"
+            what += ", second call with a new prompt)" if j else ")"
+            t.expect(isinstance(out, torch.Tensor) and not out.is_floating_point(),
+                     f"generate_cached must return a tensor of token ids; got {getattr(out, 'dtype', type(out))}")
+            t.expect(tuple(out.shape) == (p.shape[0], p.shape[1] + n), f"{what}: expected shape "
+                     f"{(p.shape[0], p.shape[1] + n)} (prompt + {n} new tokens); got {tuple(out.shape)}")
+            expected = _uncached_greedy(plain, p.clone(), n)
+            if not torch.equal(out, expected):
+                bug = t.diagnose(probe, out, pick=lambda o, jj=j: o["out"][jj])
+                first = int((out != expected).nonzero()[0, 1]) - p.shape[1]
+                t.fail(f"{what}: the tokens differ from uncached greedy decoding from new token {first} on",
+                       bug=bug)
+            problem = _pattern_problem(got["calls"][j], p, out)
+            if problem is not None:
+                t.fail(f"{what}: the tokens are right, but {problem[0]}", bug=problem[1])
+    zero = t.run(lambda impl: impl.generate_cached(_plain_cached(cfg, cases[0][2]), T([[1, 2, 3]]), 0))
+    t.expect(isinstance(zero, torch.Tensor) and zero.tolist() == [[1, 2, 3]],
+             "max_new_tokens=0 must return the prompt unchanged")
+
+
+def _plain_cached(cfg, state):
+    from llmcourse.models.llama3 import Llama3Config
+    from llmcourse.models.llama3_cached import CachedLlama3Model
+
+    m = CachedLlama3Model(Llama3Config(**cfg))
+    m.load_state_dict(state)
+    return m.eval()
+
+
+# ================================================================== 12.kv_cache_bytes
+
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+F122 = [  # (what, args, expected bytes)
+    ("GPT-2 small per token (12 layers, 12 heads, hd 64, bf16)", (12, 12, 64, 1), 36 * KIB),
+    ("GPT-2 small at 1,024 tokens (bf16)", (12, 12, 64, 1024), 36 * MIB),
+    ("GPT-2 small at 1,024 tokens in fp32", (12, 12, 64, 1024, 1, 4), 72 * MIB),
+    ("Llama-3.2-1B per token (16 layers, 8 KV heads, hd 64)", (16, 8, 64, 1), 32 * KIB),
+    ("Llama-3.2-1B at 8,192 tokens", (16, 8, 64, 8192), 256 * MIB),
+    ("Llama-3.2-1B at 131,072 tokens", (16, 8, 64, 131072), 4 * GIB),
+    ("Llama-3.2-3B per token (28 layers, 8 KV heads, hd 128)", (28, 8, 128, 1), 112 * KIB),
+    ("Llama-3.2-3B at 8,192 tokens", (28, 8, 128, 8192), 896 * MIB),
+    ("Llama-3-8B at 8,192 tokens (32 layers, 8 KV heads, hd 128)", (32, 8, 128, 8192), 1 * GIB),
+    ("a batch of 4 sequences of 100 tokens, fp8 (3 layers, 2 KV heads, hd 16)", (3, 2, 16, 100, 4, 1), 76800),
+]
+
+
+@check(f"{U}.kv_cache_bytes", ["kv_cache_bytes"], _ref_bytes)
+def check_kv_cache_bytes(t):
+    for what, args, expected in F122:
+        got = t.run(lambda impl, a=args: impl.kv_cache_bytes(*a))
+        t.expect(isinstance(got, int) and not isinstance(got, bool),
+                 f"kv_cache_bytes must return an int (bytes); got {type(got).__name__} {got!r}")
+        if got != expected:
+            bug = t.diagnose(lambda impl, a=args: impl.kv_cache_bytes(*a), got)
+            t.fail(f"{what}: expected {expected:,} bytes, got {got:,}", bug=bug)
+    kw = t.run(lambda impl: impl.kv_cache_bytes(n_layers=2, n_kv_heads=3, head_dim=4, seq_len=5, batch_size=6,
+                                                bytes_per_elem=4))
+    t.expect(kw == 2 * 2 * 3 * 4 * 5 * 6 * 4, f"keyword arguments (n_layers=2, n_kv_heads=3, head_dim=4, seq_len=5, "
+             f"batch_size=6, bytes_per_elem=4): expected {2 * 2 * 3 * 4 * 5 * 6 * 4}, got {kw!r}")
+
+
+# ================================================================== 12.mha_to_gqa
+
+
+def _pooled(w: torch.Tensor, H: int, KV: int) -> torch.Tensor:
+    """Group g = mean of the row blocks of heads g·r … g·r+r−1 (written out head by head)."""
+    hd, r = w.shape[0] // H, H // KV
+    groups = [sum(w[h * hd:(h + 1) * hd] for h in range(g * r, (g + 1) * r)) / r for g in range(KV)]
+    return torch.cat(groups, dim=0)
+
+
+@check(f"{U}.mha_to_gqa", ["mha_to_gqa"], _ref_gqa)
+def check_mha_to_gqa(t):
+    g = torch.Generator().manual_seed(5)
+    H, hd, D = 8, 4, 12
+    wk, wv = torch.randn(H * hd, D, generator=g), torch.randn(H * hd, D, generator=g)
+    same = t.run(lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, H))
+    t.expect(isinstance(same, (tuple, list)) and len(same) == 2, "mha_to_gqa must return a pair (k_weight, v_weight)")
+    t.compare(lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, H), [wk, wv],
+              "n_kv_heads == n_heads must return the weights unchanged", atol=0, rtol=0)
+    t.compare(lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, 1), [_pooled(wk, H, 1), _pooled(wv, H, 1)],
+              "n_kv_heads == 1 (MQA): the mean over all heads", atol=1e-6, rtol=1e-6)
+    for KV in (2, 4):
+        t.compare(lambda impl, kv=KV: impl.mha_to_gqa(wk.clone(), wv.clone(), H, kv),
+                  [_pooled(wk, H, KV), _pooled(wv, H, KV)],
+                  f"H=8 -> KV={KV}: KV head g must be the mean of the contiguous query heads g·{H // KV} … "
+                  f"g·{H // KV}+{H // KV - 1} (the grouping of repeat_interleave)", atol=1e-6, rtol=1e-6)
+
+    # the converted model runs: llama3-tiny built as MHA (KV=4), converted to KV=2, evaluated by unit 11's model
+    from llmcourse.models.llama3 import Llama3Config
+
+    mha_cfg = Llama3Config.preset("llama3-tiny").to_dict() | {"n_kv_heads": 4}
+    gqa_cfg = dict(mha_cfg, n_kv_heads=2)
+    state = _seeded_state(mha_cfg, 6)
+    idx = torch.randint(0, 65, (1, 10), generator=g)
+
+    def convert(impl):
+        new = dict(state)
+        for i in range(mha_cfg["n_layers"]):
+            p = f"layers.{i}.self_attn."
+            k, v = impl.mha_to_gqa(state[p + "k_proj.weight"].clone(), state[p + "v_proj.weight"].clone(), 4, 2)
+            new[p + "k_proj.weight"], new[p + "v_proj.weight"] = k, v
+        return {k: new[k] for k in new if "k_proj" in k or "v_proj" in k}
+
+    conv = dict(state)
+    for i in range(mha_cfg["n_layers"]):
+        p = f"layers.{i}.self_attn."
+        conv[p + "k_proj.weight"] = _pooled(state[p + "k_proj.weight"], 4, 2)
+        conv[p + "v_proj.weight"] = _pooled(state[p + "v_proj.weight"], 4, 2)
+    got = t.run(convert)
+    with torch.no_grad():
+        expected_logits = _plain_model(gqa_cfg, conv)(idx)
+        try:
+            logits = _plain_model(gqa_cfg, {**state, **got})(idx)
+        except (RuntimeError, KeyError) as exc:
+            t.fail(f"the converted weights do not load into a Llama3Model with n_kv_heads=2: {str(exc)[:200]}")
+    if not torch.allclose(logits, expected_logits, atol=1e-5):
+        probe = lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, 2)  # noqa: E731
+        t.fail("a llama3-tiny built with 4 KV heads, converted to 2 by your mha_to_gqa, gives other logits than the "
+               "mean-pooled model", bug=t.diagnose(probe, t.run(probe)))
