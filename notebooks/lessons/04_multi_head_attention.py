@@ -26,8 +26,10 @@
 # is the **total** width and `head_dim = d_out / num_heads`. (Some write-ups use `d_out` for both in the
 # same chapter; we never do.) Masks are boolean with **`True` = may attend**, as in unit 03.
 #
-# Cells marked **Spot the bug** show mistakes from popular write-ups: run them, see which property
-# breaks, compare with the fix.
+# Cells marked **Spot the bug** show mistakes from popular write-ups: run the buggy cell, see which
+# property breaks, write your fix in the **TODO** cell and run its self-check (it prints "not yet" until
+# the fix is right). A reference fix follows in a collapsed cell (click its margin to expand); it runs
+# with the rest of the notebook, so later cells work either way.
 
 # %%
 import math
@@ -117,15 +119,14 @@ print("output shape:", tuple(context_wrapper.shape))
 print(context_wrapper[0])
 
 # %% [markdown]
-# Two checks of what we just claimed (fixture F04.5). The printed item 0 is the course's acceptance
-# value, and the first two columns are exactly what a **single** seed-123 `CausalSelfAttention(3, 2, 6)`
+# Two checks of what we just claimed. Item 0 matches reference values computed independently, and the first two columns are exactly what a **single** seed-123 `CausalSelfAttention(3, 2, 6)`
 # gives: creating the wrapper under the same seed builds head 0 first, with the same random draws.
 
 # %%
-F045 = torch.tensor([[-0.4519, 0.2216, 0.4772, 0.1063], [-0.5874, 0.0058, 0.5891, 0.3257],
+ref_wrapper = torch.tensor([[-0.4519, 0.2216, 0.4772, 0.1063], [-0.5874, 0.0058, 0.5891, 0.3257],
                      [-0.6300, -0.0632, 0.6202, 0.3860], [-0.5675, -0.0843, 0.5478, 0.3589],
                      [-0.5526, -0.0981, 0.5321, 0.3428], [-0.5299, -0.1081, 0.5077, 0.3493]])
-assert torch.allclose(context_wrapper[0], F045, atol=1e-4)
+assert torch.allclose(context_wrapper[0], ref_wrapper, atol=1e-4)
 torch.manual_seed(123)
 single = CausalSelfAttention(3, 2, 6)
 diff = (single(batch)[0] - context_wrapper[0, :, :2]).abs().max().item()
@@ -155,8 +156,8 @@ assert n_wrapper == 3 * 3 * 2 * 2
 #
 # The `view` only reinterprets the last axis (no data moves): features `0 … hd−1` are head 0, the next
 # `hd` are head 1, and so on. The `transpose` moves the head axis next to the batch axis so that
-# everything after it (scores, softmax, `@ V`) treats `(B, H)` as batch dimensions. Fixture F04.1 traces
-# the shapes for `x (1, 3, 6)`, `d_out = 6`, `H = 2`, so `head_dim = 3`:
+# everything after it (scores, softmax, `@ V`) treats `(B, H)` as batch dimensions. Here are the
+# shapes for `x (1, 3, 6)`, `d_out = 6`, `H = 2`, so `head_dim = 3`:
 
 # %%
 b, t, d_out, h = 1, 3, 6, 2
@@ -196,8 +197,43 @@ print("right head 0:\n", split[0, 0])
 tokens_in_wrong_head0 = sorted({int(v) // d_out for v in wrong[0, 0].flatten().tolist()})
 print("tokens whose features ended up in the wrong 'head 0':", tokens_in_wrong_head0)
 assert not torch.equal(wrong, split)
-# fixed: split the last dim first, then move the head axis
-assert torch.equal(x_demo.view(b, t, h, hd).transpose(1, 2), split)
+
+# %% [markdown]
+# The property that fails: **head `h` of token `t` must hold features `h·hd … (h+1)·hd − 1` of token `t`**.
+#
+# **Your fix.** Rewrite `to_heads(x, num_heads)`: `(B, T, D)` → `(B, H, T, D/H)` with that property.
+# Then run the self-check.
+
+# %%
+def to_heads(x, num_heads):
+    # TODO: cut the feature axis into heads, then move the head axis next to the batch axis
+    b_, t_, d_ = x.shape
+    return x.view(b_, num_heads, t_, d_ // num_heads)
+
+
+def self_check_to_heads():
+    xs = torch.randn(2, 5, 12)
+    ok = True
+    for heads in (1, 2, 3, 4):
+        out = to_heads(xs, heads)
+        hd_ = 12 // heads
+        ok = ok and out.shape == (2, heads, 5, hd_) and all(
+            torch.equal(out[:, hh, tt], xs[:, tt, hh * hd_:(hh + 1) * hd_]) for hh in range(heads) for tt in range(5))
+    print("✓ every head holds its own feature slice of every token" if ok else
+          "✗ not yet: head h of token t must hold features h·hd … (h+1)·hd − 1 of token t")
+    return ok
+
+
+fixed_view = self_check_to_heads()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed). Running it replaces your version of to_heads.
+def to_heads(x, num_heads):
+    b_, t_, d_ = x.shape
+    return x.view(b_, t_, num_heads, d_ // num_heads).transpose(1, 2)
+
+
+assert self_check_to_heads() and torch.equal(to_heads(x_demo, h), split)
 
 # %% [markdown]
 # ### Spot the bug: a width the heads cannot share
@@ -231,7 +267,7 @@ assert 6 not in ok_heads and MultiHeadAttention(256, 256, num_heads=8).head_dim 
 # `(T, T)` causal mask broadcasts over `(B, H)`, so one mask serves every head. Softmax over the last
 # dim, dropout on the weights, `@ v`: exactly unit 03's recipe, with two batch dimensions.
 #
-# Fixture F04.2 lists the raw scores of two heads for a three-token input (lower triangles). We put
+# Take the raw scores of two heads for a three-token input (lower triangles, given below). We put
 # deliberately huge numbers above the diagonal: the causal mask must make them irrelevant.
 
 # %%
@@ -242,14 +278,14 @@ for head in range(2):
     for i, row in enumerate(lower[head]):
         raw[0, head, i, :len(row)] = torch.tensor(row)
 mask = causal_mask(3)
-weights_f042 = torch.softmax((raw / math.sqrt(3)).masked_fill(~mask, float("-inf")), dim=-1)
-print(weights_f042)
-expected_f042 = torch.tensor([[[1, 0, 0], [0.9641, 0.0359, 0], [0.0417, 0.2604, 0.6979]],
+weights_two_heads = torch.softmax((raw / math.sqrt(3)).masked_fill(~mask, float("-inf")), dim=-1)
+print(weights_two_heads)
+expected_two_heads = torch.tensor([[[1, 0, 0], [0.9641, 0.0359, 0], [0.0417, 0.2604, 0.6979]],
                               [[1, 0, 0], [0.1727, 0.8273, 0], [0.3805, 0.4628, 0.1566]]])
-assert torch.allclose(weights_f042[0], expected_f042, atol=1e-3)
+assert torch.allclose(weights_two_heads[0], expected_two_heads, atol=1e-3)
 
 # %% [markdown]
-# Scale matters here too. Fixture F04.3 (qualitative, it depends on the random generator): the three
+# Scale matters here too (the exact numbers depend on the random generator, the picture does not): the three
 # integer-valued tokens `[1..6]`, `[6..1]`, `[1]*6` with `torch.randn(6, 6)` projections give scaled
 # scores in the tens and hundreds, and the softmax turns every row into (nearly) a one-hot vector: each
 # head looks at exactly one token and no gradient flows to the others. Large inputs and unscaled random
@@ -294,7 +330,7 @@ assert fixed.shape == (2, 2, 5, 5)
 # `nn.Linear(d_out, d_out)`, mixes the heads: without it, each block of `hd` output features would only
 # ever contain one head's information.
 #
-# Fixture F04.4 makes the layout visible: `context[0, h, t, :] = 100·h + 10·t + [0, 1, 2]`, so every
+# A labelled context makes the layout visible: `context[0, h, t, :] = 100·h + 10·t + [0, 1, 2]`, so every
 # number says which head (hundreds) and token (tens) it came from.
 
 # %%
@@ -349,24 +385,55 @@ def causal_scores_buggy(q, k, mask):
     return torch.softmax(scores, dim=-1)
 
 
-def causal_scores_fixed(q, k, mask):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1)
-
-
 qp, kp, vp = (split_heads(torch.randn(1, 5, 8), 2) for _ in range(3))
 kp2, vp2 = kp.clone(), vp.clone()
 kp2[:, :, -1] += 3.0                                   # change only the last token's key and value
 vp2[:, :, -1] -= 3.0
 m5 = causal_mask(5)
-moved = {}
-for fn in (causal_scores_buggy, causal_scores_fixed):
-    row0_before = (fn(qp, kp, m5) @ vp)[..., 0, :]
-    row0_after = (fn(qp, kp2, m5) @ vp2)[..., 0, :]
-    moved[fn.__name__] = (row0_after - row0_before).abs().max().item()
-    print(f"{fn.__name__}: output row 0 moved by {moved[fn.__name__]:.4f} when only the last token changed")
-assert moved["causal_scores_buggy"] > 0 and moved["causal_scores_fixed"] == 0
+
+
+def row0_moves(weights_fn):
+    """Self-check helper: how far output row 0 moves when only the last token changes (must be 0)."""
+    before = (weights_fn(qp, kp, m5) @ vp)[..., 0, :]
+    after = (weights_fn(qp, kp2, m5) @ vp2)[..., 0, :]
+    return (after - before).abs().max().item()
+
+
+print(f"buggy: output row 0 moved by {row0_moves(causal_scores_buggy):.4f} when only the last token changed")
+assert row0_moves(causal_scores_buggy) > 0
+
+# %% [markdown]
+# **Your fix.** Rewrite `causal_scores(q, k, mask)` (same contract: scaled, masked, softmaxed weights,
+# `mask` bool with `True` = may attend) so that the future cannot move an earlier row. Then run the
+# self-check.
+
+# %%
+def causal_scores(q, k, mask):
+    # TODO: make the mask take effect
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def self_check_causal_scores():
+    moved = row0_moves(causal_scores)
+    w = causal_scores(qp, kp, m5)
+    ok = moved == 0 and bool((w.triu(1) == 0).all()) and torch.allclose(w.sum(-1), torch.ones(w.shape[:-1]))
+    print("✓ the future no longer reaches row 0" if ok else f"✗ not yet: row 0 moved by {moved:.4f}")
+    return ok
+
+
+fixed_mask_apply = self_check_causal_scores()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): assign the result of masked_fill. Running it replaces your version.
+def causal_scores(q, k, mask):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+assert self_check_causal_scores()
 
 # %% [markdown]
 # ## 6. The two implementations are the same function
@@ -572,18 +639,23 @@ assert d < 1e-5
 #
 # Hand our causal mask straight to `nn.MultiheadAttention` and it blocks exactly what we wanted to
 # allow. Query 0 now sees every key **except** itself (all of them in its future), and the last query
-# is left with no key at all. What torch returns for such a row depends on the code path: with
-# `need_weights=True` the weights row is NaN; with `need_weights=False` (the fused path) the context
-# row is silently zero, so the output is just `out_proj.bias`. Both are wrong, and the second one
-# does not even warn you.
+# is left with no key at all. What torch returns for such a row depends on the code path, and we
+# measure all three below: with `need_weights=True` the weights row is NaN; with `need_weights=False`
+# and autograd on, the context row is silently zero, so the output is just `out_proj.bias`; and under
+# `torch.no_grad()` in `eval()` mode, where torch takes its fused fast path, the row is NaN again. All
+# three are wrong, and the zero one does not even warn you.
 
 # %%
 unchanged, w_unchanged = torch_mha(x16, x16, x16, attn_mask=cm7, need_weights=True, average_attn_weights=True)
 print("weights of query 0 with the unconverted mask:", w_unchanged[0, 0].detach().numpy().round(3))
 print("weights of the last query:", w_unchanged[0, -1].detach().numpy())
 fast = torch_mha(x16, x16, x16, attn_mask=cm7, need_weights=False)[0]
-print("need_weights=False, last row minus out_proj.bias:",
-      (fast[:, -1] - torch_mha.out_proj.bias).abs().max().item())
+zero_gap = (fast[:, -1] - torch_mha.out_proj.bias).abs().max().item()
+print("need_weights=False, autograd on: last row minus out_proj.bias:", zero_gap)
+with torch.no_grad():
+    fused = torch_mha(x16, x16, x16, attn_mask=cm7, need_weights=False)[0]
+print("need_weights=False under torch.no_grad() (fused fast path): last row is NaN?",
+      bool(torch.isnan(fused[:, -1]).all()))
 assert w_unchanged[0, 0, 0] == 0 and w_unchanged[0, 0, 1:].sum() > 0.99   # query 0 attends only to the future
 converted = torch_mha(x16, x16, x16, attn_mask=to_torch_attn_mask(cm7), need_weights=False)[0]
 assert torch.allclose(converted, ours, atol=1e-5)
@@ -615,9 +687,11 @@ assert len(set(heads_vary.values())) == 1
 # **Cost.** For a sequence of `T` tokens, the projections cost about `4 · T · d²` multiply-adds (Q, K,
 # V and the output), and the attention itself `2 · T² · d` (the scores `Q Kᵀ` over all heads together
 # are `T · T · d`, and weights times values again `T · T · d`). The score tensor holds `H · T²` numbers
-# per sequence. The `T²` terms win once `T` exceeds about `2d`: for GPT-2 small (`d = 768`) that is
-# around 1,500 tokens. This quadratic cost is what the KV cache (unit 12) and latent attention
-# (unit 13) attack.
+# per sequence. The `T²` terms win once `T` exceeds about `2d` (the crossover is computed below).
+# Neither of two later tricks changes this `T²` term of one forward pass: the KV cache (unit 12) stops
+# *recomputing* the keys and values of earlier tokens across decoding steps, and latent attention
+# (unit 13) shrinks the *memory* that cache takes. Cutting the quadratic score computation itself
+# needs other ideas (local or sparse attention, for example).
 
 # %%
 d_model = 768
@@ -625,7 +699,9 @@ for T in (128, 1024, 1536, 4096):
     proj, attn = 4 * T * d_model**2, 2 * T * T * d_model
     print(f"T={T:5d}: projections {proj / 1e9:6.2f} GMAC, attention {attn / 1e9:6.2f} GMAC, "
           f"score entries per head {T * T:,}")
-assert 2 * 1536 * 1536 * d_model == 4 * 1536 * d_model**2   # crossover at T = 2d
+crossover = next(T for T in range(1, 10 * d_model) if 2 * T * T * d_model >= 4 * T * d_model**2)
+print(f"GPT-2 small (d = {d_model}): attention's T² term overtakes the projections at T = {crossover:,} tokens")
+assert crossover == 2 * d_model
 
 # %% [markdown]
 # ## Summary

@@ -81,7 +81,7 @@ wrapper = MultiHeadAttentionWrapper(d_in=3, head_dim=2, context_length=6, dropou
 out = wrapper(torch.stack([inputs, inputs]))
 assert out.shape == (2, 6, 4), f"2 heads of width 2 on a (2, 6, 3) batch: expected (2, 6, 4), got {tuple(out.shape)}"
 assert torch.allclose(out[0, 0], torch.tensor([-0.4519, 0.2216, 0.4772, 0.1063]), atol=1e-4), \
-    f"row 0 of F04.5 is [-0.4519, 0.2216, 0.4772, 0.1063]; got {out[0, 0].tolist()} (heads created in order?)"
+    f"row 0 should be [-0.4519, 0.2216, 0.4772, 0.1063]; got {out[0, 0].tolist()} (heads created in order?)"
 assert wrapper.heads[0] is not wrapper.heads[1], "each head must be its own module"
 print("visible tests passed")
 
@@ -102,16 +102,18 @@ print("visible tests passed")
 #   lower-triangular, with `persistent=False`.
 # - `self.store_weights = False` and `self.last_weights = None`.
 #
-# `forward(self, x_q, x_kv=None, mask=None)`:
-# - `x_q` is `(B, T_q, d_in)`; `x_kv` is `(B, T_k, d_kv)`, or `None` for self-attention (use `x_q`).
-# - project, then split: `(B, T, d_out)` → `view(B, T, H, head_dim)` → `transpose(1, 2)` → `(B, H, T, head_dim)`.
-# - scores `(B, H, T_q, T_k)` = `q @ kᵀ` (transpose the **last two** axes) `/ √head_dim`.
-# - the mask: for a causal module, the bottom-right aligned causal mask
-#   `self.causal_mask[T_k − T_q : T_k, :T_k]` (the queries are the **last** `T_q` positions), AND-ed
-#   with `mask` when one is given; otherwise just `mask`. Blocked scores get `-inf`.
-# - softmax over the keys; if `self.store_weights`, keep `self.last_weights = weights.detach()`
-#   (before dropout); dropout on the weights; `@ v`.
-# - merge: `transpose(1, 2)` → `contiguous()` → `view(B, T_q, d_out)`, then `out_proj`.
+# `forward(self, x_q, x_kv=None, mask=None)` returns `(B, T_q, d_out)`:
+# - `x_q` is `(B, T_q, d_in)`; `x_kv` is `(B, T_k, d_kv)`, or `None` for self-attention (keys and values
+#   come from `x_q`).
+# - head `h` owns features `h·head_dim … (h+1)·head_dim − 1` of the projected queries, keys and values,
+#   attends with scores scaled by `1/√head_dim`, and its context fills the same feature slice of the
+#   result before `out_proj` (so with `out_proj = I` the output is the heads' contexts side by side).
+# - `mask`: `None` or a bool tensor broadcastable to `(B, H, T_q, T_k)`, `True` = may attend; blocked
+#   keys get weight exactly 0.
+# - a causal module treats the `T_q` queries as the **last** `T_q` of the `T_k` positions: query `i` may
+#   attend to keys `j ≤ T_k − T_q + i`, and, when `mask` is given, only where `mask` allows too.
+# - when `self.store_weights` is true, `self.last_weights` holds the `(B, H, T_q, T_k)` weights after the
+#   softmax and before dropout, detached; dropout acts on the weights (only in `train()` mode).
 
 # %% tags=["solution:04.MultiHeadAttention"]
 class MultiHeadAttention(nn.Module):
