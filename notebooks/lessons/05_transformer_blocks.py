@@ -22,8 +22,11 @@
 # `LayerNorm`, `gelu`, `FeedForward`, `EncoderBlock`, `DecoderBlock` and `ProjectionLayer`. From unit 06
 # on, the course imports the finished versions from `llmcourse.nn`.
 #
-# Cells marked **Spot the bug** reproduce mistakes found in popular write-ups. Run them, see which
-# property breaks, and compare with the fixed version.
+# Cells marked **Spot the bug** reproduce mistakes found in popular write-ups. Run the buggy cell and see
+# which property breaks. Where the fix is not itself one of the exercises, write it in the **TODO** cell
+# and run its self-check (it prints "not yet" until the fix is right); a reference fix follows in a
+# collapsed cell (click its margin to expand) that runs with the rest of the notebook. Where the fix *is*
+# an exercise (LayerNorm, the FFN, the encoder block), the property is your test for that exercise.
 #
 # Conventions: activations are `(B, T, D)` = (batch, sequence, `d_model`); masks are boolean with
 # **`True` = may attend**; a key-padding mask has shape `(B, 1, 1, T_k)`.
@@ -36,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import llmcourse
-from llmcourse.nn import MultiHeadAttention, causal_mask
+from llmcourse.nn import EncoderBlock, LayerNorm, MultiHeadAttention, causal_mask
 from llmcourse.viz import blocks as viz
 
 cfg = llmcourse.setup_notebook("05")
@@ -142,20 +145,9 @@ print(f"mean {v.mean():.3f}, biased std {v.std(unbiased=False):.4f}, unbiased st
 assert abs(v.std(unbiased=False).item() - 1.118) < 1e-3
 
 
-class MyLayerNorm(nn.Module):
-    def __init__(self, d_model, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))   # γ
-        self.bias = nn.Parameter(torch.zeros(d_model))    # β
-
-    def forward(self, x):
-        mean = x.mean(dim=-1, keepdim=True)
-        var = x.var(dim=-1, keepdim=True, unbiased=False)
-        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
-
-
-mine = MyLayerNorm(4)
+# `LayerNorm` below is the library's (`llmcourse.nn.LayerNorm`); you write your own in the exercises,
+# and these are the tests it has to pass.
+mine = LayerNorm(4)
 print("normalised:", mine(v).detach(), " biased std:", round(mine(v).std(unbiased=False).item(), 6))
 
 # %% [markdown]
@@ -165,21 +157,21 @@ print("normalised:", mine(v).detach(), " biased std:", round(mine(v).std(unbiase
 # %%
 D = 16
 torch.manual_seed(2)
-mine, ref = MyLayerNorm(D), nn.LayerNorm(D)
+mine, ref = LayerNorm(D), nn.LayerNorm(D)
 with torch.no_grad():
     mine.weight.normal_(1.0, 0.3)
     mine.bias.normal_(0.0, 0.3)
 ref.load_state_dict(mine.state_dict())
 x = torch.randn(3, 5, D) * 4 + 1
 diff = (mine(x) - ref(x)).abs().max().item()
-print(f"max |MyLayerNorm − nn.LayerNorm| = {diff:.2e}")
+print(f"max |LayerNorm − nn.LayerNorm| = {diff:.2e}")
 assert diff < 1e-5
 print("nn.LayerNorm(16): parameters", sum(p.numel() for p in ref.parameters()), "| buffers", len(list(ref.buffers())),
       "| keys", list(ref.state_dict()))
 assert sum(p.numel() for p in ref.parameters()) == 2 * D and len(list(ref.buffers())) == 0
 
 # %% [markdown]
-# **A number that does not depend on the data (fixture F05.1).** For any input of shape `(2, 4, 16)`
+# **A number that does not depend on the data.** For any input of shape `(2, 4, 16)`
 # whose tokens are not constant, each of the 8 tokens comes out of `LayerNorm(16)` (with γ = 1, β = 0)
 # with mean 0 and biased variance $1-O(\varepsilon)$. Pool all 128 numbers and take the usual
 # *unbiased* standard deviation: $\sqrt{128/127} \approx 1.00393$.
@@ -188,7 +180,7 @@ assert sum(p.numel() for p in ref.parameters()) == 2 * D and len(list(ref.buffer
 for seed in range(3):
     torch.manual_seed(seed)
     x = torch.randn(2, 4, 16) * (seed + 1) + 5 * seed
-    s = MyLayerNorm(16)(x).std().item()
+    s = LayerNorm(16)(x).std().item()
     print(f"seed {seed}: std of all 128 outputs = {s:.5f}")
     assert abs(s - math.sqrt(128 / 127)) < 1e-4
 print(f"sqrt(128/127) = {math.sqrt(128 / 127):.5f}")
@@ -198,8 +190,9 @@ print(f"sqrt(128/127) = {math.sqrt(128 / 127):.5f}")
 #
 # Two versions in circulation: one writes the formula with PyTorch's default (unbiased) variance, the
 # other puts $\varepsilon$ next to the standard deviation, outside the root. Each is "almost right".
-# The parity check against `nn.LayerNorm` tells them apart from the real thing; the effect of
-# $\varepsilon$ only shows on tokens whose features barely vary.
+# The parity check against `F.layer_norm` tells them apart from the real thing; the effect of
+# $\varepsilon$ only shows on tokens whose features barely vary. (The correct formula is the first
+# exercise; here the library's `LayerNorm`, with γ = 1 and β = 0, plays the fixed version.)
 
 # %%
 def layer_norm_buggy(x, eps=1e-5):
@@ -208,8 +201,7 @@ def layer_norm_buggy(x, eps=1e-5):
 
 
 def layer_norm_fixed(x, eps=1e-5):
-    mean = x.mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)
+    return LayerNorm(x.shape[-1], eps=eps)(x).detach()
 
 
 def parity(fn, x):
@@ -233,14 +225,11 @@ assert parity(layer_norm_fixed, x_typical) < 1e-5 and parity(layer_norm_fixed, x
 # must have no buffers.
 
 # %%
-class RunningStatsNorm(nn.Module):
-    """What the sentence describes (wrong for LayerNorm)."""
+class RunningStatsNorm(LayerNorm):
+    """What the sentence describes (wrong for LayerNorm): γ, β and eps as in LayerNorm, plus running statistics."""
 
     def __init__(self, d_model, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
+        super().__init__(d_model, eps)
         self.register_buffer("running_mean", torch.zeros(d_model))
         self.register_buffer("running_var", torch.ones(d_model))
 
@@ -262,8 +251,8 @@ def train_eval_agree(module, x):
 
 x = torch.randn(2, 5, 16) * 3 + 1
 print("running-stats 'LayerNorm': train == eval and no buffers?", train_eval_agree(RunningStatsNorm(16), x))
-print("MyLayerNorm:               train == eval and no buffers?", train_eval_agree(MyLayerNorm(16), x))
-assert not train_eval_agree(RunningStatsNorm(16), x) and train_eval_agree(MyLayerNorm(16), x)
+print("LayerNorm:                 train == eval and no buffers?", train_eval_agree(LayerNorm(16), x))
+assert not train_eval_agree(RunningStatsNorm(16), x) and train_eval_agree(LayerNorm(16), x)
 
 # %% [markdown]
 # Move γ and β, and pick another token: the histogram of the token's 16 features is standardised
@@ -273,11 +262,9 @@ assert not train_eval_agree(RunningStatsNorm(16), x) and train_eval_agree(MyLaye
 viz.show_layernorm()
 
 # %% [markdown]
-# From here on we use the finished version, `llmcourse.nn.LayerNorm` (same API, same keys).
+# The library's `llmcourse.nn.LayerNorm` agrees with PyTorch's functional form too.
 
 # %%
-from llmcourse.nn import LayerNorm  # noqa: E402
-
 x = torch.randn(3, 7, 16)
 assert torch.allclose(LayerNorm(16)(x), F.layer_norm(x, (16,)), atol=1e-6)
 
@@ -294,7 +281,7 @@ assert torch.allclose(LayerNorm(16)(x), F.layer_norm(x, (16,)), atol=1e-6)
 # shortcuts it multiplies $L$ Jacobians $J_\ell$ alone, and if each shrinks vectors, the product
 # shrinks geometrically: the first layers receive almost no gradient (the *vanishing gradient*).
 #
-# **The experiment (fixture F05.4).** Eight layers of `[Linear(16, 16), Sigmoid]` (the sigmoid's
+# **The experiment.** Eight layers of `[Linear(16, 16), Sigmoid]` (the sigmoid's
 # derivative is at most 1/4), `torch.manual_seed(123)`, input `ones(4, 16)`, loss `mean(out²)`. We
 # compare the mean absolute gradient of each layer's weight with and without shortcuts.
 
@@ -312,8 +299,17 @@ assert 1e-3 < plain[-1] < 1e-1 < short[-1]           # last layer ≈ 7.6e-03 an
 # %% [markdown]
 # Without shortcuts the gradient falls by a factor of about 4 to 10 per layer on its way back to the
 # input; with them it stays within one order of magnitude across the stack. Try other depths and
-# activations (tanh and GELU have derivatives near 1 at the origin, so the effect is milder, but it is
-# still there at depth 32).
+# activations in the widget: at the origin the sigmoid's derivative is 0.25, GELU's 0.5 and tanh's 1
+# (computed below with autograd), so the effect is milder with them, but it is still there at depth 32.
+
+# %%
+slopes = {}
+for name, fn in (("sigmoid", torch.sigmoid), ("GELU", F.gelu), ("tanh", torch.tanh)):
+    z0 = torch.zeros((), requires_grad=True)
+    fn(z0).backward()
+    slopes[name] = z0.grad.item()
+print("derivative at 0:", {k: round(v, 4) for k, v in slopes.items()})
+assert slopes == {"sigmoid": 0.25, "GELU": 0.5, "tanh": 1.0}
 
 # %% tags=["nbval-ignore-output"]
 viz.show_residual_gradients()
@@ -339,7 +335,7 @@ viz.show_residual_gradients()
 #   `erf` was slow. GPT-2 was trained with it, so loading GPT-2 weights (unit 08) needs exactly this one
 #   (`F.gelu(x, approximate="tanh")`; `transformers` calls it `gelu_new`).
 #
-# How different are they? (fixture F05.2)
+# How different are they?
 
 # %%
 from llmcourse.nn import FeedForward, gelu  # noqa: E402
@@ -455,17 +451,59 @@ viz.show_pre_post_ln()
 # per-token RMS ≈ 1 (times the final norm's γ) whatever the depth.
 
 # %%
-from llmcourse.nn import EncoderBlock  # noqa: E402
-
 torch.manual_seed(5)
 stack = nn.ModuleList([EncoderBlock(32, 4, 64, dropout=0.0, norm_first=True) for _ in range(8)]).eval()
 final_norm = LayerNorm(32)
 x = torch.randn(2, 10, 32)
+
+
+def run_stack_buggy(blocks, x):
+    """Pre-LN stack -> the hidden state handed to the output layer (as the buggy snippet does it)."""
+    for blk in blocks:
+        x = blk(x)
+    return x                      # <- straight to the output layer
+
+
+def final_rms_ok(run, depths=(1, 4, 8)):
+    """Self-check: the hidden state handed to the output layer has RMS 1 (final norm's γ = 1) at every depth."""
+    with torch.no_grad():
+        return {d: round(rms(run(stack[:d], x)), 3) for d in depths}
+
+
+print("RMS of the output at depths 1, 4, 8 (buggy):", final_rms_ok(run_stack_buggy))
+
+# %% [markdown]
+# **Your fix.** Rewrite `run_stack(blocks, x)` so that the hidden state it returns is ready for the output
+# layer whatever the depth (use the notebook's `final_norm`, `LayerNorm(32)`). Then run the self-check.
+
+# %%
+def run_stack(blocks, x):
+    # TODO: what must happen after the last pre-LN block?
+    for blk in blocks:
+        x = blk(x)
+    return x
+
+
+def self_check_run_stack():
+    got = final_rms_ok(run_stack)
+    ok = all(abs(r - 1) < 1e-3 for r in got.values())
+    print("✓ RMS 1 at every depth" if ok else f"✗ not yet: RMS by depth {got}, should be 1 at every depth")
+    return ok
+
+
+fixed_final_norm = self_check_run_stack()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): one LayerNorm after the last block. Running it replaces your version.
+def run_stack(blocks, x):
+    for blk in blocks:
+        x = blk(x)
+    return final_norm(x)
+
+
+assert self_check_run_stack()
 with torch.no_grad():
-    h = x
-    for blk in stack:
-        h = blk(h)
-    without, with_final = h, final_norm(h)
+    without, with_final = run_stack_buggy(stack, x), run_stack(stack, x)
 print(f"RMS of the output without a final norm: {rms(without):.3f}; with it: {rms(with_final):.3f}")
 assert abs(rms(with_final) - 1) < 1e-3 and abs(rms(without) - 1) > 0.05
 
@@ -483,29 +521,11 @@ assert abs(rms(with_final) - 1) < 1e-3 and abs(rms(without) - 1) > 0.05
 #
 # The course's `EncoderBlock(d_model, num_heads, d_ff, dropout=0.1, norm_first=True, activation="relu",
 # qkv_bias=True)` holds `self_attn` (unit 04's `MultiHeadAttention`), `norm1`, `norm2`, `ffn` and
-# `dropout`. Here it is written out; the library version is identical.
+# `dropout`. Writing it is an exercise; here we use the library's block and test the properties that pin
+# it down: parity with PyTorch in both placements, and padding invariance.
 
 # %%
-class MyEncoderBlock(nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, dropout=0.1, norm_first=True, activation="relu", qkv_bias=True):
-        super().__init__()
-        self.norm_first = norm_first
-        self.self_attn = MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias)
-        self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, activation)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x, mask=None):
-        if self.norm_first:
-            x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask))
-            x = x + self.dropout(self.ffn(self.norm2(x)))
-        else:
-            x = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)))
-            x = self.norm2(x + self.dropout(self.ffn(x)))
-        return x
-
-
-print(MyEncoderBlock(16, 4, 32))
+print(EncoderBlock(16, 4, 32))
 
 # %% [markdown]
 # **Parity with PyTorch.** `nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout,
@@ -539,7 +559,7 @@ keep = torch.arange(7)[None, :] < torch.tensor([7, 5, 2])[:, None]      # True =
 results = {}
 for norm_first in (True, False):
     torch.manual_seed(6)
-    blk = MyEncoderBlock(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
+    blk = EncoderBlock(16, 4, 32, dropout=0.0, norm_first=norm_first).eval()
     with torch.no_grad():                      # non-trivial norms, so a swapped placement cannot hide
         for name, p in blk.named_parameters():
             if name.startswith("norm"):
@@ -577,7 +597,7 @@ assert torch.allclose(a[keep], b[keep], atol=1e-5)
 # and with `norm_first=False`, using the same weights.
 
 # %%
-class ModernEncoderClaimed(MyEncoderBlock):
+class ModernEncoderClaimed(EncoderBlock):
     def forward(self, x, mask=None):           # advertised as pre-LN ...
         x = self.norm1(x + self.self_attn(x, mask=mask))
         return self.norm2(x + self.ffn(x))     # ... but this is post-LN
@@ -618,7 +638,7 @@ assert not torch.allclose(out, as_pre, atol=1e-5) and torch.allclose(out, as_pos
 # ```
 #
 # `norm2` normalises the *queries* only. The memory was already normalised by the encoder stack's final
-# norm; normalising it again is a bug (B05.memory_normed_again).
+# norm; normalising it again is a bug (the grader names it if your decoder block does it).
 #
 # Parity with `nn.TransformerDecoderLayer` (whose cross-attention is called `multihead_attn`), both
 # placements, with $T_{tgt} = 5 \ne T_{src} = 7$:
@@ -696,7 +716,7 @@ assert abs(double.item() - math.log(50)) < 0.05 and abs(right.item() - double.it
 # %% [markdown]
 # ## 9. Parameters and compute of one block
 #
-# **Parameters (fixture F05.3)**, with all biases, $D = 512$, $H = 8$, $d_{ff} = 2048$: attention
+# **Parameters**, with all biases, $D = 512$, $H = 8$, $d_{ff} = 2048$: attention
 # $4D^2 + 4D$, FFN $2Dd_{ff} + d_{ff} + D$, each LayerNorm $2D$. They match PyTorch's layers.
 
 # %%

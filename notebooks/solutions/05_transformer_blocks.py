@@ -82,7 +82,7 @@ assert {k: tuple(v.shape) for k, v in ln.state_dict().items()} == {"weight": (16
 x = torch.randn(2, 4, 16) * 3 + 1
 y = ln(x)
 assert y.shape == x.shape, f"LayerNorm must keep the shape; got {tuple(y.shape)}"
-assert abs(y.std().item() - 1.00393) < 1e-4, f"std of all 128 outputs should be 1.00393 (F05.1), got {y.std():.5f}"
+assert abs(y.std().item() - 1.00393) < 1e-4, f"std of all 128 outputs should be 1.00393, got {y.std():.5f}"
 ref = nn.LayerNorm(16)
 assert torch.allclose(y, ref(x), atol=1e-5), "your LayerNorm differs from nn.LayerNorm with weight 1 and bias 0"
 assert torch.equal(ln.train()(x), ln.eval()(x)), "train() and eval() must give the same output"
@@ -172,7 +172,7 @@ from grader import grade; grade("05.FeedForward")  # noqa: E702
 ### END HIDDEN TESTS
 ffn = FeedForward(512, 2048)
 n_params = sum(p.numel() for p in ffn.parameters())
-assert n_params == 2_099_712, f"FeedForward(512, 2048) should have 2,099,712 parameters (F05.3), got {n_params:,}"
+assert n_params == 2_099_712, f"FeedForward(512, 2048) should have 2,099,712 parameters, got {n_params:,}"
 ffn = FeedForward(8, 32, "gelu")
 assert sorted(ffn.state_dict()) == ["fc1.bias", "fc1.weight", "fc2.bias", "fc2.weight"], list(ffn.state_dict())
 x = torch.randn(2, 5, 8)
@@ -236,7 +236,7 @@ blk = EncoderBlock(16, 4, 32, dropout=0.0).eval()
 x = torch.randn(2, 6, 16)
 assert blk(x).shape == (2, 6, 16), f"expected (2, 6, 16), got {tuple(blk(x).shape)}"
 n_params = sum(p.numel() for p in EncoderBlock(512, 8, 2048).parameters())
-assert n_params == 3_152_384, f"EncoderBlock(512, 8, 2048) should have 3,152,384 parameters (F05.3), got {n_params:,}"
+assert n_params == 3_152_384, f"EncoderBlock(512, 8, 2048) should have 3,152,384 parameters, got {n_params:,}"
 keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
 x2 = x.clone()
 x2[1, 4:] = 99.0  # change only padded positions
