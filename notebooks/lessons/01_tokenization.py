@@ -23,6 +23,7 @@ import os
 import re
 import time
 
+import regex
 import tiktoken
 import torch
 
@@ -39,6 +40,7 @@ from llmcourse.data import (
     encode_with_specials,
     load_gpt2_encoding,
 )
+from llmcourse.data.tokenizers import merge_pair
 from llmcourse.viz.tokenization import show_bpe_stepper, show_sliding_window, show_tokenizer_comparison
 
 cfg = llmcourse.setup_notebook("01")
@@ -125,7 +127,7 @@ print(repr("".join(char_tok.chars)))
 ids = char_tok.encode("Hello, world!")
 print(ids, "->", repr(char_tok.decode(ids)))
 assert char_tok.vocab_size == 65 and len(ids) == 13
-assert [char_tok.stoi[c] for c in "\n !Aaz"] == [0, 1, 2, 13, 39, 64]  # F01.5
+assert [char_tok.stoi[c] for c in "\n !Aaz"] == [0, 1, 2, 13, 39, 64]
 
 # %% [markdown]
 # The price is **sequence length**. "Hello, world!" costs 13 tokens, and all of tinyshakespeare costs
@@ -176,15 +178,7 @@ assert len(alphabet) == 12
 # "finest" (9 times) and once in "lowest" (4 times), so its count is 13.
 
 # %%
-def count_pairs(segmentation, word_counts):
-    counts = collections.Counter()
-    for w, symbols in segmentation.items():
-        for pair in zip(symbols, symbols[1:]):
-            counts[pair] += word_counts[w]
-    return counts
-
-
-counts = count_pairs(start, toy)
+counts = bpe_trace(toy, 0)[0].counts              # the pair counts before the first merge
 for pair, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
     print(f"{pair[0]:>4} {pair[1]:<5} {c}")
 expected = {("e", "s"): 13, ("s", "t"): 13, ("t", "</w>"): 13, ("l", "d"): 10, ("o", "l"): 10, ("f", "i"): 9,
@@ -237,46 +231,23 @@ show_bpe_stepper(toy)
 # Replacing has one subtlety: in `a a a` the pair `(a, a)` occurs twice, overlapping. The rule is to
 # scan left to right and merge **non-overlapping** occurrences, giving `aa a`.
 
+#
+# Training stops early when every word has become a single symbol (no pair is left to count). Writing the
+# trainer is exercise 2; here we use the course's finished version, `bpe_train(word_counts, num_merges)`,
+# which returns the merges in the order learned, and `bpe_trace`, which also keeps the segmentation of
+# every word after each step. `merge_pair` is the replacement step on its own.
+
 # %%
-def merge_pair(symbols, pair):
-    out, i = [], 0
-    while i < len(symbols):
-        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
-            out.append(symbols[i] + symbols[i + 1])
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
-
-
-def smallest_top_pair(counts):
-    top = max(counts.values())
-    return min(pair for pair, c in counts.items() if c == top)
-
-
-def train_bpe(word_counts, num_merges, choose=smallest_top_pair):
-    segmentation = {w: list(w) + ["</w>"] for w in word_counts}
-    merges = []
-    for _ in range(num_merges):
-        counts = count_pairs(segmentation, word_counts)
-        if not counts:          # every word is a single symbol: nothing left to merge
-            break
-        pair = choose(counts)
-        merges.append(pair)
-        segmentation = {w: merge_pair(s, pair) for w, s in segmentation.items()}
-    return merges, segmentation
-
-
 print(merge_pair(["a", "a", "a", "</w>"], ("a", "a")))
-merges, seg = train_bpe(toy, 100)
+merges = bpe_train(toy, 100)
+seg = bpe_trace(toy, 100)[-1].segmentation
 print(f"{len(merges)} merges:", ["".join(m) for m in merges])
 print("final segmentation:", seg)
-assert merges == bpe_train(toy, 100)            # the library's version (exercise 2) agrees
+assert merge_pair(["a", "a", "a", "</w>"], ("a", "a")) == ["aa", "a", "</w>"]
 assert len(merges) == 15 and all(len(s) == 1 for s in seg.values())
-assert train_bpe(toy, 2)[1]["finest"] == ["f", "i", "n", "est", "</w>"]
-assert train_bpe(toy, 12)[1] == {"old": ["old</w>"], "older": ["old", "e", "r", "</w>"],
-                                 "finest": ["finest</w>"], "lowest": ["lowest</w>"]}
+assert bpe_trace(toy, 2)[-1].segmentation["finest"] == ["f", "i", "n", "est", "</w>"]
+assert bpe_trace(toy, 12)[-1].segmentation == {"old": ["old</w>"], "older": ["old", "e", "r", "</w>"],
+                                               "finest": ["finest</w>"], "lowest": ["lowest</w>"]}
 
 # %% [markdown]
 # The merge list is an **ordered rank table**: merge 0 has rank 0, merge 1 rank 1, and so on. The
@@ -298,43 +269,62 @@ assert len(verdict_merges) == cfg["bpe_merges"]
 # %% [markdown]
 # ### Spot the bug: "just take the most frequent pair"
 #
-# The function below picks the most frequent pair the way many tutorials do. Run the cell. It trains on
-# the toy corpus and compares with the documented rule, then trains twice on a corpus of anagrams
-# (every word has the same letters and count, so ties are everywhere), once with the words in reverse
-# order. A tokenizer must not depend on how a dict happens to be ordered. Which properties fail, and why?
+# The function below picks the pair to merge the way many tutorials do. Run the cell. It replays every
+# training step of a corpus of anagrams (every word has the same letters and count, so ties are
+# everywhere): at each step it gives the rule the pair counts in the order they were met, and the same
+# counts in reverse order. A tokenizer must not depend on how a dict happens to be ordered.
 
 # %%
 def most_frequent_pair_buggy(counts):
     return max(counts, key=counts.get)
 
 
-buggy = train_bpe(toy, 15, choose=most_frequent_pair_buggy)[0]
-print("toy corpus, same merges as the course rule?", buggy == bpe_train(toy, 15),
-      "| merge 4:", buggy[3], "instead of", bpe_train(toy, 15)[3])
 anagrams = {"listen": 3, "silent": 3, "enlist": 3, "tinsel": 3}
-reordered = dict(reversed(list(anagrams.items())))
-a = train_bpe(anagrams, 10, choose=most_frequent_pair_buggy)[0]
-b = train_bpe(reordered, 10, choose=most_frequent_pair_buggy)[0]
-print("anagrams, same merges for both orders?", a == b)
-print("first difference (merge, one order, other order):",
-      next(((k + 1, x, y) for k, (x, y) in enumerate(zip(a, b)) if x != y), None))
+anagram_steps = bpe_trace(anagrams, 10)           # the course rule's steps: counts and the pair it picks
+
+
+def replay(choose):
+    """(step, course pair, pair from the counts as met, pair from the reversed counts) where they differ."""
+    bad = []
+    for k, state in enumerate(anagram_steps[:-1]):
+        forward, backward = choose(dict(state.counts)), choose(dict(reversed(list(state.counts.items()))))
+        if not (forward == backward == state.next_merge):
+            bad.append((k + 1, state.next_merge, forward, backward))
+    return bad
+
+
+for step, want, forward, backward in replay(most_frequent_pair_buggy)[:3]:
+    print(f"step {step}: course rule {want}; buggy rule {forward} (counts as met), {backward} (reversed)")
 
 # %% [markdown]
 # `max` returns the *first* maximal key in the dict's iteration order, so ties go to whichever pair was
-# counted first, and that depends on the order of the words. The fix is the documented rule: among the
-# tied pairs, take `min`. Self-check:
+# counted first, and that depends on the order of the words. **Your turn:** fix `choose_pair` so that it
+# follows the course's rule (highest count; among ties, the smallest `(left, right)` tuple).
 
 # %%
-def most_frequent_pair_fixed(counts):
+def choose_pair(counts):
+    # TODO: follow the course's rule, whatever the order of `counts`
+    return max(counts, key=counts.get)
+
+
+def self_check_choose(choose):
+    bad = replay(choose)
+    print("✓ the same pair as the course rule at every step, in both orders" if not bad else
+          f"✗ not yet: {len(bad)} of {len(anagram_steps) - 1} steps differ, first {bad[0]}")
+    return not bad
+
+
+self_check_choose(choose_pair)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: find the top count, then take min() over the pairs that have it (tuples of strings
+# compare element by element, so min() is the lexicographically smallest pair).
+def choose_pair_reference(counts):
     top = max(counts.values())
     return min(p for p, c in counts.items() if c == top)
 
 
-assert train_bpe(toy, 15, choose=most_frequent_pair_fixed)[0] == bpe_train(toy, 15)
-a = train_bpe(anagrams, 10, choose=most_frequent_pair_fixed)[0]
-b = train_bpe(reordered, 10, choose=most_frequent_pair_fixed)[0]
-assert a == b == bpe_train(anagrams, 10), "the fixed rule must not depend on the dict's order"
-print("fixed: the course rule on the toy corpus, and the same merges for both orders of the anagrams")
+assert self_check_choose(choose_pair_reference)
 
 # %% [markdown]
 # ## 6. Encoding a word with the merges
@@ -342,29 +332,19 @@ print("fixed: the course rule on the toy corpus, and the same merges for both or
 # To encode a new word, start again from its characters plus `</w>` and apply merges **in rank order**:
 # among the adjacent pairs of the current symbols, take the one with the lowest rank, merge it, and
 # repeat until no adjacent pair is in the table. Words never seen in training still work, because
-# characters that no merge covers simply stay single symbols.
+# characters that no merge covers simply stay single symbols. Writing the encoder is exercise 3; the
+# course's version is `bpe_encode_word(word, merges)`.
 
 # %%
-def encode_word(word, merges):
-    rank = {pair: r for r, pair in reversed(list(enumerate(merges)))}   # the first occurrence wins
-    symbols = list(word) + ["</w>"]
-    while True:
-        candidates = [p for p in zip(symbols, symbols[1:]) if p in rank]
-        if not candidates:
-            return symbols
-        symbols = merge_pair(symbols, min(candidates, key=rank.get))
-
-
+encode_word = bpe_encode_word
 for word, k in [("lowest", 2), ("lowest", 3), ("lowest", 12), ("newest", 15), ("finer", 15), ("bold", 15),
                 ("older", 12)]:
     print(f"{word:7} with the first {k:2} merges -> {encode_word(word, merges[:k])}")
-assert encode_word("lowest", merges[:2]) == ["l", "o", "w", "est", "</w>"]      # F01.2
+assert encode_word("lowest", merges[:2]) == ["l", "o", "w", "est", "</w>"]
 assert encode_word("lowest", merges[:3]) == ["l", "o", "w", "est</w>"]
 assert encode_word("newest", merges) == ["n", "e", "w", "est</w>"]            # never seen in training
 assert encode_word("finer", merges) == ["fin", "er</w>"] and encode_word("bold", merges) == ["b", "old</w>"]
 assert encode_word("aaa", [("a", "a")]) == ["aa", "a", "</w>"] and encode_word("aaaa", [("a", "a")]) == ["aa", "aa", "</w>"]
-for word in ["lowest", "newest", "bolder", "aaaa"]:
-    assert encode_word(word, merges) == bpe_encode_word(word, merges)         # the library (exercise 3)
 
 # %% [markdown]
 # Why rank order and not "leftmost pair first"? Because training applied the merges in rank order: a
@@ -471,7 +451,7 @@ with_special = enc.encode(text, allowed_special={"<|endoftext|>"})
 as_text = enc.encode(text, disallowed_special=())
 print("allowed:       ", with_special)
 print("as plain text: ", as_text[-7:], "(the characters <, |, endo, ...)")
-assert with_special == [15496, 11, 995, 0, 47406, 318, 477, 345, 761, 13, 50256]            # F01.3
+assert with_special == [15496, 11, 995, 0, 47406, 318, 477, 345, 761, 13, 50256]
 assert enc.encode("<|endoftext|>", disallowed_special=()) == [27, 91, 437, 1659, 5239, 91, 29]
 
 # %% [markdown]
@@ -523,7 +503,7 @@ assert enc.encode(verdict)[:10] == [40, 367, 2885, 1464, 1807, 3619, 402, 271, 1
 
 # %% [markdown]
 # Shakespeare's English (archaic words, verse line breaks, many short lines) packs less text into each
-# GPT-2 token than Wharton's prose: 3.30 against 3.98 characters per token.
+# GPT-2 token than Wharton's prose (the last line printed above).
 #
 # **Tokens per word, and what the merges buy.** With zero merges our BPE is a character tokenizer plus
 # one `</w>` per word, so it must produce exactly (non-space characters + words) tokens. Every merge can
@@ -564,7 +544,109 @@ show_tokenizer_comparison(first_sentence, word=WordTokenizer.from_text(verdict),
                           bpe=bpe_tok, gpt2=enc)
 
 # %% [markdown]
-# ## 9. From a token stream to training pairs
+# ## 9. Byte-level BPE on the course's text, and the classic pitfalls
+#
+# The round trip above failed for two reasons: characters never seen in training, and whitespace lost by
+# `split()`. GPT-2's design removes both, and we can rebuild it with the pieces we have.
+#
+# **Pre-tokenization.** GPT-2 first cuts text with a regular expression into runs of letters, runs of
+# digits, runs of other symbols and runs of whitespace, each allowed to carry **one leading space**, plus
+# the English contractions (`'s`, `'t`, `'re`, …). Merges never cross those boundaries (the job `</w>` does
+# in our BPE), and because the space sits *in front of* a word, nothing is lost: joining the pieces gives
+# the text back. The pattern below is GPT-2's (it needs the `regex` package for `\p{L}`, "any letter",
+# and `\p{N}`, "any digit"). If it is the same split tiktoken uses, encoding the pieces one by one gives
+# exactly GPT-2's ids for the whole text:
+
+# %%
+GPT2_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+pieces = GPT2_SPLIT.findall(verdict)
+print(f"{len(pieces):,} pieces; the first 12: {pieces[:12]}")
+print(GPT2_SPLIT.findall("It's 2024, and   she said: héllo!\n"))
+assert "".join(pieces) == verdict, "nothing is lost"
+assert [t for piece in pieces for t in enc.encode(piece)] == enc.encode(verdict), "the same split as tiktoken's"
+
+# %% [markdown]
+# **Bytes as the alphabet.** Each piece becomes its UTF-8 bytes. To reuse our string-based trainer, every
+# byte is shown as one printable character: printable ASCII stays itself, every other byte `b` becomes the
+# character `chr(256 + b)` (so the space, byte 32, shows as `Ġ`, the same symbol GPT-2's vocabulary files
+# use). Now train the course's `bpe_train` on the pieces of the-verdict with **no** end-of-word marker (the
+# pre-tokenizer already fixes the boundaries), with as many merges as before:
+
+# %%
+def byte_symbols(piece):
+    """The UTF-8 bytes of `piece`, one printable character per byte."""
+    return "".join(chr(b) if 33 <= b <= 126 else chr(256 + b) for b in piece.encode("utf-8"))
+
+
+def symbols_to_text(symbols):
+    raw = bytes(ord(c) if ord(c) < 256 else ord(c) - 256 for c in "".join(symbols))
+    return raw.decode("utf-8", errors="replace")
+
+
+piece_counts = collections.Counter(byte_symbols(piece) for piece in pieces)
+t0 = time.perf_counter()
+byte_merges = bpe_train(dict(piece_counts), cfg["bpe_merges"], end_of_word=None)
+print(f"{len(byte_merges)} byte-level merges on {len(piece_counts):,} distinct pieces in {time.perf_counter() - t0:.2f} s")
+print("first 20:", ["".join(m) for m in byte_merges[:20]])
+byte_vocab = 256 + len({"".join(m) for m in byte_merges})
+print(f"vocabulary: 256 bytes + {byte_vocab - 256} merged symbols = {byte_vocab}")
+leading_space = sum("".join(m).startswith("Ġ") for m in byte_merges)
+print(f"{leading_space} of the {len(byte_merges)} merged symbols start with a space")
+
+# %% [markdown]
+# The space-led symbols (`Ġt`, `Ġthe`, …) are the "leading space is part of the word" rule learned from
+# data. And now nothing is unknown: a piece never seen in training falls back to bytes, every one of which
+# is in the vocabulary, and decoding the bytes gives the text back exactly:
+
+# %%
+for text in ["the picture", " 東京🙂", "Crème brûlée\n"]:
+    symbols = [sym for piece in GPT2_SPLIT.findall(text)
+               for sym in bpe_encode_word(byte_symbols(piece), byte_merges, end_of_word=None)]
+    print(f"{text!r:18} -> {len(symbols):2} tokens {symbols}")
+    assert symbols_to_text(symbols) == text
+
+# %% [markdown]
+# **Pitfalls a byte-level tokenizer brings (measured on GPT-2's).**
+#
+# * *Digits.* Numbers are split into whatever digit runs happened to be frequent, so the same digits can
+#   become different tokens in different numbers, which makes arithmetic harder to learn (later models
+#   split numbers into single digits or fixed groups of three).
+# * *Leading spaces.* `"hello"` and `" hello"` are different tokens with unrelated ids; a prompt that ends
+#   with a space forces the model to continue with a rare space-less token.
+# * *Case variants.* `Hello`, `hello` and `HELLO` share nothing: different ids, even different counts.
+# * *Glitch tokens.* The merges were learned on one data set and the model trained on another: a few
+#   strings (user names from a counting forum, for example) are single tokens that the model almost never
+#   saw in training, and their embeddings stayed near where they started. Asking GPT-2-era models to repeat
+#   them produced famously strange output.
+
+# %%
+def show_tokens(text):
+    ids_ = enc.encode(text)
+    return f"{text!r:22} {len(ids_)} tokens {[enc.decode([i]) for i in ids_]} {ids_}"
+
+
+for text in ["2024", "2025", "12345", " 12345", "1234567"]:
+    print("digits    ", show_tokens(text))
+for text in ["hello", " hello", "Hello", "HELLO", " HELLO"]:
+    print("space/case", show_tokens(text))
+for text in [" SolidGoldMagikarp", " TheNitromeFan", " davidjl"]:
+    print("glitch    ", show_tokens(text))
+assert enc.encode("hello") != enc.encode(" hello") and len(enc.encode(" SolidGoldMagikarp")) == 1
+assert len({len(enc.encode(t)) for t in ["Hello", "HELLO"]}) == 2
+
+# %% [markdown]
+# **WordPiece and Unigram.** BPE is not the only subword algorithm. Unit 07 calls its classifier
+# "BERT-style"; BERT uses **WordPiece**, which builds its vocabulary by merging too, but picks the pair
+# that most increases the likelihood of the training data (roughly, the count of the pair divided by the
+# counts of its two parts), marks pieces that continue a word with `##` (`un ##believ ##able`), and
+# encodes a word greedily, longest vocabulary match first, instead of replaying merges. **Unigram**
+# (SentencePiece, used by T5 and many multilingual models) goes the other way: it starts from a large set
+# of candidate pieces, fits a unigram language model, and repeatedly drops the pieces whose loss hurts the
+# likelihood least; it encodes with the most probable segmentation (Viterbi). In unit 07 the course keeps
+# GPT-2's tokenizer; the extension at the end of this lesson lets you write WordPiece's encoder.
+
+# %% [markdown]
+# ## 10. From a token stream to training pairs
 #
 # A GPT is trained to predict the **next token**. Any stretch of text gives many such examples: after
 # `I` comes `' HAD'`, after `I HAD` comes `' always'`, and so on.
@@ -580,8 +662,7 @@ for i in range(1, 5):
 # the input is `x = ids[s : s+L]`, and the target is the same window shifted left by one token,
 # `y = ids[s+1 : s+L+1]`. Position `t` of `y` is the token that follows `x[: t+1]`, so one window holds L
 # training examples. The window starts advance by a **stride**: stride 1 gives heavily overlapping windows,
-# stride L gives disjoint ones. The last start must leave room for L + 1 tokens, so the starts are
-# `range(0, len(ids) − L, stride)`.
+# stride L gives disjoint ones. The last start must leave room for L + 1 tokens.
 
 # %%
 ds1 = GPTWindowDataset(ids, context_length=4, stride=1)
@@ -589,7 +670,7 @@ ds4 = GPTWindowDataset(ids, context_length=4, stride=4)
 x0, y0 = ds1[0]
 print(f"stride 1: {len(ds1):,} windows   x0 = {x0.tolist()}   y0 = {y0.tolist()}   x1 = {ds1[1][0].tolist()}")
 print(f"stride 4: {len(ds4):,} windows   x1 = {ds4[1][0].tolist()}   y1 = {ds4[1][1].tolist()}")
-assert len(ds1) == 5_141 and len(ds4) == 1_286                                    # F01.4
+assert len(ds1) == 5_141 and len(ds4) == 1_286
 assert x0.tolist() == [40, 367, 2885, 1464] and y0.tolist() == [367, 2885, 1464, 1807]
 assert ds4[1][0].tolist() == [1807, 3619, 402, 271] and ds4[1][1].tolist() == [3619, 402, 271, 10899]
 assert all(torch.equal(ds1[i][0][1:], ds1[i][1][:-1]) for i in range(len(ds1)))  # y is x shifted by one
@@ -616,14 +697,36 @@ print(f"{len(buggy_starts):,} windows; the last target ends at token {last + L +
 print("is the last token of the text ever a target?", last + L + 1 == len(ids))
 
 # %% [markdown]
-# The range stops one start too early (5,140 windows), so the text's final token is never a target. The
-# start `s` is valid as long as `s + L + 1 ≤ len(ids)`, i.e. `s < len(ids) − L`: `range(0, len(ids) − L,
-# stride)`. Self-check:
+# The range stops one start too early, so the text's final token is never a target. **Your turn:** fix
+# `window_starts` so that it returns every start `s` whose window `x = ids[s:s+L]`, `y = ids[s+1:s+L+1]`
+# fits in the text. The self-check tries several lengths and strides against the slices themselves.
 
 # %%
-fixed_starts = range(0, len(ids) - L, 1)
-assert len(fixed_starts) == len(ds1) == 5_141 and fixed_starts[-1] + L + 1 == len(ids)
-print("fixed: 5,141 windows, and the last target ends at the last token")
+def window_starts(n_tokens, L, stride):
+    # TODO: every valid start, in increasing order
+    return range(0, n_tokens - L - 1, stride)
+
+
+def self_check_starts(starts_fn):
+    for n, ctx, stride in [(len(ids), 4, 1), (len(ids), 4, 4), (10, 4, 1), (10, 4, 3), (5, 4, 1), (4, 4, 1)]:
+        want = [s for s in range(n) if s + ctx + 1 <= n and s % stride == 0]
+        got = list(starts_fn(n, ctx, stride))
+        if got != want:
+            print(f"✗ not yet: n={n}, L={ctx}, stride={stride}: {len(got)} starts, expected {len(want)}")
+            return False
+    print(f"✓ every complete window, and no more: {len(starts_fn(len(ids), L, 1)):,} windows with stride 1")
+    return True
+
+
+self_check_starts(window_starts)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: a start s is valid while s + L + 1 <= n_tokens, i.e. s < n_tokens - L.
+def window_starts_reference(n_tokens, L, stride):
+    return range(0, n_tokens - L, stride)
+
+
+assert self_check_starts(window_starts_reference) and len(window_starts_reference(len(ids), L, 1)) == len(ds1)
 
 # %% [markdown]
 # Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Shuffling
@@ -651,7 +754,41 @@ assert len(loader) == len(ds4) // 8
 # * GPT-2's byte-level BPE starts from the 256 byte values, so it encodes any string:
 #   256 + 50,000 + 1 = 50,257 ids, with `<|endoftext|>` = 50256 accepted only when explicitly allowed.
 # * A sliding window turns a token stream into `(x, y)` pairs with `y` = `x` shifted by one;
-#   `range(0, len − L, stride)` gives every complete window.
+#   the last start must leave room for L + 1 tokens.
+#
+# * Byte-level BPE splits text with a regular expression (leading spaces kept), uses the 256 bytes as its
+#   alphabet and never meets an unknown symbol; its pitfalls are digits, leading spaces, case variants and
+#   glitch tokens. WordPiece (BERT) and Unigram (SentencePiece) are the other two common algorithms.
 #
 # Next: the exercises (`exercises/01_tokenization/01_tokenization.ipynb`). From unit 02 on the course
 # imports these pieces from `llmcourse` (`llmcourse.gpt2_encoding()`, `llmcourse.create_dataloader`).
+#
+# ## Open-ended extension (ungraded): WordPiece's encoder
+#
+# Write `wordpiece_encode(word, vocab)`: starting at the beginning of the word, take the **longest** prefix
+# that is in `vocab`, emit it, and continue from where it ended; every piece after the first is looked up
+# with a `##` in front (`"##able"`). If at some point no prefix matches, the whole word becomes `"[UNK]"`.
+# Then try it with a vocabulary built from the-verdict's merges, and think about how it differs from
+# replaying merges in rank order (hint: try the two-merge example of section 6). The self-check uses a
+# small hand-made vocabulary.
+
+# %%
+def wordpiece_encode(word, vocab):
+    # TODO (optional): greedy longest-match-first, "##" on continuation pieces, "[UNK]" when stuck
+    return None
+
+
+def self_check_wordpiece(fn):
+    vocab = {"un", "unbeliev", "##able", "##believ", "##a", "##b", "##l", "##e", "b", "a", "##ble"}
+    cases = {"unbelievable": ["unbeliev", "##able"], "unable": ["un", "##able"], "able": ["a", "##ble"],
+             "unx": ["[UNK]"], "ba": ["b", "##a"]}
+    for word, want in cases.items():
+        got = fn(word, vocab)
+        if got != want:
+            print(f"✗ not yet: wordpiece_encode({word!r}) gave {got}, expected {want}")
+            return False
+    print("✓ greedy longest-match-first, as BERT's tokenizer")
+    return True
+
+
+self_check_wordpiece(wordpiece_encode)

@@ -225,15 +225,14 @@ print("visible tests passed")
 # ```
 #
 # Build GPT-2's tokenizer **without the network**, from the ranks file `gpt2.tiktoken` (one
-# `base64(token) rank` per line: the 256 single bytes and 50,000 merges):
+# `base64(token) rank` per line: the 256 single bytes and 50,000 merges).
 #
-# - `path=None` means the course's copy: `llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")`.
-# - Read the ranks with `tiktoken.load.load_tiktoken_bpe(str(path))`.
-# - The pre-tokenisation regex is GPT-2's: `from tiktoken_ext.openai_public import r50k_pat_str`.
-# - Register the special token `"<|endoftext|>"` with id 50256 and pass `explicit_n_vocab=50257`.
-#
-# Build the `tiktoken.Encoding(name="gpt2", ...)` yourself (returning `llmcourse.gpt2_encoding()` does
-# not count). It must encode exactly like `tiktoken.get_encoding("gpt2")`.
+# - `path=None` means the course's copy, `llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")`.
+# - The result is a `tiktoken.Encoding` named `"gpt2"` that encodes and decodes exactly like
+#   `tiktoken.get_encoding("gpt2")`: the same ranks, GPT-2's pre-tokenisation pattern, the special token
+#   `"<|endoftext|>"` with id 50256, and `n_vocab == 50257`.
+# - Build the `Encoding` yourself (returning `llmcourse.gpt2_encoding()` does not count). tiktoken's own
+#   modules (`tiktoken.load`, `tiktoken_ext.openai_public`) hold the pieces it is made of.
 
 # %% tags=["solution:01.load_gpt2_encoding"]
 def load_gpt2_encoding(path=None):
@@ -275,13 +274,13 @@ print("visible tests passed")
 # def create_dataloader(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True, seed=0): ...
 # ```
 #
-# - Window starts are `range(0, len(ids) - context_length, stride)`; window `i` starting at `s` is
-#   `x = ids[s : s+L]`, `y = ids[s+1 : s+L+1]` (the target is the input shifted left by one token).
-# - Store the ids as one `torch.long` tensor; raise `ValueError` when there are not at least
-#   `context_length + 1` tokens (no complete window).
-# - `create_dataloader` wraps the dataset in `DataLoader(dataset, batch_size=..., shuffle=...,
-#   drop_last=..., num_workers=0, generator=torch.Generator().manual_seed(seed))`, so the same seed
-#   always gives the same batches.
+# - Window `i` starts at `s = i · stride` and is `x = ids[s : s+L]`, `y = ids[s+1 : s+L+1]` (the target
+#   is the input shifted left by one token, `L = context_length`). The dataset holds **every complete
+#   window and no more**.
+# - Store the ids as one `torch.long` tensor; raise `ValueError` when there is no complete window.
+# - `create_dataloader` returns a `torch.utils.data.DataLoader` over that dataset with the given
+#   `batch_size`, `shuffle` and `drop_last`, loading in the main process; its order depends only on
+#   `seed`: the same seed always gives the same batches.
 
 # %% tags=["solution:01.GPTWindowDataset"]
 class GPTWindowDataset(Dataset):
