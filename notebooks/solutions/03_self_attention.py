@@ -34,9 +34,9 @@ cfg = llmcourse.setup_notebook("03")
 # %% [markdown]
 # ## Exercise 1 — `softmax_stable` (3 points)
 #
-# Write `softmax_stable(x, dim=-1)`: the softmax of `x` along `dim`, computed stably by subtracting
-# the maximum along `dim` (keep the dimension with `keepdim=True`) before `exp`. Entries equal to
-# `-inf` must get weight 0. Do **not** call `torch.softmax`, `Tensor.softmax` or `F.softmax`.
+# Write `softmax_stable(x, dim=-1)`: the softmax of `x` along `dim` (same shape as `x`), finite for any
+# finite input however large. Entries equal to `-inf` must get weight 0. Do **not** call
+# `torch.softmax`, `Tensor.softmax` or `F.softmax`.
 #
 # Example: `softmax_stable(torch.tensor([1000., 1001.]))` is `[0.2689, 0.7311]`, where the naive
 # `exp(x) / exp(x).sum()` gives `nan`.
@@ -119,8 +119,9 @@ print("visible tests passed")
 # - `dropout`: `None` or a module (such as `nn.Dropout`) applied to the weights before they multiply `v`.
 # - Return `context (..., T_q, d_v)` and `weights (..., T_q, T_k)`, the softmax output **before** dropout.
 #
-# Order: raw scores → divide by `√d_k` (`d_k = k.shape[-1]`) → mask → softmax over the last dim →
-# dropout → `@ v`.
+# - Scores are scaled by `1/√d_k` with `d_k = k.shape[-1]`; blocked keys get weight exactly 0; each row
+#   of `weights` sums to 1 over the keys it may see; dropout, when given, acts only on the weights that
+#   multiply `v`.
 
 # %% tags=["solution:03.scaled_dot_product_attention"]
 def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
@@ -204,8 +205,9 @@ print("visible tests passed")
 # - A buffer `mask`: the `(context_length, context_length)` **bool** lower-triangular matrix (`True` = may
 #   attend), registered with `self.register_buffer("mask", ..., persistent=False)` so it moves with the
 #   module but is not saved in the `state_dict`.
-# - `forward(x)`: `x (B, T, d_in)` → `(B, T, d_out)`. Slice the mask to `[:T, :T]`; raise `ValueError` if
-#   `T > context_length`. Apply dropout to the attention weights (so it is active only in `train()` mode).
+# - `forward(x)`: `x (B, T, d_in)` with any `T ≤ context_length` → `(B, T, d_out)`; query `t` attends to
+#   keys `0 … t` only; raise `ValueError` if `T > context_length`. Dropout acts on the attention weights
+#   (so it is active only in `train()` mode).
 # - After each call store the `(B, T, T)` weights (post-softmax, pre-dropout) in `self.last_weights`,
 #   detached from the graph (`.detach()`).
 
