@@ -1,0 +1,395 @@
+# %% [markdown]
+# # Unit 12 — The KV cache: MHA, MQA and GQA
+#
+# Unit 09's generation loop feeds the **whole** sequence to the model at every step, and unit 11's Llama
+# recomputes every position each time. Almost all of that work is thrown away: only the last position's
+# logits choose the next token. This lesson removes the waste with a **key/value cache**:
+#
+# 1. the inference loop revisited: which rows of the attention matrix a new token needs;
+# 2. why only keys and values are cached, never queries;
+# 3. prefill and decode, and chunked prefill;
+# 4. absolute positions with a cache: RoPE offsets and bottom-right causal masks;
+# 5. the `KVCache` object: after RoPE, before `repeat_kv`;
+# 6. the equality test: cache == no cache, token by token;
+# 7. the cost per step and in total;
+# 8. memory: the formula, a calculator for real models, MQA and GQA as reducers, MHA → GQA conversion;
+# 9. the measured speedup and its limits.
+#
+# We use the course's trained character Llama (unit 11's architecture at `llama3-tiny` size, trained on
+# Shakespeare) and the finished cache-aware classes from `llmcourse.models.llama3_cached`. The exercise
+# notebook (`exercises/12_kv_cache/12_kv_cache.ipynb`) asks you to write the cache, the cached forward pass,
+# cached generation, the memory formula and the MHA → GQA conversion yourself.
+#
+# Cells marked **Spot the bug** show a mistake from popular write-ups: run the buggy cell, see which
+# property breaks, then repair it in the cell marked **Your fix** and run the self-check below it.
+
+# %%
+import math
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+import llmcourse
+from llmcourse.models.llama3 import Llama3Config, Llama3Model
+from llmcourse.models.llama3_cached import CachedLlama3Model, generate_cached, generate_uncached
+from llmcourse.nn.kv_cache import KV_PRESETS, KVCache, kv_cache_bytes, mha_to_gqa
+from llmcourse.nn.masks import causal_mask
+from llmcourse.train.llama_char import load_llama_char_tiny
+from llmcourse.viz import kv_cache as viz
+
+cfg = llmcourse.setup_notebook("12")
+try:   # the course's trained character Llama (assets/llama_char_tiny.pt)
+    model, tok = load_llama_char_tiny(retrain=False)
+    encode, decode = tok.encode, tok.decode
+    trained = True
+except FileNotFoundError:   # without the asset: seeded random weights of the same shape
+    torch.manual_seed(0)
+    model = Llama3Model(Llama3Config.preset("llama3-tiny")).eval()
+    chars = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    encode = lambda s: [chars.index(c) for c in s]  # noqa: E731
+    decode = lambda ids: "".join(chars[i] for i in ids)  # noqa: E731
+    trained = False
+mcfg = model.cfg
+fast = CachedLlama3Model(mcfg).eval()          # the same weights in the cache-aware class
+fast.load_state_dict(model.state_dict())
+n_params = sum(p.numel() for p in model.parameters())
+print(f"{'trained' if trained else 'random (asset missing)'} Llama: {n_params:,} parameters, {mcfg.n_layers} layers, "
+      f"{mcfg.n_heads} query heads, {mcfg.n_kv_heads} KV heads of size {mcfg.hd}, context {mcfg.context_length}")
+cfg
+
+# %% [markdown]
+# ## 1. The inference loop revisited
+#
+# Without a cache, step `t` of greedy decoding runs the model on all `t` tokens and keeps one row of the
+# `(B, t, V)` logits. A causal model's earlier rows do not depend on later tokens, so they come out exactly
+# as in the previous step: recomputed and discarded. Check it on the trained model: append one token and
+# compare the logits of the old positions.
+
+# %%
+prompt = torch.tensor([encode("ROMEO:\nWhat light")])
+with torch.no_grad():
+    before = model(prompt)
+    after = model(torch.cat([prompt, torch.tensor([[encode(" ")[0]]])], dim=1))
+same_rows = (after[:, :-1] - before).abs().max().item()
+print(f"{prompt.shape[1]} old positions, max |change| of their logits after appending a token: {same_rows:.1e}")
+print(f"useful rows per step: 1 of {after.shape[1]}")
+
+# %% [markdown]
+# Inside attention the same holds row by row: the new token's output is one **query row** against every
+# key. The rows of the earlier tokens are finished.
+#
+# ## 2. Why only K and V
+#
+# The new token's attention output needs its own query `q_t` and the keys and values of **all** positions
+# `0 … t`. Past keys and values never change (each is a function of its own token and position only, through
+# layers that never look ahead), so we keep them. Past queries are never used again: no later token reads
+# them. So the cache holds K and V, and each step computes one new `q`, one new `k` and one new `v` per layer.
+#
+# A numerical check on layer 0: project the prompt, then the prompt plus one token; the shared prefix's keys
+# and values are identical.
+
+# %%
+attn0 = model.layers[0].self_attn
+with torch.no_grad():
+    def layer0_kv(ids):
+        x = model.layers[0].input_layernorm(model.embed_tokens(ids))
+        T = ids.shape[1]
+        return attn0.project(x, model.rope_cos[:T], model.rope_sin[:T])
+
+    q_a, k_a, v_a = layer0_kv(prompt)
+    q_b, k_b, v_b = layer0_kv(torch.cat([prompt, prompt[:, :1]], dim=1))
+T0 = prompt.shape[1]
+print(f"keys of the first {T0} positions unchanged: max diff {(k_b[:, :, :T0] - k_a).abs().max():.1e}; "
+      f"values: {(v_b[:, :, :T0] - v_a).abs().max():.1e}")
+print(f"per layer and token: one query of {mcfg.n_heads}×{mcfg.hd}, one key and one value of "
+      f"{mcfg.n_kv_heads}×{mcfg.hd} each")
+
+# %% [markdown]
+# ## 3. Prefill and decode
+#
+# Generation with a cache has two phases:
+#
+# - **prefill**: one forward pass over the whole prompt (`T = T0`) fills every layer's cache and gives the
+#   logits of the first new token;
+# - **decode**: one forward pass per new token with `T = 1`; each layer appends one key and one value and
+#   attends over everything cached.
+#
+# A long prompt can also be prefilled in **chunks** (to bound memory or interleave requests): each chunk
+# continues the cached sequence. Whatever the split, the logits must be those of the cache-free model on the
+# whole sequence. The cache-aware model `fast` holds the same weights as `model`:
+
+# %%
+text = torch.tensor([encode("JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?")])
+with torch.no_grad():
+    reference = model(text)
+    splits = {"prefill all": [text.shape[1]], "prefill 8, then 1 at a time": [8] + [1] * (text.shape[1] - 8),
+              "chunks 3, 1, 5, 2, rest": [3, 1, 5, 2, text.shape[1] - 11]}
+    for name, chunks in splits.items():
+        cache, outs, pos = KVCache(mcfg.n_layers), [], 0
+        for n in chunks:
+            outs.append(fast(text[:, pos:pos + n], cache=cache))
+            pos += n
+        gap = (torch.cat(outs, dim=1) - reference).abs().max().item()
+        print(f"{name:>28}: {len(chunks):3d} calls, max |logit difference| {gap:.1e}")
+
+# %% [markdown]
+# ## 4. Positions with a cache
+#
+# A chunk of `T` new tokens continues a cache that already holds `start` positions, so its tokens sit at
+# absolute positions `start … start+T−1`. Two things depend on it:
+#
+# - **RoPE** rotates the new queries and keys by their absolute positions: rows `start … start+T−1` of the
+#   model's cos/sin tables;
+# - the **causal mask** has `T` query rows and `start + T` key columns, and query `i` (position `start + i`)
+#   may see keys `0 … start + i`: the lower triangle aligned to the **bottom-right** corner.
+#
+# `start` is the cache length **before** the call. Read it once, before layer 0 appends its keys: after that
+# append, the cache already counts the new tokens, and layers 1, 2, … would be shifted by `T`.
+
+# %%
+for t_q, t_k in ((1, 5), (3, 5)):
+    print(f"causal_mask({t_q}, {t_k}):\n{causal_mask(t_q, t_k).int()}")
+print("top-left alignment (offset 0) of the same shape:\n", causal_mask(3, 5, offset=0).int())
+
+# %% [markdown]
+# ### Spot the bug: `is_causal=True` for a decoding step
+#
+# `F.scaled_dot_product_attention(q, k, v, is_causal=True)` builds its mask from the **top-left** corner.
+# With as many queries as keys that is the usual causal mask. During decoding there is 1 query and `start + 1`
+# keys, and the top-left mask lets that query see only key 0. Run it on the cached keys of layer 0:
+
+# %%
+with torch.no_grad():
+    cache = KVCache(mcfg.n_layers)
+    fast(text[:, :-1], cache=cache)                 # prefill all but the last token
+    start = cache.seq_len
+    last = text[:, -1:]
+    x = fast.layers[0].input_layernorm(fast.embed_tokens(last))
+    q_new, k_new, v_new = fast.layers[0].self_attn.project(x, fast.rope_cos[start:start + 1],
+                                                          fast.rope_sin[start:start + 1])
+    k_all = torch.cat([cache.keys[0], k_new], dim=2)
+    v_all = torch.cat([cache.values[0], v_new], dim=2)
+
+
+def decode_attention_buggy(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def sees_whole_prefix(attend) -> bool:
+    """The property: one decoding query attends over every cached key (compare with explicit softmax weights)."""
+    n_rep = q_new.shape[1] // k_all.shape[1]
+    kk, vv = k_all.repeat_interleave(n_rep, 1), v_all.repeat_interleave(n_rep, 1)
+    weights = torch.softmax(q_new @ kk.transpose(-1, -2) / math.sqrt(q_new.shape[-1]), dim=-1)
+    return torch.allclose(attend(q_new, k_all, v_all), weights @ vv, atol=1e-5)
+
+
+print(f"1 query over {k_all.shape[2]} keys; attends over the whole prefix: {sees_whole_prefix(decode_attention_buggy)}")
+
+# %% [markdown]
+# **Your fix.** Rewrite `decode_attention` so that the `T_q` new queries (the last `T_q` positions) see every
+# key up to their own position, for any number of cached keys. Then run the self-check.
+
+# %%
+def decode_attention(q, k, v):
+    # TODO: align the causal mask with the END of the keys
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def self_check_decode_attention(attend=None):
+    attend = attend or decode_attention
+    g = torch.Generator().manual_seed(0)
+    q3, k3, v3 = (torch.randn(1, 4, 3, 8, generator=g), torch.randn(1, 2, 7, 8, generator=g),
+                  torch.randn(1, 2, 7, 8, generator=g))
+    kk, vv = k3.repeat_interleave(2, 1), v3.repeat_interleave(2, 1)
+    s = (q3 @ kk.transpose(-1, -2) / math.sqrt(8)).masked_fill(~torch.ones(3, 7, dtype=torch.bool).tril(4),
+                                                               float("-inf"))
+    ok = sees_whole_prefix(attend) and torch.allclose(attend(q3, k3, v3), torch.softmax(s, -1) @ vv, atol=1e-5)
+    print("✓ decode attention is fixed" if ok else "✗ not yet: the last query must see every key")
+    return ok
+
+
+self_check_decode_attention();
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: the bottom-right causal mask (offset = T_k - T_q) instead of SDPA's top-left is_causal.
+def decode_attention_reference(q, k, v):
+    mask = causal_mask(q.shape[2], k.shape[2], device=q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+assert self_check_decode_attention(decode_attention_reference)
+
+# %% [markdown]
+# ## 5. The `KVCache` object
+#
+# The course's `KVCache` keeps one key tensor and one value tensor per layer, each `(B, KV, T, hd)`, and
+# appends new positions on dim 2. Two placement rules:
+#
+# - cache keys **after RoPE**: each key is rotated once, at its own position, and never touched again;
+# - cache **before `repeat_kv`**: store the `KV` key/value heads, and let attention share each of them with its
+#   `H/KV` query heads (SDPA's `enable_gqa=True` does this without copying).
+#
+# Here is a cache after prefilling the prompt; the animation steps through prefill and decoding on the
+# trained model (grey: already cached; orange: appended by the current call; right: the new queries'
+# attention over the cached keys, layer 0, head 0).
+
+# %%
+cache = KVCache(mcfg.n_layers)
+with torch.no_grad():
+    fast(prompt, cache=cache)
+print(cache)
+print(f"keys per layer {tuple(cache.keys[0].shape)}; {cache.nbytes():,} bytes in float32 "
+      f"(after repeat_kv it would be {cache.nbytes() * mcfg.n_heads // mcfg.n_kv_heads:,})")
+frames = viz.cache_animation_frames(fast, torch.tensor([encode("ROMEO:")]), cfg["animation_steps"])
+viz.show_cache_animation(frames, decode=decode)
+
+# %% [markdown]
+# ## 6. Cache == no cache, token by token
+#
+# The test that matters: greedy generation with the cache must produce **exactly** the tokens of generation
+# without it. (`generate_cached` makes one prefill call and then one call per token; `generate_uncached`
+# runs the whole sequence every step.)
+
+# %%
+n_check = min(cfg["check_tokens"], mcfg.context_length - prompt.shape[1])
+with_cache = generate_cached(fast, prompt, n_check)
+without_cache = generate_uncached(model, prompt, n_check)
+print(f"{n_check} greedy tokens, identical: {torch.equal(with_cache, without_cache)}")
+print(decode(with_cache[0].tolist()))
+
+# %% [markdown]
+# ## 7. Cost per step
+#
+# Count multiply-adds per layer for a model of width `D` (attention width `H·hd = D`) at sequence length `t`:
+#
+# | | projections and MLP | attention scores and weighted sum |
+# |---|---|---|
+# | without cache, step `t` | `O(t·D²)` (every position again) | `O(t²·D)` (the whole `t×t` matrix) |
+# | with cache, step `t` | `O(D²)` (one position) | `O(t·D)` (one query row) |
+#
+# Summed over `n` generated tokens, the uncached loop costs `O(n²·D²+ n³·D)` and the cached one
+# `O(n·D² + n²·D)`: one power of `n` less. For the trained model, counting only the matrix products:
+
+# %%
+def macs_per_step(t, cached, c=mcfg):
+    D, I, H, KV, hd = c.d_model, c.intermediate_size, c.n_heads, c.n_kv_heads, c.hd
+    proj = D * (H + 2 * KV) * hd + H * hd * D + 3 * D * I        # q, k, v, o and the SwiGLU MLP, per position
+    rows = 1 if cached else t
+    attn = rows * t * H * hd * 2                                  # scores and the weighted sum
+    return c.n_layers * (rows * proj + attn) + rows * D * c.vocab_size
+
+
+t0, n = cfg["speed_prompt"], cfg["speed_tokens"]
+total_u = sum(macs_per_step(t, False) for t in range(t0 + 1, t0 + n + 1))
+total_c = macs_per_step(t0, False) + sum(macs_per_step(t, True) for t in range(t0 + 2, t0 + n + 1))
+print(f"{n} tokens after a {t0}-token prompt: {total_u / 1e9:.2f} GMAC without the cache, {total_c / 1e9:.3f} GMAC "
+      f"with it (prefill included): {total_u / total_c:.0f}× fewer operations")
+
+# %% [markdown]
+# ## 8. Memory
+#
+# The price of the cache is memory. Every layer stores a key and a value (the factor 2) for each KV head,
+# head dimension, position and sequence:
+#
+# `bytes = 2 · n_layers · n_kv_heads · head_dim · seq_len · batch_size · bytes_per_elem`
+#
+# For real models in bfloat16 (2 bytes per element):
+
+# %%
+KIB, MIB, GIB = 1024, 1024**2, 1024**3
+rows = [("GPT-2 small", 1024), ("Llama-3.2-1B", 8192), ("Llama-3.2-1B", 131072), ("Llama-3.2-3B", 8192),
+        ("Llama-3.2-3B", 131072), ("Llama-3-8B", 8192)]
+print(f"{'model':>14} {'KV':>3} {'per token':>10} {'as MHA':>9} {'tokens':>8} {'cache':>10}")
+for name, length in rows:
+    p = KV_PRESETS[name]
+    per_token = kv_cache_bytes(p["n_layers"], p["n_kv_heads"], p["head_dim"], 1)
+    mha = kv_cache_bytes(p["n_layers"], p["n_heads"], p["head_dim"], 1)
+    total = kv_cache_bytes(p["n_layers"], p["n_kv_heads"], p["head_dim"], length)
+    print(f"{name:>14} {p['n_kv_heads']:>3} {per_token / KIB:>6.0f} KiB {mha / KIB:>5.0f} KiB {length:>8,} "
+          f"{total / MIB:>6,.0f} MiB")
+p = KV_PRESETS["Llama-3.2-1B"]
+long_cache = kv_cache_bytes(p["n_layers"], p["n_kv_heads"], p["head_dim"], 131072)
+print(f"\nLlama-3.2-1B at 131,072 tokens: cache {long_cache / GIB:.1f} GiB vs bf16 weights "
+      f"{2 * p['n_params'] / 1e9:.2f} GB: the cache of ONE long sequence outweighs the model "
+      f"({long_cache / (2 * p['n_params']):.1f}×)")
+tiny = KV_PRESETS["llama3-tiny"]
+print(f"llama3-tiny: {2 * tiny['n_layers'] * tiny['n_kv_heads'] * tiny['head_dim']} cached elements per token "
+      f"({kv_cache_bytes(tiny['n_layers'], tiny['n_kv_heads'], tiny['head_dim'], 1, bytes_per_elem=4)} bytes "
+      f"in fp32); gpt2-char-tiny: {2 * 4 * 4 * 32}")
+
+# %% [markdown]
+# **MQA and GQA as reducers.** The cache is proportional to the number of KV heads. Multi-query attention
+# (one KV head) divides multi-head attention's cache by `H`; grouped-query attention with `KV` heads divides
+# it by `H/KV`. The price is quality: fewer distinct keys and values per layer. Explore the trade-off for
+# each model below (sequence length on a log scale, batch, dtype, attention type) against the weight size.
+
+# %%
+viz.show_memory_calculator("Llama-3.2-3B")
+
+# %% [markdown]
+# **Converting MHA to GQA.** A trained multi-head model can be turned into a grouped-query one by replacing
+# each group of `H/KV` consecutive key (and value) heads with their **mean** and then fine-tuning briefly
+# (the GQA paper's "uptraining"). The groups must be contiguous, because `repeat_kv` hands KV head `g` to
+# query heads `g·r … g·r+r−1`. Without any fine-tuning, how much does it cost? Pool the model's KV heads
+# into one (GQA → MQA) and compare the loss on Shakespeare text before and after:
+
+# %%
+mqa_cfg = Llama3Config(**(mcfg.to_dict() | {"n_kv_heads": 1}))
+mqa = Llama3Model(mqa_cfg).eval()
+state = dict(model.state_dict())
+for i in range(mcfg.n_layers):
+    key = f"layers.{i}.self_attn."
+    state[key + "k_proj.weight"], state[key + "v_proj.weight"] = mha_to_gqa(
+        state[key + "k_proj.weight"], state[key + "v_proj.weight"], mcfg.n_kv_heads, 1)
+mqa.load_state_dict(state)
+text_ids = torch.tensor([encode(c) for c in llmcourse.load_text("tinyshakespeare")[-4 * mcfg.context_length:]
+                         if c in set(decode(list(range(mcfg.vocab_size))))]).flatten()
+windows = text_ids[: (len(text_ids) // mcfg.context_length) * mcfg.context_length].view(-1, mcfg.context_length)
+with torch.no_grad():
+    losses = {name: F.cross_entropy(m(windows[:, :-1]).flatten(0, 1), windows[:, 1:].flatten()).item()
+              for name, m in (("2 KV heads (trained)", model), ("1 KV head (mean-pooled)", mqa))}
+for name, loss in losses.items():
+    print(f"{name:>24}: loss {loss:.3f} nats per character")
+print(f"cache per token: ÷{mcfg.n_kv_heads}; loss change {losses['1 KV head (mean-pooled)'] - losses['2 KV heads (trained)']:+.3f} "
+      "nats per character before any fine-tuning")
+
+# %% [markdown]
+# ## 9. The measured speedup
+#
+# Time greedy decoding after a prompt of `speed_prompt` tokens, step by step, with and without the cache.
+# In operations, an uncached step grows with the sequence length while a cached step stays almost flat
+# (section 7). The measurement shows how much of that survives on a small model (timings vary from run to
+# run and with the machine's load; they are printed, never asserted).
+
+# %%
+speed_prompt = text_ids[: cfg["speed_prompt"]][None]   # a stretch of Shakespeare
+speed = viz.measure_decode_speed(fast, model, speed_prompt, cfg["speed_tokens"], progress=tqdm)
+c_ms, u_ms = speed["cached_ms"], speed["uncached_ms"]
+print(f"same tokens: {speed['same_tokens']}; total {sum(u_ms) / 1000:.2f} s without the cache, "
+      f"{sum(c_ms) / 1000:.2f} s with it ({sum(u_ms) / sum(c_ms):.1f}×)")
+q = max(1, len(c_ms) // 4)
+print(f"speedup in the first quarter of the tokens {sum(u_ms[:q]) / sum(c_ms[:q]):.1f}×, in the last quarter "
+      f"{sum(u_ms[-q:]) / sum(c_ms[-q:]):.1f}×; an uncached step in the last quarter takes "
+      f"{sum(u_ms[-q:]) / sum(u_ms[:q]):.2f}× as long as one in the first, a cached one {sum(c_ms[-q:]) / sum(c_ms[:q]):.2f}×")
+viz.show_speed_plot(speed)
+
+# %% [markdown]
+# Compare the measured speedup with the operation count of section 7: at this size it is far smaller. A
+# decoding step of a model this small is mostly fixed cost: Python and the launch of every small operation
+# (the embedding, a dozen operations per layer, the head), and that cost does not shrink with the cache. On
+# large models the matrix products dominate and the measured speedup approaches the ratio of operations. (A
+# fair comparison times the same model with and without the cache, as here; timing a library's
+# `generate(use_cache=...)` measures the library, not your model.) `course bench decode` measures a larger
+# Llama against `transformers`' own cached generation.
+#
+# ## Summary
+#
+# - Decoding needs one new query row per step; past keys and values never change, past queries are never
+#   used: cache K and V.
+# - Prefill once, then feed one token per step; chunked prefill gives the same logits.
+# - With a cache, new tokens sit at `start … start+T−1` with `start` read once: RoPE rows from `start`, and
+#   the bottom-right causal mask `causal_mask(T, start+T)`.
+# - Cache keys after RoPE and with the KV heads only.
+# - The cache costs `2·L·KV·hd·T·B·bytes`; GQA and MQA shrink it by `H/KV`; at long context it can outgrow
+#   the weights.
