@@ -339,6 +339,12 @@ class Llama3Config:
         return d
 
 
+def _head_dim(cfg) -> int:
+    """``cfg.head_dim`` or ``d_model // n_heads`` (works for any config object with those fields)."""
+    hd = getattr(cfg, "head_dim", None)
+    return hd if hd is not None else cfg.d_model // cfg.n_heads
+
+
 class Llama3Block(nn.Module):
     """One Llama layer (pre-norm, no dropout, no biases)::
 
@@ -352,7 +358,7 @@ class Llama3Block(nn.Module):
     def __init__(self, cfg: Llama3Config):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        self.self_attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.hd)
+        self.self_attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, _head_dim(cfg))
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.mlp = SwiGLUFeedForward(cfg.d_model, cfg.intermediate_size)
 
@@ -395,7 +401,7 @@ class Llama3Model(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        inv = rope_inv_freq(cfg.hd, cfg.rope_theta, cfg.rope_scaling)
+        inv = rope_inv_freq(_head_dim(cfg), cfg.rope_theta, cfg.rope_scaling)
         cos, sin = rope_cos_sin(inv, torch.arange(cfg.context_length))
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
