@@ -5,7 +5,7 @@
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
-# The grader runs more checks than you see here: the syllabus fixtures, comparisons with the
+# The grader runs more checks than you see here: worked examples, comparisons with the
 # course's reference with shared weights, and properties (appending `[PAD]` changes no logit,
 # `[SEP]` survives truncation, evaluating twice gives the same numbers). When something fails it
 # tells you what was expected, what came back, and, if your mistake is a known one, its name and a hint.
@@ -69,7 +69,7 @@ def build_compact_vocab(token_id_lists, min_freq=1):
 from grader import grade; grade("07.build_compact_vocab")  # noqa: E702
 ### END HIDDEN TESTS
 vocab = build_compact_vocab([enc.encode("Great phone!"), enc.encode("Bad battery.")])
-assert vocab == {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}, f"F07.1 vocabulary: got {vocab}"
+assert vocab == {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}, f"vocabulary of the example: got {vocab}"
 assert build_compact_vocab([[5, 9], [9, 7]], min_freq=2) == {9: 4}, "min_freq counts over all lists"
 assert build_compact_vocab([[9, 7], [5]]) == build_compact_vocab([[5], [7, 9]]), "must not depend on order"
 print("visible tests passed")
@@ -83,9 +83,10 @@ print("visible tests passed")
 # encode_batch(texts: list[str], enc, vocab: dict[int, int], max_len: int) -> tuple[Tensor, Tensor]
 # ```
 #
-# For each text: `enc.encode(text)` → map each GPT-2 id through `vocab` (ids not in it become
-# `[UNK]` = 3) → **truncate the content to `max_len − 2`** → `[CLS]` (1) + content + `[SEP]` (2).
-# Right-pad every row with `[PAD]` (0) to `L`, the length of the longest row (so `L ≤ max_len`).
+# Each row is `[CLS]` (1), then the sentence's GPT-2 ids (`enc.encode`) mapped through `vocab` (an id
+# missing from `vocab` becomes `[UNK]` = 3), then `[SEP]` (2). A row holds at most `max_len` ids and
+# always ends its real tokens with `[SEP]`: what does not fit is the **end** of the content. Rows are
+# right-padded with `[PAD]` (0) to `L`, the length of the longest row (`L ≤ max_len`).
 #
 # Return `ids` `(B, L)` long and `attention_mask` `(B, L)` **bool**, True for real tokens (including
 # `[CLS]` and `[SEP]`), False for padding.
@@ -115,7 +116,7 @@ from grader import grade; grade("07.encode_batch")  # noqa: E702
 f071_vocab = {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}
 ids, mask = encode_batch(["Great phone!", "Not bad at all, great value."], enc, f071_vocab, max_len=8)
 assert ids.shape == (2, 8) and ids.dtype == torch.long, f"ids: expected (2, 8) long, got {tuple(ids.shape)} {ids.dtype}"
-assert ids.tolist() == [[1, 8, 6, 4, 2, 0, 0, 0], [1, 3, 3, 3, 3, 3, 3, 2]], f"F07.1 ids: got {ids.tolist()}"
+assert ids.tolist() == [[1, 8, 6, 4, 2, 0, 0, 0], [1, 3, 3, 3, 3, 3, 3, 2]], f"ids of the example: got {ids.tolist()}"
 assert mask.dtype == torch.bool and mask.sum(1).tolist() == [5, 8], f"mask: True for real tokens, got {mask}"
 short, _ = encode_batch(["a very long sentence indeed, much longer than four"], enc, f071_vocab, max_len=4)
 assert short[0, -1] == 2, f"[SEP] must survive truncation; got {short.tolist()}"
@@ -187,9 +188,10 @@ print("visible tests passed")
 #   norm_first=True, activation="gelu")` (the unit-05 block, imported above);
 # - `self.final_norm = LayerNorm(d_model)`; `self.classifier = nn.Linear(d_model, num_classes)`.
 #
-# Forward: build the key-padding mask `attention_mask[:, None, None, :]` (shape `(B, 1, 1, L)`, True =
-# may attend) and pass it to **every** block; apply the final norm; then pool:
-# `"cls"` takes position 0, `"mean"` averages over the **real** tokens only (`attention_mask` True).
+# Forward: in every block, each position attends to the real tokens only (`attention_mask` True; the
+# blocks take a boolean mask that broadcasts to `(B, H, L, L)`, True = may attend); the final norm is
+# applied before pooling. `"cls"` pools the final state at position 0, `"mean"` the mean of the final
+# states over the **real** tokens only.
 # Return the classifier's logits (no softmax). With the defaults the model has `64·V + 104,578`
 # parameters.
 
@@ -274,9 +276,9 @@ def accuracy(y_true, y_pred):
 from grader import grade; grade("07.confusion_matrix")  # noqa: E702
 ### END HIDDEN TESTS
 cm = confusion_matrix(torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 1, 1, 1, 0]), 2)
-assert cm.tolist() == [[1, 1], [1, 2]], f"F07.2: expected [[1, 1], [1, 2]] (rows = true), got {cm.tolist()}"
+assert cm.tolist() == [[1, 1], [1, 2]], f"expected [[1, 1], [1, 2]] (rows = true), got {cm.tolist()}"
 acc = accuracy(torch.tensor([0, 0, 1, 1, 1]), torch.tensor([0, 1, 1, 1, 0]))
-assert isinstance(acc, float) and abs(acc - 0.6) < 1e-7, f"accuracy of F07.2 is 0.6, got {acc!r}"
+assert isinstance(acc, float) and abs(acc - 0.6) < 1e-7, f"accuracy of the example is 0.6, got {acc!r}"
 assert abs(cm.trace().item() / cm.sum().item() - acc) < 1e-7, "trace / N must equal the accuracy"
 print("visible tests passed")
 
@@ -291,8 +293,7 @@ print("visible tests passed")
 # `loader` is any iterable of `(ids, attention_mask, labels)` batches (batches may have different
 # sizes); the model is called as `model(ids, attention_mask)` and returns logits `(B, C)`.
 #
-# - Switch the model to `eval()` mode (dropout off) and **restore its previous mode** at the end
-#   (`was_training = model.training` … `model.train(was_training)`).
+# - Evaluate with dropout off (eval mode); afterwards the model is in the mode it was in before the call.
 # - `"loss"`: the cross-entropy **averaged over examples** (not a sum of batch losses, and not a plain
 #   mean of batch means: a last batch of 2 weighs less than a batch of 32).
 # - `"accuracy"` and `"confusion"`: over all examples, with your functions from exercise 5.
