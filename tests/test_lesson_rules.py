@@ -35,7 +35,6 @@ SOURCES = ROOT / "notebooks"
 KNOWN_FAILING: set[str] = {
     "answers:03",
     "answers:05",
-    "ids:02",
     "ids:03",
     "ids:04",
     "ids:05",

@@ -7,7 +7,7 @@
 #
 # By the end you will be able to:
 #
-# 1. explain why one-hot vectors carry no notion of similarity, and see trained word vectors that do;
+# 1. explain why one-hot vectors carry no notion of similarity, and how trained word vectors get one (the lab);
 # 2. show that an embedding layer is a table lookup, equal to `one_hot(ids) @ W`, and that its gradient
 #    touches only the rows that were used;
 # 3. build the Transformer's input embedding with its `×√d_model` scale, and say why GPT-2 has none;
@@ -22,10 +22,7 @@
 # The exercises of this unit are in `exercises/02_embeddings_and_positions/02_embeddings_and_positions.ipynb`.
 
 # %%
-import collections
 import math
-import re
-import time
 
 import torch
 import torch.nn.functional as F
@@ -43,14 +40,12 @@ from llmcourse.nn import (
     sinusoidal_pe,
 )
 from llmcourse.viz import (
-    figure,
     show_candidate_comparison,
     show_frequency_explorer,
     show_pe_heatmap,
     show_position_similarity,
     show_shift_rotation,
 )
-from llmcourse.viz.base import StaticPNG
 from llmcourse.viz.positions import candidate_encodings, position_similarity, sinusoidal_pe_float64
 
 cfg = llmcourse.setup_notebook("02")
@@ -103,130 +98,17 @@ assert round(n_bytes / 1e9, 2) == 2.47 and round(n_bytes / 2**30, 2) == 2.30
 # words used in similar contexts (`he`/`she`, `day`/`night`) end up with similar vectors. Inside a transformer
 # the table is trained by the language-modelling loss instead, but the effect is similar.
 #
-# We train a tiny **skip-gram model with negative sampling** (Mikolov et al., 2013) on Tiny Shakespeare, from
-# scratch, in a few seconds. Each word has two vectors: `word_vecs` (the embedding we keep) and `ctx_vecs`
-# (used only for training). For a (word, neighbour) pair within 2 positions, the score `word · neighbour`
-# should be high; for 5 random "noise" words it should be low:
-#
-# $$\mathcal{L} = -\log\sigma(u_w\cdot v_c) - \sum_{n=1}^{5} \log\sigma(-u_w\cdot v_{n})$$
-#
-# First the data: lower-cased words, the most frequent `w2v_vocab` of them (the profile sets the sizes), and
-# random dropping of very frequent words such as "the", which carry little context.
-
-# %%
-text = llmcourse.load_text("tinyshakespeare")
-words = re.findall(r"[a-z]+(?:'[a-z]+)?", text.lower())
-counts = collections.Counter(words)
-vocab = [w for w, _ in counts.most_common(cfg["w2v_vocab"])]
-stoi = {w: i for i, w in enumerate(vocab)}
-corpus = torch.tensor([stoi[w] for w in words if w in stoi])
-
-g = torch.Generator().manual_seed(cfg["seed"])
-freq = torch.tensor([counts[w] for w in vocab], dtype=torch.float64)
-share = freq / freq.sum()
-keep_prob = ((1e-3 / share).sqrt() + 1e-3 / share).clamp(max=1.0).float()  # subsampling (Mikolov et al.)
-corpus = corpus[torch.rand(len(corpus), generator=g) < keep_prob[corpus]]
-
-window = 2  # (centre, context) pairs at offsets -2, -1, +1, +2
-centres = torch.cat([corpus[window:-window]] * (2 * window))
-contexts = torch.cat([corpus[window + o: len(corpus) - window + o] for o in range(-window, window + 1) if o != 0])
-noise = (freq ** 0.75).float()
-noise = noise / noise.sum()  # the usual noise distribution: unigram counts to the power 3/4
-print(f"{len(words):,} words, vocabulary {len(vocab):,}, {len(corpus):,} kept after subsampling, "
-      f"{len(centres):,} training pairs")
-
-# %% tags=["nbval-ignore-output"]
-V_w, D_w, K_neg = len(vocab), cfg["w2v_dim"], 5
-word_vecs, ctx_vecs = nn.Embedding(V_w, D_w), nn.Embedding(V_w, D_w)
-nn.init.uniform_(word_vecs.weight, -0.5 / D_w, 0.5 / D_w)
-nn.init.zeros_(ctx_vecs.weight)
-opt = torch.optim.Adam([*word_vecs.parameters(), *ctx_vecs.parameters()], lr=cfg["w2v_lr"])
-
-threads = torch.get_num_threads()
-torch.set_num_threads(1)  # these ops are tiny: one thread avoids the cost of synchronising two
-start = time.perf_counter()
-try:
-    for step in range(cfg["w2v_steps"]):
-        j = torch.randint(0, len(centres), (cfg["w2v_batch"],), generator=g)
-        u = word_vecs(centres[j])                                                       # (B, D)
-        negatives = torch.multinomial(noise, len(j) * K_neg, replacement=True, generator=g).view(-1, K_neg)
-        pos_score = (u * ctx_vecs(contexts[j])).sum(-1)                                 # (B,)
-        neg_score = torch.einsum("bd,bkd->bk", u, ctx_vecs(negatives))                   # (B, K)
-        loss = -(F.logsigmoid(pos_score) + F.logsigmoid(-neg_score).sum(-1)).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % max(1, cfg["w2v_steps"] // 4) == 0 or step == cfg["w2v_steps"] - 1:
-            print(f"step {step:5d}  loss {loss.item():.3f}")
-finally:
-    torch.set_num_threads(threads)
-print(f"trained {cfg['w2v_steps']} steps in {time.perf_counter() - start:.1f} s")
-
-# %% [markdown]
-# The loss started at `6·log 2 ≈ 4.16` (all scores 0). Now look at the **nearest neighbours** by cosine
-# similarity. Nobody told the model that "thou" is a pronoun or that Romeo and Juliet belong together; it only
-# saw which words occur near which.
-
-# %% tags=["nbval-ignore-output"]
-unit_vecs = F.normalize(word_vecs.weight.detach(), dim=-1)
-
-
-def neighbours(word, n=6):
-    sims = unit_vecs @ unit_vecs[stoi[word]]
-    return [vocab[i] for i in sims.topk(n + 1).indices[1:].tolist()]
-
-
-for w in ["thou", "he", "king", "romeo", "day", "father"]:
-    print(f"{w:>7}: {', '.join(neighbours(w))}")
-
-# %% [markdown]
-# A number we can check: the cosine similarity of related pairs against that of random pairs of words.
-
-# %%
-pairs = [("he", "she"), ("king", "queen"), ("thou", "thee"), ("day", "night"), ("romeo", "juliet"),
-         ("brother", "sister"), ("son", "daughter"), ("his", "her")]
-pair_sims = torch.stack([unit_vecs[stoi[a]] @ unit_vecs[stoi[b]] for a, b in pairs])
-r = torch.randint(0, V_w, (2, 2000), generator=torch.Generator().manual_seed(1))
-random_sims = (unit_vecs[r[0]] * unit_vecs[r[1]]).sum(-1)
-print("related pairs:", {f"{a}/{b}": round(s, 2) for (a, b), s in zip(pairs, pair_sims.tolist())})
-print(f"mean cosine: related pairs {pair_sims.mean():.2f}, random pairs {random_sims.mean():.2f} "
-      f"(one-hot vectors: 0 for every pair)")
-assert pair_sims.mean() > random_sims.mean() + 0.1, "trained vectors should place related words closer"
-
-# %% [markdown]
-# A 2-D picture: project the vectors of a few groups of words onto their two principal directions
-# (PCA). Two dimensions lose most of the information, so do not over-read it; groups that share contexts
-# still tend to sit together.
-
-# %% tags=["nbval-ignore-output"]
-groups = {
-    "pronouns": ["he", "she", "him", "her", "thou", "thee", "you", "we"],
-    "rank": ["king", "queen", "prince", "duke", "lord", "lady"],
-    "family": ["father", "mother", "son", "daughter", "brother", "sister"],
-    "time": ["day", "night", "hour", "morning", "year", "time"],
-    "numbers": ["one", "two", "three", "four", "ten", "hundred"],
-}
-chosen = [(w, name) for name, ws in groups.items() for w in ws if w in stoi]
-vecs = unit_vecs[[stoi[w] for w, _ in chosen]]
-centred = vecs - vecs.mean(0)
-_, _, v_right = torch.linalg.svd(centred, full_matrices=False)
-xy = centred @ v_right[:2].T
-fig, ax = figure(figsize=(7, 5))
-colours = dict(zip(groups, ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"]))
-for (w, name), (x, y) in zip(chosen, xy.tolist()):
-    ax.scatter(x, y, color=colours[name], s=25)
-    ax.annotate(w, (x, y), fontsize=9, color=colours[name], xytext=(3, 3), textcoords="offset points")
-for name, c in colours.items():
-    ax.scatter([], [], color=c, label=name)
-ax.legend(fontsize=8)
-ax.set_title("Skip-gram vectors trained on Tiny Shakespeare, projected to 2-D (PCA)", fontsize=10)
-StaticPNG(fig)
+# The lab notebook of this unit, `lessons/02_embeddings_and_positions_lab.ipynb`, trains such vectors from
+# scratch: a tiny **skip-gram model with negative sampling** (Mikolov et al., 2013) on Tiny Shakespeare, in
+# seconds. Run it after this lesson: it prints the nearest neighbours of a few words,
+# compares related pairs (`he`/`she`, `king`/`queen`) with random pairs, and draws a 2-D picture of the vectors.
+# Nobody tells that model that "thou" is a pronoun; it only sees which words occur near which.
 
 # %% [markdown]
 # ## 2. An embedding layer is a lookup, and a one-hot product
 #
 # `nn.Embedding(V, D)` stores a `(V, D)` weight and returns rows of it. With a seed, its weight is exactly a
-# `torch.randn(V, D)` draw (fixture F02.1):
+# `torch.randn(V, D)` draw:
 
 # %%
 torch.manual_seed(123)
@@ -324,6 +206,52 @@ assert abs(rms(small_init(some_ids)) - 1.0) < 0.02
 # values of similar size (standard deviation 0.02 or less), so tokens and positions start on the same footing and
 # are trained together, without any factor.
 #
+# ### Weight tying, and a common explanation of `× √d_model`
+#
+# A language model ends with a linear layer that turns each hidden vector `h` (size `D`) into one score per
+# vocabulary entry: `logits = h Wᵀ` with a `(V, D)` matrix `W`, the same shape as the embedding table. **Weight
+# tying** (Press and Wolf, 2017; Inan et al., 2017) uses one matrix for both: the row of a token is its input
+# vector *and* the vector its output score is measured against. It saves `V·D` parameters (a third of GPT-2
+# small), and GPT-2 ties its tables; unit 06 offers it as an option for the translation model. In PyTorch,
+# tying is assigning the **same `Parameter`** to both modules:
+
+# %%
+V_tie, D_tie = 1000, 64
+tied_emb = InputEmbeddings(V_tie, D_tie)
+lm_head = nn.Linear(D_tie, V_tie, bias=False)
+lm_head.weight = tied_emb.embedding.weight               # one Parameter, two uses
+model_params = {id(p_): p_ for m in (tied_emb, lm_head) for p_ in m.parameters()}
+print(f"separate tables: {2 * V_tie * D_tie:,} parameters; tied: {sum(p_.numel() for p_ in model_params.values()):,}")
+h_tie = torch.randn(3, D_tie)
+(lm_head(h_tie).sum() + tied_emb(torch.tensor([5, 7])).sum()).backward()
+used_rows = (tied_emb.embedding.weight.grad.abs().sum(-1) > 0).sum().item()
+print(f"rows with a gradient: {used_rows} of {V_tie} (the output layer reaches every row)")
+assert lm_head.weight is tied_emb.embedding.weight and used_rows == V_tie
+gpt2_saved = 50_257 * 768
+print(f"GPT-2 small saves {gpt2_saved:,} parameters by tying ({gpt2_saved / 124_439_808:.0%} of its 124,439,808)")
+
+# %% [markdown]
+# The original Transformer ties its two embedding tables and the output layer, and multiplies the embeddings
+# by `√d_model`, in the same section (§3.4), without giving a reason for the factor. A **common explanation**
+# (not stated in the paper) links the two: a table that also serves as the output layer should be initialised
+# small, about `N(0, 1/D)`, so that the logits `h·w` of a hidden vector with entries of size 1 start with a
+# standard deviation near 1. Such rows are tiny as *inputs* (RMS `D^−½`), and `× √D` brings them back to RMS
+# 1. With PyTorch's default `N(0, 1)` table, the logits would start `√D` times too large and the softmax
+# saturated. Measured for `D = 512`:
+
+# %%
+D_s, V_s = 512, 2000
+h_unit = torch.randn(256, D_s, generator=torch.Generator().manual_seed(0))   # hidden states, entries of size 1
+for name, std in [("N(0, 1/D)", D_s ** -0.5), ("N(0, 1)", 1.0)]:
+    table = torch.randn(V_s, D_s, generator=torch.Generator().manual_seed(1)) * std
+    logits = h_unit @ table.T
+    top_p = logits.softmax(-1).max(-1).values.mean().item()
+    print(f"table {name:9}: logit std {logits.std().item():6.2f}, mean top probability {top_p:.3f} "
+          f"(uniform: {1 / V_s:.4f}); input rows RMS {rms(table):.3f} raw, {rms(table * math.sqrt(D_s)):.2f} × √D")
+small_table = torch.randn(V_s, D_s, generator=torch.Generator().manual_seed(1)) * D_s ** -0.5
+assert abs((h_unit @ small_table.T).std().item() - 1) < 0.05 and abs(rms(small_table * math.sqrt(D_s)) - 1) < 0.02
+
+# %% [markdown]
 # ## 4. Attention is blind to order
 #
 # Unit 03 builds self-attention. A preview is enough to see the problem: in its simplest form, each output is a
@@ -396,7 +324,7 @@ assert in_10 != in_20
 
 # %% [markdown]
 # **Binary codes**: dimension `j` holds bit `j` of `p`. Bounded (0 or 1) and unique, but jumpy: neighbours can
-# differ in many bits at once, and no single matrix maps the code of `p` to that of `p + 1` (fixture F02.6):
+# differ in many bits at once, and no single matrix maps the code of `p` to that of `p + 1`:
 
 # %%
 codes = {p: format(p, "08b") for p in range(64, 76)}
@@ -429,7 +357,7 @@ assert best_linear_shift_error(cands["sine only"]) > 0.1
 assert best_linear_shift_error(cands["sinusoidal"]) < 1e-10
 
 # %% [markdown]
-# The widget below (W02.4) tests R1–R5 numerically for every candidate and shows its heatmap. Only the last one,
+# The widget below tests R1–R5 numerically for every candidate and shows its heatmap. Only the last one,
 # the sinusoidal encoding with sine *and* cosine, passes everything. (The integer code fails R2 in a subtler
 # way: `p ↦ p + k` adds a constant, which a matrix alone cannot do, since it maps the zero vector of position 0
 # to zero.)
@@ -446,34 +374,29 @@ show_candidate_comparison()
 # $$PE[p, 2i] = \sin(p\,\omega_i), \qquad PE[p, 2i+1] = \cos(p\,\omega_i), \qquad \omega_i = 10000^{-2i/D}$$
 #
 # Sines go in the **even** dimensions and cosines in the **odd** ones (interleaved; some code puts all sines in
-# the first half instead, which is a different layout). Built step by step:
+# the first half instead, which is a different layout). Writing the table as one tensor computation is
+# exercise 3; here we use the course's `sinusoidal_pe(max_len, d_model)` and check it entry by entry against the
+# formula, with Python's `math.sin` and `math.cos`:
 
 # %%
-def pe_by_hand(max_len, d_model):
-    positions = torch.arange(max_len, dtype=torch.float64)[:, None]          # (max_len, 1)
-    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # (D/2,): one per pair
-    angles = positions * omega                                                # (max_len, D/2)
-    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
-    pe[:, 0::2] = torch.sin(angles)                                           # even dims: sine
-    pe[:, 1::2] = torch.cos(angles)                                           # odd dims: cosine
-    return pe.float()
-
-
 print("inverse frequencies for D = 4:", inverse_frequencies(4).tolist())
 print("sinusoidal_pe(4, 4) =\n", sinusoidal_pe(4, 4))
 print("sinusoidal_pe(6, 16)[1] =\n", sinusoidal_pe(6, 16)[1])
-F02_2 = torch.tensor([[0, 1, 0, 1], [0.8415, 0.5403, 0.0100, 0.99995], [0.9093, -0.4161, 0.0200, 0.9998],
+PE_4_BY_4 = torch.tensor([[0, 1, 0, 1], [0.8415, 0.5403, 0.0100, 0.99995], [0.9093, -0.4161, 0.0200, 0.9998],
                       [0.1411, -0.9900, 0.0300, 0.99955]])
-F02_3 = torch.tensor([0.8415, 0.5403, 0.3110, 0.9504, 0.0998, 0.9950, 0.0316, 0.9995, 0.0100, 0.99995, 0.0032,
+PE_ROW_1_D16 = torch.tensor([0.8415, 0.5403, 0.3110, 0.9504, 0.0998, 0.9950, 0.0316, 0.9995, 0.0100, 0.99995, 0.0032,
                       1.0000, 0.0010, 1.0000, 0.0003, 1.0000])
-assert torch.allclose(sinusoidal_pe(4, 4), F02_2, atol=1e-4)
-assert torch.allclose(sinusoidal_pe(6, 16)[1], F02_3, atol=1e-4)
-assert torch.equal(pe_by_hand(50, 32), sinusoidal_pe(50, 32))
+assert torch.allclose(sinusoidal_pe(4, 4), PE_4_BY_4, atol=1e-4)
+assert torch.allclose(sinusoidal_pe(6, 16)[1], PE_ROW_1_D16, atol=1e-4)
+table_50 = sinusoidal_pe(50, 32)
+by_formula = [(math.sin(p_ * 10000 ** (-2 * i / 32)), math.cos(p_ * 10000 ** (-2 * i / 32)))
+              for p_ in range(50) for i in range(16)]
+assert torch.allclose(table_50.view(50, 16, 2), torch.tensor(by_formula).view(50, 16, 2), atol=1e-6)
 
 # %% [markdown]
 # **Wavelengths.** Pair `i` repeats every `λ_i = 2π/ω_i = 2π·10000^{2i/D}` positions. The wavelengths form a
 # geometric sequence from `2π ≈ 6.28` (pair 0) up to just under `2π·10000 ≈ 62,832`; consecutive ones differ by
-# the factor `10000^{2/D}` (fixture F02.5). They do **not** run "from 1 to 10000", a claim some write-ups make.
+# the factor `10000^{2/D}`. They do **not** run "from 1 to 10000", a claim some write-ups make.
 
 # %%
 for d_model in [512, 768]:
@@ -507,19 +430,34 @@ print("claimed λ_0 =", claimed_wavelengths(64)[0].item(), "is a period of pair 
       is_period(claimed_wavelengths(64)[0].item(), omega_64[0].item()))
 
 # %% [markdown]
-# It is not: after 1 position pair 0 has turned by 1 radian, not by a full turn. The fix multiplies by `2π`;
-# the self-check below confirms it for every pair.
+# It is not: after 1 position pair 0 has turned by 1 radian, not by a full turn. **Your turn:** fix
+# `wavelengths` so that `λ_i` is the period of pair `i`; the self-check tests every pair for `D = 64`.
 
 # %%
 def wavelengths(d_model):
-    return 2 * math.pi * 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    # TODO: the number of positions after which pair i returns to its values
+    return 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
 
 
-assert all(is_period(lam, om) for lam, om in zip(wavelengths(64).tolist(), omega_64.tolist()))
-print("fixed: every λ_i = 2π·10000^(2i/D) is a period of its pair")
+def self_check_wavelengths(fn):
+    bad = [i for i, (lam, om) in enumerate(zip(fn(64).tolist(), omega_64.tolist())) if not is_period(lam, om)]
+    print("✓ every λ_i is a period of its pair" if not bad else
+          f"✗ not yet: {len(bad)} of {len(omega_64)} wavelengths are not periods (first: pair {bad[0]})")
+    return not bad
+
+
+self_check_wavelengths(wavelengths)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: a full turn is 2π radians, so λ_i = 2π / ω_i = 2π · 10000^(2i/D).
+def wavelengths_reference(d_model):
+    return 2 * math.pi / inverse_frequencies(d_model).double()
+
+
+assert self_check_wavelengths(wavelengths_reference)
 
 # %% [markdown]
-# The heatmap (W02.1) shows the whole table: fast pairs on the left change at every position, slow pairs on the
+# The heatmap shows the whole table: fast pairs on the left change at every position, slow pairs on the
 # right barely move over 100 positions. The curves underneath are single columns of the table.
 
 # %% tags=["nbval-ignore-output"]
@@ -528,7 +466,7 @@ show_pe_heatmap()
 # %% [markdown]
 # **Fast and slow dimensions.** Take GPT-2's sizes, `D = 768` over 1,024 positions, purely as an example
 # (GPT-2 itself does not use this table; see section 9). Pair 0 turns about 163 times over the range, pair 150
-# about 4.5 times, and pair 250 less than half a turn, yet even it is far from constant (fixture F02.5):
+# about 4.5 times, and pair 250 less than half a turn, yet even it is far from constant:
 
 # %%
 print(f"{'pair':>5} {'period':>9} {'cycles in 1024':>15}")
@@ -544,7 +482,7 @@ assert round(s_1023, 3) == 0.562 and round(c_1023, 3) == -0.827
 # %% [markdown]
 # Two claims you may read elsewhere are therefore wrong for these sizes: "pair 150 makes 2–3 cycles" (it makes
 # 4.46), and "pair 250 barely moves, its cosine stays near 1" (it falls to −0.83). Explore any pair with the
-# frequency explorer (W02.2):
+# frequency explorer:
 
 # %% tags=["nbval-ignore-output"]
 show_frequency_explorer()
@@ -562,7 +500,7 @@ show_frequency_explorer()
 #
 # `M_k` is a rotation by the angle `ωk`. It depends on the offset `k` and the pair's frequency, **never on `p`**.
 # That is requirement R2, pair by pair. `llmcourse.nn.shift_matrix(k, omega)` builds it (exercise 5). We verify the
-# identity for **every** position, **every** pair and several offsets in float64 (fixture F02.4):
+# identity for **every** position, **every** pair and several offsets in float64:
 
 # %%
 N, D = 2048, 512
@@ -594,7 +532,7 @@ assert err < 1e-12
 assert torch.allclose(A_5 @ A_5.T, torch.eye(D_small, dtype=torch.float64)), "a rotation is orthogonal"
 
 # %% [markdown]
-# See it (W02.3): the point of pair `i` at position `p`, its image under `M_k`, and the point at `p + k` coincide.
+# See it in the widget: the point of pair `i` at position `p`, its image under `M_k`, and the point at `p + k` coincide.
 # The slow pair 4 turns by only `0.01·k` radians.
 
 # %% tags=["nbval-ignore-output"]
@@ -620,7 +558,7 @@ assert abs(sim["by_k"][0].item() - 64) < 1e-12
 
 # %% [markdown]
 # The curve is not monotone (it wiggles, because the fast pairs keep turning), but it falls off with distance
-# overall. W02.5 shows the whole `PE·PEᵀ` matrix, constant along each diagonal, and the curve against `k`:
+# overall. The widget below shows the whole `PE·PEᵀ` matrix, constant along each diagonal, and the curve against `k`:
 
 # %% tags=["nbval-ignore-output"]
 show_position_similarity()
@@ -689,12 +627,7 @@ assert torch.equal(pos_enc.eval()(x8), clean), "eval mode: x + pe, nothing dropp
 # the sum. Taking the comment literally gives the module below. Run the same property check.
 
 # %%
-class PositionalEncodingDropoutOnPE(nn.Module):
-    def __init__(self, d_model, max_len, dropout=0.1):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("pe", sinusoidal_pe(max_len, d_model).unsqueeze(0), persistent=False)
-
+class PositionalEncodingDropoutOnPE(PositionalEncoding):
     def forward(self, x):
         return x + self.dropout(self.pe[:, :x.shape[1]])  # apply dropout to the positional encodings
 
@@ -707,18 +640,33 @@ print(f"entries equal to 0: {(out_buggy == 0).float().mean():.2f} (the token par
 
 # %% [markdown]
 # No entry is ever 0: the token signal passes untouched and only the position part is noised, so the dropout no
-# longer regularises the embeddings. The fix moves the dropout outside the sum, as in `PositionalEncoding`:
+# longer regularises the embeddings. **Your turn:** fix `forward` below (the buffer `self.pe` and the
+# `self.dropout` module are inherited); the self-check runs the property test in train mode and checks that eval
+# mode just adds.
 
 # %%
-class PositionalEncodingFixed(PositionalEncodingDropoutOnPE):
+class MyPositionalEncoding(PositionalEncodingDropoutOnPE):
     def forward(self, x):
-        return self.dropout(x + self.pe[:, :x.shape[1]])  # dropout on the sum x + PE
+        # TODO: dropout on the sum of the token vectors and the positional encodings
+        return x + self.dropout(self.pe[:, :x.shape[1]])
 
 
-fixed = PositionalEncodingFixed(8, 10, dropout=0.5).train()
-torch.manual_seed(1)
-assert dropout_on_sum(fixed(x8), clean)
-print("fixed: every entry is 0 or 2·(x + pe)")
+def self_check_pe_dropout(cls):
+    module = cls(8, 10, dropout=0.5)
+    torch.manual_seed(1)
+    on_sum = dropout_on_sum(module.train()(x8), clean)
+    eval_adds = torch.allclose(module.eval()(x8), clean)
+    print("✓ every entry is 0 or 2·(x + pe), and eval mode just adds" if on_sum and eval_adds else
+          f"✗ not yet: dropout acts on the sum {on_sum}, eval mode adds {eval_adds}")
+    return on_sum and eval_adds
+
+
+self_check_pe_dropout(MyPositionalEncoding)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: add first, then drop: dropout(x + pe[:, :T]). The course's PositionalEncoding (exercise 4)
+# does exactly that, so it passes the same self-check.
+assert self_check_pe_dropout(PositionalEncoding)
 
 # %% [markdown]
 # ### Spot the bug 3: a table that does not follow its module
@@ -739,9 +687,41 @@ class PEAttribute(nn.Module):
 
 attr = PEAttribute(8, 10).to(torch.float64)
 print("plain attribute after .to(float64):", attr.pe.dtype)
-buf = PositionalEncoding(8, 10).to(torch.float64)
-print("registered buffer after .to(float64):", buf.pe.dtype)
-assert buf.pe.dtype == torch.float64
+
+# %% [markdown]
+# **Your turn:** fix `MyPETable` so that the table follows `.to()` and still stays out of the `state_dict`.
+
+# %%
+class MyPETable(nn.Module):
+    def __init__(self, d_model, max_len):
+        super().__init__()
+        # TODO: make the table move with the module, without adding it to the state_dict
+        self.pe = sinusoidal_pe(max_len, d_model).unsqueeze(0)
+
+    def forward(self, x):
+        return x + self.pe[:, :x.shape[1]]
+
+
+def self_check_table(cls):
+    m = cls(8, 10).to(torch.float64)
+    ok = m.pe.dtype == torch.float64 and len(m.state_dict()) == 0 and len(list(m.parameters())) == 0
+    print("✓ the table follows .to() and is not saved" if ok else
+          f"✗ not yet: dtype after .to(float64) {m.pe.dtype}, state_dict keys {list(m.state_dict())}, "
+          f"{len(list(m.parameters()))} parameters")
+    return ok
+
+
+self_check_table(MyPETable)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: register the table as a non-persistent buffer.
+class PETableReference(PEAttribute):
+    def __init__(self, d_model, max_len):
+        nn.Module.__init__(self)
+        self.register_buffer("pe", sinusoidal_pe(max_len, d_model).unsqueeze(0), persistent=False)
+
+
+assert self_check_table(PETableReference)
 
 # %% [markdown]
 # ## 9. Learned absolute positions (GPT-2)
@@ -811,5 +791,45 @@ except ValueError as err:
 #   so `PE(p)·PE(p+k)` depends on `k` only.
 # - Dropout acts on the sum of token and position vectors; the fixed table is a buffer, not a parameter.
 #
+# - Weight tying shares the embedding table with the output layer; a common (unstated in the paper) reading of the
+#   `× √d_model` factor is that a tied table is initialised small for the logits and scaled back up for the inputs.
+#
 # Units 11–13 return to the rotation idea: RoPE rotates queries and keys instead of adding a vector to the input.
 # Now open the exercise notebook and build these pieces yourself.
+#
+# ## Open-ended extension (ungraded): relative positions from absolute codes
+#
+# Section 7 showed that `PE(p)·PE(p+k)` depends on `k` only. Can a *linear* read-out recover the offset between
+# two positions from their codes? Write `offset_features(pe_p, pe_q)` that turns two rows of the table (each
+# `(D,)`) into a feature vector from which `q − p` can be computed with one fixed linear map. Hint: look at the
+# rotation of each pair. Then ask the same question for learned GPT-2-style position rows (random at first: what
+# would training have to do?). The self-check draws random pairs of positions up to 3 apart, fits a least-squares
+# map on half of them and asks for a small error on the other half.
+
+# %%
+def offset_features(pe_p, pe_q):
+    # TODO (optional): a 1-D feature vector; q - p must be a linear function of it
+    return None
+
+
+def self_check_offsets(fn, d_model=32, max_len=64):
+    table = sinusoidal_pe(max_len, d_model).double()
+    gen = torch.Generator().manual_seed(0)
+    pairs = torch.randint(0, max_len, (600, 2), generator=gen)
+    pairs = pairs[(pairs[:, 1] - pairs[:, 0]).abs() <= 3]          # small offsets: a well-posed linear question
+    feats = [fn(table[a], table[b]) for a, b in pairs.tolist()]
+    if any(f is None for f in feats):
+        print("✗ not yet: offset_features returns None")
+        return False
+    X = torch.stack([torch.as_tensor(f, dtype=torch.float64).flatten() for f in feats])
+    X = torch.cat([X, torch.ones(len(X), 1, dtype=torch.float64)], 1)
+    y = (pairs[:, 1] - pairs[:, 0]).double()[:, None]
+    half = len(X) // 2
+    w = torch.linalg.lstsq(X[:half], y[:half]).solution
+    err = (X[half:] @ w - y[half:]).abs().max().item()
+    print(f"✓ the offset is linear in your features (max error {err:.2e})" if err < 0.05 else
+          f"✗ not yet: the best linear map misses the offset by up to {err:.2f}")
+    return err < 0.05
+
+
+self_check_offsets(offset_features)

@@ -72,7 +72,7 @@ ids = torch.tensor([[0, 1, 4], [4, 4, 2]])
 out = embedding_lookup(ids, table)
 assert out.shape == (2, 3, 3), f"ids (2, 3) and a (5, 3) table must give (2, 3, 3), got {tuple(out.shape)}"
 assert torch.allclose(out[0, :2], torch.tensor([[-0.1115, 0.1204, -0.3696], [-0.2404, -1.1969, 0.2093]]),
-                      atol=1e-4), f"rows 0 and 1 of the seed-123 table (F02.1) expected, got {out[0, :2]}"
+                      atol=1e-4), f"rows 0 and 1 of the seed-123 table expected, got {out[0, :2]}"
 assert torch.allclose(one_hot_matmul(ids, table), out), "one_hot_matmul must give exactly the rows of the lookup"
 w = table.clone().requires_grad_(True)
 one_hot_matmul(ids, w).sum().backward()
@@ -160,7 +160,7 @@ pe = sinusoidal_pe(4, 4)
 assert pe.shape == (4, 4) and pe.dtype == torch.float32, f"got {tuple(pe.shape)} {pe.dtype}"
 expected = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.8415, 0.5403, 0.0100, 0.99995],
                          [0.9093, -0.4161, 0.0200, 0.9998], [0.1411, -0.9900, 0.0300, 0.99955]])
-assert torch.allclose(pe, expected, atol=1e-4), f"sinusoidal_pe(4, 4) (F02.2) expected\n{expected}\ngot\n{pe}"
+assert torch.allclose(pe, expected, atol=1e-4), f"sinusoidal_pe(4, 4) expected\n{expected}\ngot\n{pe}"
 big = sinusoidal_pe(50, 64)
 assert torch.allclose(big[:, 0::2] ** 2 + big[:, 1::2] ** 2, torch.ones(50, 32), atol=1e-5), \
     "each pair (dims 2i, 2i+1) must be (sin, cos) of the same angle, so sin² + cos² = 1"
@@ -180,12 +180,11 @@ print("visible tests passed")
 # PositionalEncoding(d_model, max_len, dropout=0.1)
 # ```
 #
-# - build the table with your `sinusoidal_pe` from exercise 3 and store it as a **buffer** of shape `(1, max_len, d_model)`:
-#   `self.register_buffer("pe", table, persistent=False)`. A buffer moves with `.to(...)` but is not a
-#   parameter; `persistent=False` keeps it out of the `state_dict` (it can always be recomputed). The
-#   module has **no** parameters.
-# - `self.dropout = nn.Dropout(dropout)`;
-# - `forward(x)`: `x (B, T, d_model)` → `dropout(x + pe[:, :T])`: dropout acts on the **sum**. Raise
+# - the table (from your `sinusoidal_pe` of exercise 3) is an attribute `pe` of shape `(1, max_len, d_model)`
+#   that follows `.to(...)` (device and dtype); the module has **no** parameters and an **empty** `state_dict`
+#   (the table can always be recomputed);
+# - `forward(x)`: `x (B, T, d_model)` → `(B, T, d_model)`. In eval mode it returns `x + PE[:T]`; in train mode
+#   dropout with probability `dropout` acts on the **sum** (each entry is 0 or `(x + pe)/(1 − p)`). Raise
 #   `ValueError` when `T > max_len`.
 
 # %% tags=["solution:02.PositionalEncoding"]
@@ -269,11 +268,11 @@ print("visible tests passed")
 # GPTEmbedding(vocab_size, context_length, d_model, dropout=0.0)
 # ```
 #
-# - `self.tok_emb = nn.Embedding(vocab_size, d_model)` and `self.pos_emb = nn.Embedding(context_length, d_model)`
-#   (keys `tok_emb.weight (V, D)` and `pos_emb.weight (context_length, D)`); `self.dropout = nn.Dropout(dropout)`;
-# - `forward(idx)`: `idx (B, T)` long → `dropout(tok_emb(idx) + pos_emb(positions))` with positions
-#   `0, 1, …, T−1` (create them on `idx.device`); the `(T, D)` position rows broadcast over the batch. No
-#   √d_model scale. Raise `ValueError` when `T > context_length`.
+# - `state_dict` keys exactly `tok_emb.weight (V, D)` and `pos_emb.weight (context_length, D)`: a learned
+#   token table and a learned position table (`nn.Embedding`s, default initialisation);
+# - `forward(idx)`: `idx (B, T)` long → `(B, T, D)`: the token vector plus the vector of its position
+#   `0, 1, …, T−1` (on `idx`'s device), with dropout of probability `dropout` on the sum and no √d_model
+#   scale. Raise `ValueError` when `T > context_length`.
 
 # %% tags=["solution:02.GPTEmbedding"]
 class GPTEmbedding(nn.Module):
