@@ -264,6 +264,55 @@ def test_chrf_unigram_by_hand_and_errors():
         chrf("abc", "abc")
 
 
+def test_chrf_equals_sacrebleu_on_ordinary_sentences():
+    """An independent implementation: sacrebleu's CHRF(char_order=6, word_order=0, beta=2) gives the same
+    corpus score whenever every hypothesis and every reference has at least n = 6 non-space characters
+    (fixtures, and real Tatoeba sentences scored against other sentences, so that matches are partial)."""
+    sacrebleu = pytest.importorskip("sacrebleu")
+    sb = sacrebleu.metrics.CHRF(char_order=6, word_order=0, beta=2)
+    from llmcourse.data.translation import load_translation_pairs
+
+    pairs = [p for p in load_translation_pairs() if min(len("".join(p.en.split())), len("".join(p.hi.split()))) >= 6]
+    pairs = pairs[:120]
+    cases = [
+        (["the cat sat"], ["the cat sat on the mat"]),
+        (["the cat sat on the mat"], ["the cat sat"]),
+        (["the cat sat", "a big dog"], ["the cat sat", "the big dog"]),
+        (["तुम कैसे हो"], ["तुम कैसे हो?"]),
+        ([p.hi for p in pairs[:60]], [p.hi for p in pairs[1:61]]),
+        ([p.en for p in pairs[60:]], [p.en.lower() for p in reversed(pairs[60:])]),
+    ]
+    for hyp, ref in cases:
+        assert all(len("".join(t.split())) >= 6 for t in hyp + ref)
+        assert chrf(hyp, ref) == pytest.approx(sb.corpus_score(hyp, [ref]).score, abs=1e-6)
+
+
+def test_chrf_differs_from_sacrebleu_on_sentences_shorter_than_n():
+    """The documented difference: for a hypothesis shorter than n characters the course's definition keeps
+    every order with a reference k-gram (P_k = R_k = 0 there), sacrebleu's effective order ("eff:yes")
+    averages over the orders the hypothesis has. "ab" vs "abcd", worked out by hand:
+    course: orders 1-4, P = (1 + 1 + 0 + 0)/4, R = (2/4 + 1/3 + 0 + 0)/4;
+    sacrebleu: orders 1-2, P = 1, R = (2/4 + 1/3)/2."""
+    sacrebleu = pytest.importorskip("sacrebleu")
+    sb = sacrebleu.metrics.CHRF(char_order=6, word_order=0, beta=2)
+
+    def f(p, r, beta=2.0):
+        return 100 * (1 + beta**2) * p * r / (beta**2 * p + r)
+
+    course = f((1 + 1) / 4, (2 / 4 + 1 / 3) / 4)
+    effective = f(1.0, (2 / 4 + 1 / 3) / 2)
+    assert course == pytest.approx(23.5849, abs=1e-4) and effective == pytest.approx(47.1698, abs=1e-4)
+    assert chrf(["ab"], ["abcd"]) == pytest.approx(course, abs=1e-9)
+    assert sb.corpus_score(["ab"], [["abcd"]]).score == pytest.approx(effective, abs=1e-9)
+    # the second difference: sacrebleu does not count a sentence's hypothesis k-grams of an order its
+    # reference is too short for. "abcdef" vs "abcd": orders 5-6 have 2 + 1 hypothesis k-grams and no
+    # reference k-grams: the course keeps them (P_5 = P_6 = 0), sacrebleu drops both orders.
+    course = f((4 / 6 + 3 / 5 + 2 / 4 + 1 / 3) / 6, (1 + 1 + 1 + 1) / 6)
+    effective = f((4 / 6 + 3 / 5 + 2 / 4 + 1 / 3) / 4, 1.0)
+    assert chrf(["abcdef"], ["abcd"]) == pytest.approx(course, abs=1e-9)
+    assert sb.corpus_score(["abcdef"], [["abcd"]]).score == pytest.approx(effective, abs=1e-9)
+
+
 # ---------------------------------------------------------------- training pieces
 
 

@@ -60,6 +60,15 @@ def chrf(hypotheses: list[str], references: list[str], n: int = 6, beta: float =
     ``chrf(["the cat", "a dog"], ["the cat", "the dog"]) = 63.8322`` (averaging sentence scores instead is
     a known bug), ``chrf(["a b"], ["ab"]) = 100``.
 
+    Compared with sacrebleu (``sacrebleu.metrics.CHRF(char_order=6, word_order=0, beta=2)``, version 2.6.0):
+    the scores are equal whenever every hypothesis and every reference has at least ``n`` non-space
+    characters. They differ on shorter sentences, in two ways: sacrebleu does not count a sentence's
+    hypothesis k-grams of an order its reference has none of, and it averages ``P_k``, ``R_k`` only over the
+    orders with both counts non-zero ("effective order"), while this definition keeps every order with a
+    k-gram on either side (with ``P_k = 0`` or ``R_k = 0``). So ``chrf(["ab"], ["abcd"])`` is 23.5849 here
+    and 47.1698 in sacrebleu. The course keeps its definition (it is the exercise's contract);
+    ``tests/test_unit06_translation_transformer.py`` tests the equality and both differences.
+
     Raises:
         ValueError: lists of different lengths, a non-string entry, ``n < 1`` or ``beta <= 0``.
     """
