@@ -27,8 +27,12 @@
 # that produced the course's small trained model (`assets/translate_tiny.pt`), which this lesson
 # uses in its last sections.
 #
-# Cells marked **Spot the bug** show mistakes from popular write-ups. Run them, see which property
-# breaks, and compare with the fixed version.
+# Cells marked **Spot the bug** show mistakes from popular write-ups. Run the buggy snippet and see which
+# property breaks, then fix the `TODO` cell below it until its self-check prints ✓ (an untouched `TODO`
+# prints a "not yet" note and never stops the notebook); a reference fix is folded in the cell after it.
+#
+# After the core sections: beam search, chrF next to sacrebleu and BLEU, the held-out test split, and an
+# open-ended extension (weight tying).
 #
 # **Conventions**: masks are boolean with `True` = may attend; special ids `[PAD]=0, [SOS]=1, [EOS]=2,
 # [UNK]=3`; padding is on the right; activations are `(B, T, D)`.
@@ -145,7 +149,7 @@ for ch in "क्या":
 course = pretokenize(sentence)
 print(PRETOKENIZE_PATTERN)
 print(len(course), course)
-assert len(naive) == 17 and course == ['क्या', 'आप', 'मेरी', 'मदद', 'कर', 'सकते', 'हैं', '?']   # F06.4
+assert len(naive) == 17 and course == ['क्या', 'आप', 'मेरी', 'मदद', 'कर', 'सकते', 'हैं', '?']
 print(pretokenize("मैं घर जा रहा हूँ।"))
 
 # %% [markdown]
@@ -171,8 +175,34 @@ def buggy_pretok(text):
 
 hindi_sample = [p.hi for p in train_pairs[:200]]
 print("\\w+ pre-tokeniser, words cut apart:", splits_inside_words(buggy_pretok, hindi_sample))
-print("course rule, words cut apart:     ", splits_inside_words(pretokenize, hindi_sample))
-assert splits_inside_words(pretokenize, hindi_sample) == 0, "the course rule must keep every word whole"
+assert splits_inside_words(buggy_pretok, hindi_sample) > 0
+
+# %% [markdown]
+# **Your fix.** `my_pretok(text)` must keep every punctuation-free word whole and still split off
+# punctuation, the danda included (`"घर।"` → `['घर', '।']`).
+
+# %%
+def my_pretok(text):
+    # TODO: split on whitespace and punctuation only
+    return re.findall(r"\w+|[^\w\s]", text)
+
+
+def self_check_pretok(pretok):
+    cut = splits_inside_words(pretok, hindi_sample)
+    ok = cut == 0 and pretok("मैं घर जा रहा हूँ।")[-2:] == ["हूँ", "।"] and pretok("Hi, you?") == ["Hi", ",", "you", "?"]
+    print("✓ words stay whole, punctuation is split off" if ok else f"✗ not yet: {cut} words cut apart")
+    return ok
+
+
+self_check_pretok(my_pretok)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): the course rule above, after NFC normalisation.
+def my_pretok_reference(text):
+    return re.findall(r'[^\s.,!?;:"()\u0964\u0965-]+|[.,!?;:"()\u0964\u0965-]', unicodedata.normalize("NFC", text))
+
+
+assert self_check_pretok(my_pretok_reference) and self_check_pretok(pretokenize)
 
 # %% [markdown]
 # ## 3. One BPE tokenizer per language
@@ -251,13 +281,16 @@ print("decoder reads :", [tgt_tok.itos[i] for i in ti[1].tolist()])
 print("decoder writes:", [tgt_tok.itos[i] for i in to[1].tolist()])
 
 # %% [markdown]
-# How much of a batch is padding? In a random training batch of the profile's size:
+# How much of a batch is padding? Over 50 random training batches of the profile's size:
 
 # %%
 g = torch.Generator().manual_seed(0)
-s, ti, to = next(sample_batches(train_ids, cfg["batch_size"], cfg["max_len"], g))
-pad_fraction = (to == PAD_ID).float().mean().item()
-print(f"batch {tuple(to.shape)}: {100 * pad_fraction:.1f}% of the target positions are PAD")
+batches = sample_batches(train_ids, cfg["batch_size"], cfg["max_len"], g)
+pad_shares = torch.tensor([(next(batches)[2] == PAD_ID).float().mean().item() for _ in range(50)])
+s, ti, to = next(batches)
+pad_fraction = pad_shares.mean().item()
+print(f"batch of {cfg['batch_size']}: on average {100 * pad_fraction:.0f}% of the target positions are PAD "
+      f"(from {100 * pad_shares.min():.0f}% to {100 * pad_shares.max():.0f}% over 50 batches)")
 assert 0 < pad_fraction < 1
 
 # %% [markdown]
@@ -278,8 +311,8 @@ tgt_mask = make_tgt_mask(torch.tensor([[1, 8, 9, 0]]))
 print(src_mask.shape, src_mask.int().tolist())
 print(tgt_mask.shape)
 print(tgt_mask[0, 0].int())
-assert src_mask.tolist() == [[[[True, True, True, False, False]]]]                                  # F06.1
-assert tgt_mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]   # F06.1
+assert src_mask.tolist() == [[[[True, True, True, False, False]]]]
+assert tgt_mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]
 
 # %% [markdown]
 # Look at the last row: the PAD query keeps SOS, 8 and 9 as keys. A query row is never empty, because
@@ -295,7 +328,8 @@ assert tgt_mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0
 #
 # Some write-ups also mask the padded **queries** (`pad_q & pad_k & causal`). The rows of the PAD queries
 # are then all `False`, and attention returns NaN there. The usual patch fills with `-1e9` instead of `−∞`,
-# which gives a uniform row in float32. In float16, `-1e9` is out of range and becomes `−∞` again.
+# which gives a uniform row in float32. In float16 the patch breaks: `-1e9` is outside float16's range, so
+# `masked_fill` refuses it with an error, and a `-1e9` converted to float16 some other way becomes `−∞`.
 
 # %%
 tgt = torch.tensor([[1, 8, 9, 0]])
@@ -305,11 +339,44 @@ scores = torch.randn(1, 1, 4, 4)
 w_inf = scores.masked_fill(~row_emptying, float("-inf")).softmax(-1)
 w_big = scores.masked_fill(~row_emptying, -1e9).softmax(-1)
 print("empty rows:", (~row_emptying.any(-1)).sum().item(), "| NaN rows with -inf:", w_inf.isnan().any(-1).sum().item())
-print("-1e9 in float16 becomes", torch.tensor(-1e9).half().item())
+try:
+    scores.half().masked_fill(~row_emptying, -1e9)
+except RuntimeError as err:
+    print("masked_fill(-1e9) on float16 scores:", str(err).splitlines()[0])
+print("-1e9 converted to float16 becomes", torch.tensor(-1e9).half().item(),
+      f"| the most negative finite float16 is {torch.finfo(torch.float16).min:.0f}")
 print("make_tgt_mask empty rows:", (~make_tgt_mask(tgt).any(-1)).sum().item())
+assert w_inf.isnan().any()
+
+# %% [markdown]
+# **Your fix.** `decoder_mask(tgt)` takes `(B, T)` target ids and returns a `(B, 1, T, T)` bool mask (True =
+# may attend) that hides padded **keys** and the future, and leaves no row empty.
+
+# %%
+def decoder_mask(tgt):
+    # TODO: keep the mask of the real query positions as it is, but empty no row
+    keep = tgt != PAD_ID
+    return keep[:, None, :, None] & keep[:, None, None, :] & causal_mask(tgt.shape[1])
+
+
+def self_check_decoder_mask(fn):
+    t = torch.tensor([[1, 8, 9, 0, 0], [1, 5, 6, 7, 4]])
+    m = fn(t)
+    real = (t != PAD_ID)[:, :, None]
+    w = torch.randn(2, 1, 5, 5).masked_fill(~m, float("-inf")).softmax(-1)
+    ok = (m.shape == (2, 1, 5, 5) and not w.isnan().any()
+          and torch.equal(m & real[:, None], (causal_mask(5) & (t != PAD_ID)[:, None, None, :]) & real[:, None]))
+    print("✓ no empty row, no NaN" if ok else "✗ not yet: some attention row is empty (NaN) or a key is wrong")
+    return ok
+
+
+self_check_decoder_mask(decoder_mask)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): the course's target mask (exercise 1) masks keys only, so every row keeps SOS.
 w_ok = scores.masked_fill(~make_tgt_mask(tgt), float("-inf")).softmax(-1)
-assert not w_ok.isnan().any() and make_tgt_mask(tgt).any(-1).all(), "the course mask keeps every row non-empty"
 print("fixed: no NaN, rows sum to", w_ok.sum(-1).flatten().tolist())
+assert self_check_decoder_mask(make_tgt_mask)
 
 # %% [markdown]
 # If you need a finite fill value, use `torch.finfo(dtype).min` rather than `-1e9`; better still, build
@@ -328,7 +395,8 @@ print("fixed: no NaN, rows sum to", w_ok.sum(-1).flatten().tolist())
 # `encode(src, src_mask)` returns the **memory** `(B, S, D)`; `decode(tgt_in, memory, src_mask, tgt_mask)`
 # returns `(B, T, D)`; `forward(src, tgt_in)` builds both masks and returns logits `(B, T, V_tgt)`.
 # Weight matrices start from Xavier-uniform values, as in `nn.Transformer`. With `nn.Embedding`'s default
-# (std 1), the ×√D scale would make the token vectors about 11 times larger than the positional encoding.
+# (std 1), the ×√D scale would make the token vectors much larger than the positional encoding, whose
+# entries are sines and cosines (RMS √½). The cell after the parameter count measures both.
 
 # %%
 D = 128
@@ -344,6 +412,18 @@ for name, module in (("embeddings", (model.src_embed, model.tgt_embed)), ("encod
     n = sum(p.numel() for m in module for p in m.parameters())
     print(f"  {name:11} {n:>9,}  ({100 * n / n_params:.1f}%)")
 print("buffers outside the state_dict:", [k for k, _ in model.named_buffers() if k not in model.state_dict()])
+
+# %%
+def rms(x):
+    return x.pow(2).mean().sqrt().item()
+
+
+pe_rms = rms(model.pos.pe[0])
+default_tok = torch.nn.Embedding(tgt_tok.vocab_size, D).weight.detach() * math.sqrt(D)   # std-1 init, ×√D
+xavier_tok = model.tgt_embed.embedding.weight.detach() * math.sqrt(D)                    # this model's init, ×√D
+print(f"positional encoding RMS {pe_rms:.3f}")
+print(f"token vectors ×√D, default N(0, 1) init: RMS {rms(default_tok):.2f} = {rms(default_tok) / pe_rms:.0f}× the PE")
+print(f"token vectors ×√D, Xavier init:          RMS {rms(xavier_tok):.2f} = {rms(xavier_tok) / pe_rms:.1f}× the PE")
 
 # %% [markdown]
 # An independent check: PyTorch's own `nn.Transformer` (pre-LN, `batch_first=True`), loaded with the same
@@ -407,16 +487,12 @@ assert abs(best - floor) < 1e-4
 #
 # Forgetting `ignore_index` averages the loss over PAD positions too. The model is then rewarded for
 # predicting PAD after EOS, which is easy, so the loss looks better than the translations are. We saw that
-# about a third of a batch's target positions are padding. The property to check: **the loss must not
-# change when the batch is padded further.**
+# the share printed in section 4 of a batch's target positions are padding. The property to check: **the
+# loss must not change when the batch is padded further.**
 
 # %%
 def loss_with_pads(logits, targets, eps):
-    return label_smoothed_cross_entropy(logits, targets, eps)                      # bug: no ignore_index
-
-
-def loss_ignoring_pads(logits, targets, eps):
-    return label_smoothed_cross_entropy(logits, targets, eps, ignore_index=PAD_ID)
+    return label_smoothed_cross_entropy(logits, targets, eps)                      # bug: PAD targets count
 
 
 pairs3 = val_ids[:3]
@@ -426,17 +502,45 @@ with torch.no_grad():
     wider_in = torch.cat([b_in, torch.zeros(3, 5, dtype=torch.long)], 1)           # five more PAD columns
     wider_out = torch.cat([b_out, torch.zeros(3, 5, dtype=torch.long)], 1)
     narrow, wide = model(b_src, b_in), model(b_src, wider_in)
-for fn in (loss_with_pads, loss_ignoring_pads):
-    l1, l2 = fn(narrow, b_out, 0.1).item(), fn(wide, wider_out, 0.1).item()
-    print(f"{fn.__name__:20} loss {l1:.4f} -> {l2:.4f} after adding PAD columns")
-assert abs(loss_ignoring_pads(narrow, b_out, 0.1) - loss_ignoring_pads(wide, wider_out, 0.1)) < 1e-5
+l1, l2 = loss_with_pads(narrow, b_out, 0.1).item(), loss_with_pads(wide, wider_out, 0.1).item()
+print(f"loss {l1:.4f} -> {l2:.4f} after adding PAD columns")
+assert abs(l1 - l2) > 1e-3
+
+# %% [markdown]
+# **Your fix.** `my_loss(logits, targets, eps)` is the label-smoothed loss over the **real** target positions
+# only: unchanged by extra PAD columns, and equal to the loss of the unpadded rows computed one by one.
+
+# %%
+def my_loss(logits, targets, eps):
+    # TODO: PAD targets must add nothing to the sum and nothing to the count
+    return label_smoothed_cross_entropy(logits, targets, eps)
+
+
+def self_check_loss(fn):
+    l_narrow, l_wide = fn(narrow, b_out, 0.1).item(), fn(wide, wider_out, 0.1).item()
+    real = b_out != PAD_ID
+    by_hand = label_smoothed_cross_entropy(narrow[real][None], b_out[real][None], 0.1).item()   # real positions only
+    ok = abs(l_narrow - l_wide) < 1e-5 and abs(l_narrow - by_hand) < 1e-5
+    print("✓ padding adds nothing" if ok else f"✗ not yet: {l_narrow:.4f} -> {l_wide:.4f} after padding")
+    return ok
+
+
+self_check_loss(my_loss)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): tell the loss which id to skip.
+def my_loss_reference(logits, targets, eps):
+    return label_smoothed_cross_entropy(logits, targets, eps, ignore_index=PAD_ID)
+
+
+assert self_check_loss(my_loss_reference)
 
 # %% [markdown]
 # **Optimizer and schedule.** Adam with β = (0.9, 0.98) and ε = 1e-9, and the Noam schedule of unit 00:
 # `lr(step) = factor · D^−½ · min(step^−½, step · warmup^−1.5)`. The learning rate rises linearly for
 # `warmup` steps, peaks at `factor · (D · warmup)^−½`, then decays as `step^−½`. We choose the **peak**
 # explicitly and derive the factor: for a peak of 1e-3 at D = 128 and warmup 400, the factor is
-# `1e-3 · √(128 · 400) = 0.22627` (F06.5).
+# `1e-3 · √(128 · 400)`, printed below.
 
 # %%
 factor_f065 = noam_factor_for_peak(1e-3, 128, 400)
@@ -464,15 +568,43 @@ def peak_lr_of(optimizer, scheduler, steps):
     return max(lrs)
 
 
-w = torch.nn.Parameter(torch.zeros(1))
-buggy_opt = torch.optim.Adam([w], lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-buggy = torch.optim.lr_scheduler.LambdaLR(buggy_opt, lambda e: noam_lambda(e + 1, D, cfg["warmup"]))
-fixed_opt = torch.optim.Adam([w], lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-fixed = make_noam_scheduler(fixed_opt, D, cfg["warmup"], factor)            # sets the base lr to the factor
-buggy_peak = peak_lr_of(buggy_opt, buggy, cfg["warmup"] + 5)
-fixed_peak = peak_lr_of(fixed_opt, fixed, cfg["warmup"] + 5)
-print(f"peak lr with base lr 1e-4: {buggy_peak:.2e}   with the factor as base lr: {fixed_peak:.2e}")
-assert buggy_peak < 1e-6 and abs(fixed_peak - cfg["peak_lr"]) / cfg["peak_lr"] < 1e-6
+def noam_setup_buggy(params):
+    opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda e: noam_lambda(e + 1, D, cfg["warmup"]))
+
+
+buggy_peak = peak_lr_of(*noam_setup_buggy([torch.nn.Parameter(torch.zeros(1))]), cfg["warmup"] + 5)
+print(f"peak lr with base lr 1e-4: {buggy_peak:.2e} (wanted {cfg['peak_lr']:.0e})")
+assert buggy_peak < 1e-6
+
+# %% [markdown]
+# **Your fix.** `noam_setup(params)` returns `(optimizer, scheduler)`: Adam with β = (0.9, 0.98), ε = 1e-9
+# and a `LambdaLR` over `noam_lambda`, whose peak learning rate is the profile's `peak_lr` (use `factor`).
+
+# %%
+def noam_setup(params):
+    # TODO: make the schedule's peak the one we chose
+    opt = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda e: noam_lambda(e + 1, D, cfg["warmup"]))
+
+
+def self_check_noam(setup):
+    got = peak_lr_of(*setup([torch.nn.Parameter(torch.zeros(1))]), cfg["warmup"] + 5)
+    ok = abs(got - cfg["peak_lr"]) / cfg["peak_lr"] < 1e-6
+    print(f"✓ peak lr {got:.2e}" if ok else f"✗ not yet: peak lr {got:.2e}, wanted {cfg['peak_lr']:.0e}")
+    return ok
+
+
+self_check_noam(noam_setup)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): LambdaLR multiplies the base lr, so the base lr must be the Noam factor.
+def noam_setup_reference(params):
+    opt = torch.optim.Adam(params, lr=factor, betas=(0.9, 0.98), eps=1e-9)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda e: noam_lambda(e + 1, D, cfg["warmup"]))
+
+
+assert self_check_noam(noam_setup_reference)
 
 # %% [markdown]
 # **The loop** (`llmcourse.train.seq2seq.train_translation`): sample a batch of random pairs, run the
@@ -525,8 +657,8 @@ for p, row in zip(sample, out.tolist()):
 # translate differently each time. The property to check: **two calls give the same output.**
 
 # %%
-def greedy_in_train_mode(model, src, max_len):
-    model.train()                                 # bug: dropout stays on
+def argmax_loop(model, src, max_len):
+    """Greedy tokens (B, max_len) in whatever mode the model is in (no EOS handling: a sketch)."""
     with torch.no_grad():
         sm = make_src_mask(src)
         memory = model.encode(src, sm)
@@ -538,13 +670,43 @@ def greedy_in_train_mode(model, src, max_len):
 
 
 torch.manual_seed(1)
-runs = [greedy_in_train_mode(model, s, 12) for _ in range(3)]
-print("train-mode decoding, identical runs:", all(torch.equal(runs[0], r) for r in runs[1:]))
-model.train()
-runs = [greedy_translate(model, s, 12) for _ in range(3)]
-print("greedy_translate, identical runs:   ", all(torch.equal(runs[0], r) for r in runs[1:]),
-      "| training mode restored:", model.training)
-assert all(torch.equal(runs[0], r) for r in runs[1:]) and model.training
+model.train()                                     # as it is in the middle of training
+runs = [argmax_loop(model, s, 12) for _ in range(3)]
+print("decoding in training mode, identical runs:", all(torch.equal(runs[0], r) for r in runs[1:]))
+
+# %% [markdown]
+# **Your fix.** `decode_fixed(model, src, max_len)` must return the same tokens on every call and leave
+# the model in the mode it found it.
+
+# %%
+def decode_fixed(model, src, max_len):
+    # TODO: no dropout while decoding; restore the mode afterwards
+    return argmax_loop(model, src, max_len)
+
+
+def self_check_decoding(fn):
+    model.train()
+    runs = [fn(model, s, 12) for _ in range(3)]
+    same = all(torch.equal(runs[0], r) for r in runs[1:])
+    ok = same and model.training
+    print("✓ deterministic, mode restored" if ok else
+          f"✗ not yet: identical runs {same}, model.training afterwards {model.training}")
+    return ok
+
+
+self_check_decoding(decode_fixed)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): switch dropout off for the call, then put the previous mode back.
+def decode_fixed_reference(model, src, max_len):
+    previous = model.training
+    try:
+        return argmax_loop(model.eval(), src, max_len)
+    finally:
+        model.train(previous)
+
+
+assert self_check_decoding(decode_fixed_reference) and self_check_decoding(greedy_translate)
 _ = model.eval()
 
 # %% [markdown]
@@ -559,7 +721,7 @@ _ = model.eval()
 # - precision `P_k = matches / hyp k-grams`, recall `R_k = matches / ref k-grams`; average over k;
 # - `chrF = 100 · (1 + β²) · P · R / (β² · P + R)` with β = 2, so recall counts twice as much as precision.
 #
-# We check the definition on fixtures worked out by hand (F06.3):
+# We check the definition on small cases worked out by hand:
 
 # %%
 fixtures = [
@@ -594,8 +756,71 @@ def chrf_sentence_average(hyps, refs):
 
 
 hyps, refs = ["the cat", "a dog"], ["the cat", "the dog"]
-print(f"sentence average {chrf_sentence_average(hyps, refs):.4f} vs corpus chrF {chrf(hyps, refs):.4f}")
-assert abs(chrf(hyps, refs) - 63.8322) < 1e-4 and abs(chrf_sentence_average(hyps, refs) - 63.8322) > 1
+print(f"sentence average {chrf_sentence_average(hyps, refs):.4f} vs the definition {63.8322}")
+assert abs(chrf_sentence_average(hyps, refs) - 63.8322) > 1
+
+# %% [markdown]
+# **Your fix.** `system_score(hyps, refs)` scores a whole test set by the definition (statistics summed over
+# the corpus). You may call `chrf`.
+
+# %%
+def system_score(hyps, refs):
+    # TODO: one corpus-level score
+    return chrf_sentence_average(hyps, refs)
+
+
+def self_check_system_score(fn):
+    got = fn(hyps, refs)
+    ok = abs(got - 63.8322) < 1e-4 and abs(fn(hyps * 3, refs * 3) - got) < 1e-9
+    print("✓ corpus-level" if ok else f"✗ not yet: {got:.4f}, the definition gives 63.8322")
+    return ok
+
+
+self_check_system_score(system_score)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): `chrf` already sums the statistics over every pair it is given.
+def system_score_reference(hyps, refs):
+    return chrf(list(hyps), list(refs))
+
+
+assert self_check_system_score(system_score_reference)
+
+# %% [markdown]
+# ### chrF in practice: sacrebleu, signatures, BLEU
+#
+# Published scores come from **sacrebleu**, which prints a *signature* with every score (its settings and
+# version) so that two numbers can be compared at all. Our `chrf` is the definition above; sacrebleu's
+# `CHRF(char_order=6, word_order=0, beta=2)` is the closest setting. On ordinary sentences the two agree:
+
+# %%
+import sacrebleu
+from sacrebleu.metrics import BLEU, CHRF
+
+sb_chrf = CHRF(char_order=6, word_order=0, beta=2)
+for hyp, ref, _ in fixtures:
+    ours_, theirs_ = chrf(hyp, ref), sb_chrf.corpus_score(hyp, [ref]).score
+    print(f"{str(hyp):28} ours {ours_:8.4f}  sacrebleu {theirs_:8.4f}")
+    assert abs(ours_ - theirs_) < 1e-4
+print("signature:", sb_chrf.get_signature())
+
+# %% [markdown]
+# They part ways on sentences **shorter than n characters**. sacrebleu's `eff:yes` ("effective order")
+# averages precision and recall only over the orders where both sides have k-grams (and it does not count
+# a sentence's hypothesis k-grams of an order its reference is too short for); the course's definition
+# keeps every order that has a k-gram on either side, so an order with reference k-grams and no hypothesis
+# k-grams counts with `P_k = R_k = 0`. The course's choice punishes a truncated output more:
+
+# %%
+short_ours, short_sb = chrf(["ab"], ["abcd"]), sb_chrf.corpus_score(["ab"], [["abcd"]]).score
+print(f'"ab" vs "abcd": ours {short_ours:.2f}, sacrebleu {short_sb:.2f}')
+assert abs(short_ours - short_sb) > 1
+
+# %% [markdown]
+# **BLEU** (word n-grams up to 4, a brevity penalty) is the other standard score. On Hindi it is harsh:
+# one wrong suffix makes the whole word, and every n-gram through it, wrong. Both metrics are corpus-level
+# and both are noisy on small test sets: the few hundred sentences we hold out can move a score by
+# several points when resampled (section 12 measures by how much).
 
 # %% [markdown]
 # Now score our model on held-out validation sentences (`chrf_sentences` of them; 0 means all):
@@ -684,6 +909,139 @@ viz.show_translation_box(big, big_src, big_tgt, demo_sentences)
 # "often the right words in roughly the right shape", not fluent Hindi. Real systems train on millions of
 # pairs with much larger models, plus beam search, subword regularisation and back-translation.
 #
+# ## 11. Beam search
+#
+# Greedy decoding commits to the single most likely token at every step. **Beam search** keeps the `k`
+# best prefixes (the *beam*) by total log-probability, extends each by its `k` best tokens, keeps the
+# best `k` of the `k²` candidates, and sets aside a prefix once it ends with EOS. At the end it returns
+# the finished hypothesis with the best log-probability **per token** (without that normalisation it
+# prefers short outputs, since every token adds a negative log-probability). With `k = 1` it is greedy
+# decoding, which we check first.
+
+# %%
+@torch.no_grad()
+def beam_translate(model, src, beam_size, max_len):
+    """One sentence: src (1, S) long -> (generated ids without SOS, total log-probability)."""
+    model.eval()
+    sm = make_src_mask(src)
+    memory = model.encode(src, sm)
+    beams, finished = [([SOS_ID], 0.0)], []
+    for _ in range(max_len):
+        ys = torch.tensor([toks for toks, _ in beams])
+        n = len(beams)
+        out = model.decode(ys, memory.expand(n, -1, -1), sm.expand(n, -1, -1, -1), make_tgt_mask(ys))
+        logp = model.projection(out[:, -1]).log_softmax(-1)
+        candidates = []
+        for (toks, score), row in zip(beams, logp):
+            top = row.topk(beam_size)
+            candidates += [(toks + [i], score + v) for v, i in zip(top.values.tolist(), top.indices.tolist())]
+        candidates.sort(key=lambda c: c[1], reverse=True)
+        beams = []
+        for toks, score in candidates[:beam_size]:
+            (finished if toks[-1] == EOS_ID else beams).append((toks, score))
+        if not beams:
+            break
+    best = max(finished + beams, key=lambda c: c[1] / (len(c[0]) - 1))
+    return best[0][1:], best[1]
+
+
+beam_model, beam_src_tok, beam_tgt_tok = big, big_src, big_tgt
+n_beam = min(len(test_pairs), n_eval // 3)   # beam search in Python is slow: a third of the scored sentences
+beam_sample = test_pairs[:n_beam]
+src_rows = [torch.tensor([x]) for x, _ in encode_pairs(beam_sample, beam_src_tok, beam_tgt_tok)]
+for row in src_rows[:5]:
+    g_ids = greedy_translate(beam_model, row[:, : beam_model.max_len], beam_model.max_len)[0].tolist()
+    g_ids = g_ids[: g_ids.index(EOS_ID) + 1] if EOS_ID in g_ids else g_ids
+    assert beam_translate(beam_model, row[:, : beam_model.max_len], 1, beam_model.max_len)[0] == g_ids
+print("beam size 1 reproduces greedy decoding on 5 sentences")
+
+# %%
+t0 = time.perf_counter()
+results = {}
+for k in (1, 4):
+    outs = [beam_translate(beam_model, row[:, : beam_model.max_len], k, beam_model.max_len) for row in src_rows]
+    hyps_k = [beam_tgt_tok.decode([i for i in toks if i != EOS_ID]) for toks, _ in outs]
+    logp_per_token = sum(lp for _, lp in outs) / sum(len(toks) for toks, _ in outs)
+    results[k] = (chrf(hyps_k, [p.hi for p in beam_sample]), logp_per_token, hyps_k)
+    print(f"beam {k}: chrF {results[k][0]:.1f}, mean log-probability per token {logp_per_token:.3f}")
+print(f"({n_beam} test sentences, {time.perf_counter() - t0:.1f} s)")
+assert results[4][1] >= results[1][1] - 0.05
+changed = sum(a != b for a, b in zip(results[1][2], results[4][2]))
+print(f"beam 4 changes {changed} of {n_beam} translations")
+
+# %% [markdown]
+# The beam finds outputs the model itself prefers (a higher log-probability per token, printed above);
+# whether chrF follows depends on how well the model's probabilities match good Hindi, and for a model
+# this small the gain is small or absent. Production systems use beams of 4–10 with a tuned length
+# penalty; large language models mostly sample instead (unit 09).
+#
+# ## 12. The held-out test split, and how noisy a score is
+#
+# Every choice so far (steps, merges, the threshold of the self-check) looked at the **validation** split.
+# The **test** split, 5 % of the pairs set aside in section 1, is scored once, here, for the shipped model.
+# To see how much a score of a few hundred sentences can be trusted, we resample the test sentences with
+# replacement (a bootstrap) and look at the spread of chrF.
+
+# %%
+test_chrf, test_hyps = evaluate_chrf(big, test_pairs, big_src, big_tgt, big.max_len, limit=n_eval)
+test_refs = [p.hi for p in test_pairs[: len(test_hyps)]]
+print(f"test split: {len(test_hyps)} sentences, chrF {test_chrf:.1f} (validation: {big_chrf:.1f})")
+print("sacrebleu chrF :", sb_chrf.corpus_score(test_hyps, [test_refs]))
+bleu = BLEU()
+print("sacrebleu BLEU :", bleu.corpus_score(test_hyps, [test_refs]))
+print("BLEU signature :", bleu.get_signature())
+boot = torch.Generator().manual_seed(0)
+resampled = []
+for _ in range(100):
+    idx = torch.randint(len(test_hyps), (len(test_hyps),), generator=boot).tolist()
+    resampled.append(chrf([test_hyps[i] for i in idx], [test_refs[i] for i in idx]))
+resampled = torch.tensor(resampled)
+lo, hi = torch.quantile(resampled, torch.tensor([0.025, 0.975])).tolist()
+print(f"bootstrap over 100 resamples: chrF {resampled.mean():.1f} ± {resampled.std():.1f} (95% of resamples "
+      f"in [{lo:.1f}, {hi:.1f}])")
+
+# %% [markdown]
+# Two systems whose test scores differ by less than that spread cannot be told apart on this test set.
+#
+# ## Extension (open-ended, not graded): weight tying
+#
+# The 2017 Transformer shares one matrix between the target embedding and the output projection (and,
+# with a joint vocabulary, the source embedding too), and in the same section multiplies the embeddings
+# by √D. The paper gives no reason for the scale; a common explanation is the tying: a matrix that is
+# initialised small enough to give sensible logits gives embeddings far smaller than the positional
+# encoding, and ×√D restores the balance. The numbers for our initialisation:
+
+# %%
+torch.manual_seed(0)
+tied = Transformer(src_tok.vocab_size, tgt_tok.vocab_size, d_model=D, num_heads=4, d_ff=512, n_enc=2, n_dec=2,
+                   max_len=cfg["max_len"], dropout=0.1)
+tied.projection.proj.weight = tied.tgt_embed.embedding.weight          # one (V_tgt, D) matrix, two uses
+W = tied.tgt_embed.embedding.weight.detach()
+with torch.no_grad():
+    h = tied.decoder.norm(torch.randn(64, D))                          # unit-RMS states, as the decoder emits
+    logit_rms = rms(h @ W.T)
+print(f"table entries RMS {rms(W):.4f}; embedding ×√D RMS {rms(W) * math.sqrt(D):.3f} vs PE RMS {pe_rms:.3f}; "
+      f"without ×√D: {rms(W) / pe_rms:.3f}× the PE")
+print(f"tied logits from unit-RMS states: RMS {logit_rms:.3f} (a near-uniform start, initial loss ≈ ln V)")
+saved = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in tied.parameters())
+print(f"parameters saved by tying: {saved:,} = V_tgt·D = {tgt_tok.vocab_size * D:,}")
+
+
+def self_check_tying(m):
+    ok = m.projection.proj.weight is m.tgt_embed.embedding.weight
+    print("✓ projection and target embedding share one matrix" if ok else "✗ not yet: two separate matrices")
+    return ok
+
+
+assert self_check_tying(tied)
+
+# %% [markdown]
+# Your turn: train `tied` with `train_translation` and the settings of section 7 (the same seed), then
+# compare its validation loss and chrF with the untied model of this lesson. Does tying help a model
+# this small, with separate English and Hindi vocabularies? Try also dropping the ×√D scale of the tied
+# model (a subclass of `InputEmbeddings`), and tying the source embedding too after training one joint
+# BPE for both languages.
+#
 # ## Summary
 #
 # - An encoder–decoder Transformer is an encoder stack over the source (padding mask only), a decoder
@@ -693,3 +1051,5 @@ viz.show_translation_box(big, big_src, big_tgt, demo_sentences)
 # - Train with teacher forcing, label-smoothed cross-entropy that ignores PAD, Adam (0.9, 0.98, 1e-9)
 #   and the Noam schedule with its factor set explicitly.
 # - Decode greedily in eval mode, stop rows at EOS, and score with corpus-level chrF.
+# - Beam search finds outputs the model prefers; it helps a tiny model little. Report scores with their
+#   signature, on the test split once, with their bootstrap spread.

@@ -59,7 +59,7 @@ model = Transformer(en_tok.vocab_size, hi_tok.vocab_size, recipe["d_model"], rec
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters; vocabularies {en_tok.vocab_size} / {hi_tok.vocab_size}")
 
 # %% [markdown]
-# Training, with a progress bar. With live widgets (the `laptop` profile) the monitor (W06.2) is redrawn at
+# Training, with a progress bar. With live widgets (the `laptop` profile) the training monitor is redrawn at
 # every evaluation, every 100 steps; under `ci` the final curves are shown after training.
 
 # %% tags=["nbval-ignore-output"]
