@@ -56,9 +56,10 @@ cfg = llmcourse.setup_notebook("06")
 # - The source mask is a **key** mask: it must broadcast over heads and queries, hence the two
 #   singleton axes in the middle. It serves both the encoder's self-attention and the decoder's
 #   cross-attention.
-# - The target mask combines the same key-padding mask of `tgt_in` with `causal_mask(T)` (use `&`).
+# - The target mask allows a key only if it is a real token of `tgt_in` **and** not in the future
+#   (`causal_mask(T)`, unit 00).
 #
-# Example (F06.1): `make_tgt_mask(torch.tensor([[1, 8, 9, 0]]))[0, 0]` has rows `[T,F,F,F]`,
+# Example: `make_tgt_mask(torch.tensor([[1, 8, 9, 0]]))[0, 0]` has rows `[T,F,F,F]`,
 # `[T,T,F,F]`, `[T,T,T,F]`, `[T,T,T,F]`. Note that no row is empty: the PAD query still sees SOS.
 
 # %% tags=["solution:06.make_masks"]
@@ -88,7 +89,7 @@ assert m.flatten().tolist() == [True, True, True, False, False], f"got {m.flatte
 tm = make_tgt_mask(torch.tensor([[1, 8, 9, 0]]))
 assert tm.shape == (1, 1, 4, 4), f"the target mask has shape (B, 1, T, T) = (1, 1, 4, 4), got {tuple(tm.shape)}"
 expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
-assert torch.equal(tm[0, 0], expected), f"F06.1: expected\n{expected.int()}\ngot\n{tm[0, 0].int()}"
+assert torch.equal(tm[0, 0], expected), f"expected\n{expected.int()}\ngot\n{tm[0, 0].int()}"
 assert tm.any(-1).all(), "every row must keep at least one key"
 print("visible tests passed")
 
@@ -106,7 +107,7 @@ print("visible tests passed")
 #   `y' + [EOS]` (what it must predict, one step ahead: teacher forcing);
 # - right-pad every row with `pad_id` to the longest row of its tensor. Return three `torch.long` tensors.
 #
-# Example (F06.2): pairs `([5,6,7],[8,9])` and `([5],[8,9,10,11])`, `max_len=8` give
+# Example: pairs `([5,6,7],[8,9])` and `([5],[8,9,10,11])`, `max_len=8` give
 # `src = [[5,6,7],[5,0,0]]`, `tgt_in = [[1,8,9,0,0],[1,8,9,10,11]]`, `tgt_out = [[8,9,2,0,0],[8,9,10,11,2]]`.
 
 # %% tags=["solution:06.make_translation_batch"]
@@ -272,14 +273,12 @@ print("visible tests passed")
 # greedy_translate(model, src, max_len, sos_id=1, eos_id=2, pad_id=0) -> (B, L) long
 # ```
 #
-# - Remember `was_training = model.training`, switch to `model.eval()`, and restore the mode at the end
-#   (`model.train(was_training)`), so dropout never makes a translation random.
-# - Encode `src` **once** (`model.encode(src, make_src_mask(src, pad_id))`).
-# - Start every row with `[SOS]`. At each step decode the whole prefix, project the **last** position
-#   with `model.projection` and append the argmax.
-# - A row that has produced EOS is finished: from then on append `pad_id` to it. Stop when every row is
-#   finished or after `max_len` generated tokens.
-# - Return the generated tokens **without** the leading SOS: shape `(B, L)`, `L ≤ max_len`.
+# - Each generated token is the argmax of the model's next-token logits (`model.projection` of the
+#   decoder output) given `[SOS]` and the tokens generated before it; the source is encoded **once**.
+# - A row ends at its first EOS (included); afterwards it holds `pad_id`. Generation stops when every row
+#   has ended or after `max_len` generated tokens.
+# - Returns the generated tokens **without** `[SOS]`: `(B, L)` long, `L ≤ max_len`.
+# - Dropout never makes a translation random (eval mode), and the model is left in the mode it was in.
 
 # %% tags=["solution:06.greedy_translate"]
 @torch.no_grad()
@@ -344,7 +343,7 @@ print("visible tests passed")
 #
 # Sum the statistics over the corpus **before** dividing; averaging sentence scores gives a different number.
 #
-# Examples (F06.3): `chrf(["the cat sat"], ["the cat sat on the mat"])` = 49.5935; the reverse = 79.7386;
+# Examples: `chrf(["the cat sat"], ["the cat sat on the mat"])` = 49.5935; the reverse = 79.7386;
 # `chrf(["the cat", "a dog"], ["the cat", "the dog"])` = 63.8322.
 
 # %% tags=["solution:06.chrf"]
@@ -381,10 +380,10 @@ from grader import grade; grade("06.chrf")  # noqa: E702
 ### END HIDDEN TESTS
 assert abs(chrf(["the cat sat"], ["the cat sat"]) - 100.0) < 1e-6, "identical sentences must score 100"
 assert abs(chrf(["the cat sat"], ["the cat sat on the mat"]) - 49.5935) < 1e-4, \
-    f"F06.3: expected 49.5935, got {chrf(['the cat sat'], ['the cat sat on the mat']):.4f}"
+    f"expected 49.5935, got {chrf(['the cat sat'], ['the cat sat on the mat']):.4f}"
 assert abs(chrf(["a b"], ["ab"]) - 100.0) < 1e-6, "chrF ignores whitespace"
 two = chrf(["the cat", "a dog"], ["the cat", "the dog"])
-assert abs(two - 63.8322) < 1e-4, f"F06.3 (two sentences): expected 63.8322, got {two:.4f}; sum statistics first"
+assert abs(two - 63.8322) < 1e-4, f"two sentences: expected 63.8322, got {two:.4f}; sum statistics first"
 print("visible tests passed")
 
 # %% [markdown]
