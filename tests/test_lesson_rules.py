@@ -38,8 +38,6 @@ KNOWN_FAILING: set[str] = {
     "ids:03",
     "ids:04",
     "ids:05",
-    "ids:06",
-    "ids:07",
 }
 
 WINDOW = 3  # consecutive normalised logical lines that count as a copy
