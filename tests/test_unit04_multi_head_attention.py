@@ -328,3 +328,30 @@ def test_head_viewer_static_and_live():
     tq = live3.children[1].children[0]
     tq.value = 7  # T_q > T_k is pulled back into range
     assert live3.children[1].children[1].value == 7
+
+
+def test_model_head_weights_match_a_recomputation_from_the_trained_weights():
+    """The trained head viewer's maps: layer 0 recomputed by hand from the model's embeddings, norm1 and
+    the query/key projections (torch's softmax and an explicit causal mask), for every head."""
+    from llmcourse.train.char_model import load_gpt_char_tiny
+
+    model, tok = load_gpt_char_tiny(retrain=False, verbose=False)
+    ids = tok.encode("ROMEO:\nBut soft")
+    w = V.model_head_weights(model, ids)
+    n_layers, heads = len(model.blocks), model.blocks[0].attn.num_heads
+    t = len(ids)
+    assert w.shape == (n_layers, heads, t, t)
+    assert not any(b.attn.store_weights for b in model.blocks)          # switched back off
+    with torch.no_grad():
+        x = model.tok_emb(torch.tensor([ids])) + model.pos_emb(torch.arange(t))
+        h = model.blocks[0].norm1(x)
+        a = model.blocks[0].attn
+        hd = a.head_dim
+        q = a.W_query(h).view(1, t, heads, hd).transpose(1, 2)
+        k = a.W_key(h).view(1, t, heads, hd).transpose(1, 2)
+        s = (q @ k.transpose(-2, -1) / math.sqrt(hd)).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+        expected = torch.softmax(s, -1)[0]
+    assert torch.allclose(w[0], expected, atol=1e-5)
+    assert isinstance(V.show_trained_head_viewer(model, tok, "ROMEO:\nBut soft", static=True), StaticFigure)
+    with pytest.raises(ValueError, match="empty"):
+        V.model_head_weights(model, [])

@@ -31,7 +31,7 @@ from .attention import _controls_box, _default_sentence, _heatmap, sentence_toke
 from .base import figure, live_or_static, redrawing_output
 
 __all__ = [
-    "head_viewer_weights", "draw_head_viewer", "show_head_viewer",
+    "head_viewer_weights", "draw_head_viewer", "show_head_viewer", "model_head_weights", "show_trained_head_viewer",
     "f044_context", "merge_layout", "draw_merge_layout", "show_merge_visualiser",
     "mask_translation", "draw_mask_translation", "show_mask_translator",
 ]
@@ -88,7 +88,7 @@ def head_viewer_weights(ids, n_layers: int = 2, num_heads: int = 4, d_model: int
     return torch.stack(out)
 
 
-def draw_head_viewer(tokens, weights: Tensor, layer: int = 0, head: int | str = "all"):
+def draw_head_viewer(tokens, weights: Tensor, layer: int = 0, head: int | str = "all", kind: str = "untrained, seeded"):
     """W04.1 for one setting: one head's ``(T, T)`` map, or (``head="all"``) a grid of the layer's heads."""
     n_layers, n_heads = weights.shape[:2]
     if not 0 <= layer < n_layers:
@@ -112,8 +112,82 @@ def draw_head_viewer(tokens, weights: Tensor, layer: int = 0, head: int | str = 
     fig, ax = figure(figsize=(8, 7))
     im = _heatmap(ax, weights[layer, h].numpy(), labels, labels, annotate=False)
     fig.colorbar(im, ax=ax, shrink=0.8, label="attention weight")
-    ax.set_title(f"layer {layer}, head {h} (untrained, seeded)", fontsize=10)
+    ax.set_title(f"layer {layer}, head {h} ({kind})", fontsize=10)
     return fig
+
+
+def model_head_weights(model, ids) -> Tensor:
+    """Attention weights of every head of a trained GPT-style model on one sequence.
+
+    ``model`` has ``model.blocks[l].attn``, each a :class:`~llmcourse.nn.MultiHeadAttention` (as
+    :class:`~llmcourse.models.gpt2.GPT2Model`); the forward pass runs under ``no_grad`` with
+    ``store_weights`` switched on and restored afterwards. ``ids``: ``T`` token ids, ``1 ≤ T ≤`` the
+    model's context length.
+
+    Returns:
+        ``(n_layers, num_heads, T, T)`` float32 weights (post-softmax, the model's own causal mask).
+
+    Raises:
+        ValueError: empty ``ids``.
+    """
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ValueError("ids is empty: pass at least one token id")
+    attns = [blk.attn for blk in model.blocks]
+    saved = [a.store_weights for a in attns]
+    was_training = model.training
+    try:
+        model.eval()
+        for a in attns:
+            a.store_weights = True
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+        return torch.stack([a.last_weights[0].float().cpu() for a in attns])
+    finally:
+        for a, s_ in zip(attns, saved):
+            a.store_weights = s_
+        model.train(was_training)
+
+
+def show_trained_head_viewer(model, tokenizer, text: str, max_chars: int = 48, static: bool | None = None):
+    """The head viewer on a **trained** model: text box, layer and head selectors (no causal toggle: the
+    model's own causal mask applies). ``tokenizer`` has ``encode``/``decode`` (e.g. the character
+    tokenizer of the course's trained character GPT); the text is cut to ``max_chars`` tokens.
+    Static fallback: the grid of layer 0's heads.
+    """
+    n_layers, num_heads = len(model.blocks), model.blocks[0].attn.num_heads
+
+    def tokens_of(t):
+        ids = tokenizer.encode(t)[:max_chars]
+        return ids, [tokenizer.decode([i]) for i in ids]
+
+    def draw(text=text, layer=0, head="all"):
+        ids, toks = tokens_of(text if text.strip() else " ")
+        return draw_head_viewer(toks, model_head_weights(model, ids), layer, head, kind="trained")
+
+    def build_live():
+        import ipywidgets as widgets
+
+        box = widgets.Text(value=text, description="text", continuous_update=False,
+                           layout=widgets.Layout(width="60%"))
+        layer = widgets.Dropdown(options=list(range(n_layers)), value=0, description="layer")
+        head = widgets.Dropdown(options=["all"] + list(range(num_heads)), value="all", description="head")
+        for w, cls in ((box, "sentence"), (layer, "layer"), (head, "head")):
+            w.add_class(f"llmcourse-{cls}")
+        out, update = redrawing_output(draw)
+
+        def redraw(_=None):
+            update(text=box.value, layer=layer.value, head=head.value)
+
+        for c in (box, layer, head):
+            c.observe(redraw, names="value")
+        redraw()
+        header = (f"<b>Per-head attention maps of a trained model</b>: {n_layers} layers × {num_heads} heads, "
+                  f"first {max_chars} characters")
+        return _controls_box([box, layer, head], out, header=header)
+
+    return live_or_static("W04.1t", build_live, lambda: draw(), static,
+                          caption=f"Layer 0, all {num_heads} heads of the trained model.")
 
 
 def show_head_viewer(text: str | None = None, max_tokens: int = 16, n_layers: int = 2, num_heads: int = 4,

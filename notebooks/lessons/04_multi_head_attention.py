@@ -83,15 +83,35 @@ tokens = [enc.decode([i]) for i in ids]
 print(len(ids), "tokens:", tokens)
 
 # %% [markdown]
-# The widget below runs this sentence through a small stack of **untrained, seeded**
-# `MultiHeadAttention` layers (2 layers × 4 heads, `d_model = 64`, random token embeddings plus the
-# sinusoidal positions of unit 02). Nothing here was trained, so do not read linguistics into the
-# patterns. What it shows is structural: every head computes its own `(T, T)` map from its own slice
-# of the projections, and with the same input the four maps are different. Switch layers and heads;
-# type your own sentence; turn the causal mask off to see the upper triangle fill in.
+# What do several heads do in a **trained** model? The course ships a small character-level GPT trained
+# on Shakespeare (4 layers × 4 heads, `d_model = 128`; you build this model in unit 08 and train one
+# like it in unit 10; here it is a black box whose attention layers are this unit's
+# `MultiHeadAttention`). It reads characters, not GPT-2 tokens, so we feed it a line of Shakespeare and
+# measure, for every head, the mean weight its queries put on the key 0, 1 and 2 characters back.
+
+# %%
+from llmcourse.train.char_model import load_gpt_char_tiny  # noqa: E402
+
+char_gpt, char_tok = load_gpt_char_tiny()
+line = "ROMEO:\nBut soft, what light through yonder window breaks?"
+w_heads = viz.model_head_weights(char_gpt, char_tok.encode(line))       # (layers, heads, T, T)
+print("weights:", tuple(w_heads.shape), "(layers, heads, queries, keys)")
+profile = torch.stack([w_heads.diagonal(-d, dim1=-2, dim2=-1).mean(-1) for d in range(3)], dim=-1)  # (L, H, 3)
+for layer in range(profile.shape[0]):
+    print(f"layer {layer}: mean weight at distance 0/1/2 per head:",
+          [[round(v, 2) for v in profile[layer, hh].tolist()] for hh in range(profile.shape[1])])
+spread = (profile.amax(1) - profile.amin(1)).max().item()
+print(f"largest difference between two heads of one layer at one distance: {spread:.2f}")
+assert torch.allclose(w_heads.sum(-1), torch.ones(w_heads.shape[:-1]), atol=1e-5) and spread > 0.05
+
+# %% [markdown]
+# The heads of one layer do not agree: with the same input, some concentrate near the diagonal (the
+# current or previous character), others spread their weight over the line. Explore them below: pick a
+# layer and a head, or type your own text (at most 48 characters are shown). The model's own causal mask
+# applies, so the upper triangle stays empty.
 
 # %% tags=["nbval-ignore-output"]
-viz.show_head_viewer(text=sentence)
+viz.show_trained_head_viewer(char_gpt, char_tok, line)
 
 # %% [markdown]
 # ## 2. The simple way: a list of heads
@@ -717,3 +737,36 @@ assert crossover == 2 * d_model
 #
 # Next, in unit 05, `MultiHeadAttention` goes inside a Transformer block with LayerNorm, a feed-forward
 # network and residual connections.
+
+# %% [markdown]
+# ## Extension (ungraded, open-ended): which heads matter?
+#
+# A common way to ask what a head does is to **ablate** it: zero its context before the output
+# projection and see how the layer's output changes. Write `ablate_head(mha, x, head)`: the output of the
+# causal `MultiHeadAttention` `mha` on `x` when head `head`'s context is replaced by zeros (the other heads
+# unchanged). Then explore: which head's ablation moves the output most, and does the answer depend on the
+# input? The self-check tests one property that any correct ablation has: because `out_proj` is linear,
+# the changes caused by ablating each head one at a time add up to the output minus `out_proj.bias`.
+# (It prints "not attempted" while `ablate_head` is a stub.)
+
+# %%
+def ablate_head(mha, x, head):
+    return None   # your code: (B, T, d_out), the output with this head's context set to zero
+
+
+def self_check_ablation():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 8, num_heads=4, causal=True, context_length=6).eval()
+    x = torch.randn(2, 6, 8)
+    with torch.no_grad():
+        full = m(x)
+        ablated = [ablate_head(m, x, hh) for hh in range(4)]
+    if any(a is None for a in ablated):
+        print("not attempted (optional)")
+        return
+    total = sum(full - a for a in ablated)
+    ok = torch.allclose(total, full - m.out_proj.bias, atol=1e-5)
+    print("✓ the head ablations add up" if ok else "✗ the changes do not add up to output − out_proj.bias")
+
+
+self_check_ablation()
