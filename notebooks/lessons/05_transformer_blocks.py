@@ -34,6 +34,8 @@
 # %%
 import math
 
+import matplotlib.pyplot as plt
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -444,6 +446,92 @@ assert prof["pre"]["rms"][-1] > prof["pre"]["rms"][0]             # pre-LN: the 
 viz.show_pre_post_ln()
 
 # %% [markdown]
+# **Warmup, measured.** The claim "post-LN needs a warmup" is about training, so we train. Three copies
+# of the same small character-level language model (6 blocks, $D = 32$, 4 heads, causal mask, token +
+# learned position embeddings, on the first 200,000 characters of tinyshakespeare) start from identical
+# weights and see identical batches under Adam with a deliberately large learning rate: post-LN without
+# warmup, post-LN with a linear warmup, and pre-LN without warmup. We compare the mean training loss of
+# the last 20 steps. (Sizes come from `course.toml`; under the `ci` profile the run is far too short to
+# mean anything and only checks that the code works.)
+
+# %%
+from tqdm.auto import tqdm  # noqa: E402
+
+text_ws = llmcourse.load_text("tinyshakespeare")[:200_000]
+chars_ws = sorted(set(text_ws))
+data_ws = torch.tensor([chars_ws.index(c) for c in text_ws])
+T_ws, B_ws, D_ws = 32, 16, 32
+
+
+class TinyCharLM(nn.Module):
+    """Embeddings, a stack of causal EncoderBlocks (pre- or post-LN), a final norm for pre-LN, a linear head."""
+
+    def __init__(self, norm_first, layers):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(len(chars_ws), D_ws), nn.Embedding(T_ws, D_ws)
+        self.blocks = nn.ModuleList([EncoderBlock(D_ws, 4, 4 * D_ws, dropout=0.0, norm_first=norm_first)
+                                     for _ in range(layers)])
+        self.final = LayerNorm(D_ws) if norm_first else nn.Identity()
+        self.head = nn.Linear(D_ws, len(chars_ws))
+
+    def forward(self, ids):
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        for blk in self.blocks:
+            h = blk(h, mask=causal_mask(ids.shape[1]))
+        return self.head(self.final(h))
+
+
+def train_run(norm_first, warmup, steps=cfg["warmup_demo_steps"], lr=cfg["warmup_demo_lr"]):
+    torch.manual_seed(0)
+    model = TinyCharLM(norm_first, cfg["warmup_demo_layers"])
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, len(data_ws) - T_ws - 1, (B_ws,), generator=g)
+        xb = torch.stack([data_ws[i:i + T_ws] for i in starts])
+        yb = torch.stack([data_ws[i + 1:i + T_ws + 1] for i in starts])
+        loss = F.cross_entropy(model(xb).flatten(0, 1), yb.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+runs = {}
+settings = [("post-LN, no warmup", False, 0), ("post-LN, warmup", False, cfg["warmup_demo_warmup"]),
+            ("pre-LN, no warmup", True, 0)]
+for name, norm_first, warmup in tqdm(settings, desc="training runs"):
+    runs[name] = train_run(norm_first, warmup)
+final_loss = {name: sum(ls[-20:]) / len(ls[-20:]) for name, ls in runs.items()}
+for name, v in final_loss.items():
+    print(f"{name:20s}: mean loss of the last 20 steps {v:.3f}")
+best = min(final_loss, key=final_loss.get)
+gain = final_loss["post-LN, no warmup"] - final_loss["post-LN, warmup"]
+print(f"lowest: {best}. Warmup {'lowered' if gain > 0 else 'did not lower'} post-LN's final loss "
+      f"(by {gain:+.3f}); pre-LN without warmup {'matched or beat' if final_loss['pre-LN, no warmup'] <= final_loss['post-LN, warmup'] else 'stayed above'} post-LN with warmup.")
+
+# %% tags=["nbval-ignore-output"]
+fig, ax = plt.subplots(figsize=(6.5, 3.4))
+for name, ls in runs.items():
+    smooth = torch.tensor(ls).unfold(0, 10, 1).mean(1) if len(ls) >= 10 else torch.tensor(ls)
+    ax.plot(smooth.numpy(), label=name)
+ax.set_xlabel("step")
+ax.set_ylabel("training loss (10-step mean)")
+ax.set_title(f"lr {cfg['warmup_demo_lr']:g}, {cfg['warmup_demo_layers']} blocks, profile '{cfg['name']}'")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# What to look for: does warmup lower post-LN's final loss, and does pre-LN without any warmup do at least
+# as well? That is the pattern Xiong et al. analyse; the cell above prints the answer for your profile.
+# The gap is small at this size and depends on the learning rate and the seed; try a larger `lr` in
+# `train_run` and watch post-LN without warmup stall near the unigram loss while pre-LN keeps learning.
+
+# %% [markdown]
 # ### Spot the bug: a pre-LN stack without its final norm
 #
 # A pre-LN stack whose last block feeds the output layer directly hands it an un-normalised stream
@@ -769,3 +857,37 @@ assert viz.block_cost(100, 512, 2048)["attention"] == 2 * 100**2 * 512
 # * The model ends in a projection to **logits**.
 #
 # Next, unit 06 stacks these blocks into a full encoder–decoder Transformer and trains it to translate.
+
+# %% [markdown]
+# ## Extension (ungraded, open-ended): reading the residual stream
+#
+# In a pre-LN stack every sublayer only **adds** to the stream, so the final stream (before the final
+# norm) is the input plus one contribution per sublayer. Write `contributions(blocks, x)`: for a list of
+# pre-LN `EncoderBlock`s in `eval()` mode and no mask, return the list of the `2·len(blocks)` tensors that
+# the attention and FFN sublayers add, in order (each block has `norm1`, `self_attn`, `norm2`, `ffn`).
+# Then explore: which sublayers contribute most (by RMS) at initialisation, and why is there no such
+# decomposition for a post-LN stack? The self-check verifies that the input plus your contributions
+# rebuilds the stream (it prints "not attempted" while `contributions` is a stub).
+
+# %%
+def contributions(blocks, x):
+    return None   # your code: a list of 2 * len(blocks) tensors shaped like x
+
+
+def self_check_contributions():
+    torch.manual_seed(12)
+    blocks = [EncoderBlock(16, 4, 32, dropout=0.0, norm_first=True).eval() for _ in range(3)]
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        parts = contributions(blocks, x)
+        h = x
+        for blk in blocks:
+            h = blk(h)
+    if parts is None:
+        print("not attempted (optional)")
+        return
+    ok = len(parts) == 6 and torch.allclose(x + sum(parts), h, atol=1e-5)
+    print("✓ input + contributions = the stream" if ok else "✗ the contributions do not rebuild the stream")
+
+
+self_check_contributions()
