@@ -244,7 +244,7 @@ def generate_cached(model, idx, max_new_tokens, eos_id=None):
 from grader import grade; grade("12.generate_cached")  # noqa: E702
 ### END HIDDEN TESTS
 prompt = torch.randint(0, tiny.vocab_size, (2, 6))
-n_new = cfg["check_tokens"]
+n_new = cfg["exercise_tokens"]
 cached_out = generate_cached(mine, prompt, n_new)
 uncached_out = prompt
 with torch.no_grad():
@@ -338,7 +338,7 @@ except FileNotFoundError:   # without the asset: the seeded random model of the 
     start_ids = prompt[:1]
 fast = Llama3Model(char_model.cfg).eval()
 fast.load_state_dict(char_model.state_dict())
-n_new = min(cfg["check_tokens"], char_model.cfg.context_length - start_ids.shape[1])
+n_new = min(cfg["exercise_tokens"], char_model.cfg.context_length - start_ids.shape[1])
 t0 = time.perf_counter()
 with_cache = generate_cached(fast, start_ids, n_new)
 t1 = time.perf_counter()
