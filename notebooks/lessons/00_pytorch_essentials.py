@@ -391,7 +391,7 @@ for name, t in [("tril(0)", ones.tril(0)), ("tril(-1)", ones.tril(-1)), ("triu(1
 # are only the last `t_q` of `t_k` positions (generation with a cache), query row `i` sits at absolute position `offset + i` with
 # `offset = t_k − t_q`, and key `j` is allowed iff `j ≤ offset + i`. That is
 # `torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=offset)`. `llmcourse.causal_mask` is the single
-# source of causal masks in the course (you write it in the exercises). Three small cases:
+# source of causal masks in the course (you write it in the exercises). A few cases:
 
 # %%
 m35 = llmcourse.causal_mask(3, 5)

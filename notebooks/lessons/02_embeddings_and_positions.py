@@ -567,11 +567,19 @@ show_position_similarity()
 # **About longer sequences.** The formula is defined for any position, and the values stay in `[−1, 1]` (R3). That
 # does *not* mean a model trained on short sequences works on long ones: beyond the training length the slow pairs
 # reach angles, and the pairs together reach combinations, that training never showed. For `D = 768` trained on
-# 1,024 positions, pair 250's cosine never went below −0.83; at position 2,047 it is +0.37 again, paired with fast
-# dimensions in new combinations. Whether a trained model generalises to such inputs is an empirical question, and
-# in practice models with this encoding degrade beyond their training length. The table extends; the model's
-# competence does not automatically follow (Press et al., 2022, measure this for several position methods).
-#
+# 1,024 positions, the cell below prints the lowest value pair 250's cosine took in training and its value at
+# position 2,047, where it sits next to fast dimensions in combinations never seen. Whether a trained model
+# generalises to such inputs is an empirical question, and in practice models with this encoding degrade beyond
+# their training length. The table extends; the model's competence does not automatically follow (Press et al.,
+# 2022, measure this for several position methods).
+
+# %%
+cos_250 = sinusoidal_pe(2048, 768)[:, 2 * 250 + 1]
+print(f"pair 250's cosine: lowest over positions 0-1023 {cos_250[:1024].min().item():+.2f}, "
+      f"at position 2047 {cos_250[2047].item():+.2f}")
+assert cos_250[2047] > cos_250[:1024].min() + 1.0
+
+# %% [markdown]
 # ## 8. `PositionalEncoding`: a buffer, and dropout on the sum
 #
 # The table is fixed, so it is not a parameter. It still has to move with the module (`.to("cuda")`,
