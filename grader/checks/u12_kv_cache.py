@@ -345,10 +345,9 @@ def check_generate_cached(t):
         plain = _plain_model(c, state)
         if chars is None:
             prompts = [torch.randint(0, c["vocab_size"], (2, 6), generator=g),
-                       torch.randint(0, c["vocab_size"], (3, 9), generator=g)]
-        else:
-            prompts = [T([[chars.index(ch) for ch in "ROMEO:"]]),
-                       T([[chars.index(ch) for ch in s] for s in ("JULIET:\n", "KING RIC")])]
+                       torch.randint(0, c["vocab_size"], (2, 9), generator=g)]
+        else:   # the same batch size twice: a cache kept from the first prompt shows up as wrong tokens
+            prompts = [T([[chars.index(ch) for ch in "ROMEO:"]]), T([[chars.index(ch) for ch in "JULIET:\n"]])]
         probe = _gen_probe(c, state, prompts, n)
         got = t.run(probe)
         for j, (p, out) in enumerate(zip(prompts, got["out"])):
