@@ -422,3 +422,19 @@ def test_live_dropout_reseed(recorder):
 ])
 def test_draw_functions_return_figures(draw, kwargs):
     assert isinstance(draw(**kwargs), Figure)
+
+
+def test_sentence_attention_with_own_tokens_shows_the_given_head():
+    """tokens + q, k (e.g. a trained character model): the static figure's default map is softmax(q kᵀ/√d_k)
+    under the causal mask, computed here with torch's own attention routine."""
+    torch.manual_seed(0)
+    q, k = torch.randn(5, 8), torch.randn(5, 8)
+    out = A.show_sentence_attention(q=q, k=k, tokens=list("hello"), unit="characters", static=True)
+    assert isinstance(out, StaticFigure)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    expected = F.scaled_dot_product_attention(q, k, torch.eye(5), attn_mask=causal)   # weights via identity values
+    assert torch.allclose(A.attention_map(q, k, scale=True, causal=True), expected, atol=1e-6)
+    with pytest.raises(ValueError, match="tokens needs q and k"):
+        A.show_sentence_attention(tokens=list("hello"), static=True)
+    with pytest.raises(ValueError, match="one row per token"):
+        A.show_sentence_attention(q=q, k=k, tokens=list("hi"), static=True)

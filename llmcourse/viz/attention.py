@@ -756,7 +756,8 @@ def draw_sentence_attention(tokens, q: Tensor, k: Tensor, scale: bool = True, ca
 
 
 def show_sentence_attention(text: str | None = None, max_tokens: int = 30, d_model: int = 64, seed: int = 0,
-                            q: Tensor | None = None, k: Tensor | None = None, static: bool | None = None):
+                            q: Tensor | None = None, k: Tensor | None = None, static: bool | None = None,
+                            tokens: list[str] | None = None, unit: str = "GPT-2 tokens"):
     """W03.6: an attention map over the GPT-2 tokens of a real sentence, with toggles for ``÷√d_k`` and the
     causal mask and a temperature slider. Static fallback: scaled, causal, temperature 1.
 
@@ -764,12 +765,24 @@ def show_sentence_attention(text: str | None = None, max_tokens: int = 30, d_mod
     :func:`llmcourse.gpt2_encoding`, and ``q``/``k`` come from :func:`untrained_head_qk` (a fixed,
     seeded, untrained head: the pattern itself is random; the controls show how scaling, masking and
     temperature reshape it). Pass ``q`` and ``k`` (``(T, d_k)``, with ``T`` = the number of tokens) to
-    show another head.
+    show another head, for example a trained one. ``tokens`` (with ``q`` and ``k``) replaces the GPT-2
+    tokenisation by your own labels, one per row (e.g. the characters of a character-level model);
+    ``unit`` names them in the header.
+
+    Raises:
+        ValueError: ``q`` without ``k`` (or the reverse), ``tokens`` without ``q``/``k``, or a row count
+            that differs from the number of tokens.
     """
-    text = _default_sentence() if text is None else text
-    ids, tokens = sentence_tokens(text, max_tokens)
     if (q is None) != (k is None):
         raise ValueError("pass both q and k, or neither")
+    if tokens is not None:
+        if q is None:
+            raise ValueError("tokens needs q and k (one row per token)")
+        tokens = list(tokens)
+    else:
+        text = _default_sentence() if text is None else text
+        ids, tokens = sentence_tokens(text, max_tokens)
+    head_kind = "the head you passed" if q is not None else "an untrained seeded head"
     if q is None:
         q, k = untrained_head_qk(ids, d_model, seed)
     if q.shape[0] != len(tokens) or k.shape[0] != len(tokens):
@@ -796,8 +809,8 @@ def show_sentence_attention(text: str | None = None, max_tokens: int = 30, d_mod
         for c in (scale, causal, temp):
             c.observe(redraw, names="value")
         redraw()
-        header = f"<b>Attention over {len(tokens)} GPT-2 tokens</b> (untrained seeded head unless q, k given)"
+        header = f"<b>Attention over {len(tokens)} {unit}</b> ({head_kind})"
         return _controls_box([scale, causal, temp], out, header=header)
 
     return live_or_static("W03.6", build_live, draw, static,
-                          caption=f"{len(tokens)} GPT-2 tokens; scaled, causal, temperature 1.")
+                          caption=f"{len(tokens)} {unit}; scaled, causal, temperature 1.")
