@@ -280,7 +280,8 @@ def macs_per_step(t, cached, c=mcfg):
     return c.n_layers * (rows * proj + attn) + rows * D * c.vocab_size
 
 
-t0, n = cfg["speed_prompt"], cfg["speed_tokens"]
+t0 = cfg["speed_prompt"]
+n = min(cfg["speed_tokens"], mcfg.context_length - t0)      # the model's context bounds the run
 total_u = sum(macs_per_step(t, False) for t in range(t0 + 1, t0 + n + 1))
 total_c = macs_per_step(t0, False) + sum(macs_per_step(t, True) for t in range(t0 + 2, t0 + n + 1))
 print(f"{n} tokens after a {t0}-token prompt: {total_u / 1e9:.2f} GMAC without the cache, {total_c / 1e9:.3f} GMAC "
@@ -348,10 +349,10 @@ text_ids = torch.tensor([encode(c) for c in llmcourse.load_text("tinyshakespeare
 windows = text_ids[: (len(text_ids) // mcfg.context_length) * mcfg.context_length].view(-1, mcfg.context_length)
 with torch.no_grad():
     losses = {name: F.cross_entropy(m(windows[:, :-1]).flatten(0, 1), windows[:, 1:].flatten()).item()
-              for name, m in (("2 KV heads (trained)", model), ("1 KV head (mean-pooled)", mqa))}
+              for name, m in ((f"{mcfg.n_kv_heads} KV heads (as loaded)", model), ("1 KV head (mean-pooled)", mqa))}
 for name, loss in losses.items():
     print(f"{name:>24}: loss {loss:.3f} nats per character")
-print(f"cache per token: ÷{mcfg.n_kv_heads}; loss change {losses['1 KV head (mean-pooled)'] - losses['2 KV heads (trained)']:+.3f} "
+print(f"cache per token: ÷{mcfg.n_kv_heads}; loss change {losses['1 KV head (mean-pooled)'] - losses[f'{mcfg.n_kv_heads} KV heads (as loaded)']:+.3f} "
       "nats per character before any fine-tuning")
 
 # %% [markdown]
@@ -364,7 +365,7 @@ print(f"cache per token: ÷{mcfg.n_kv_heads}; loss change {losses['1 KV head (me
 
 # %%
 speed_prompt = text_ids[: cfg["speed_prompt"]][None]   # a stretch of Shakespeare
-speed = viz.measure_decode_speed(fast, model, speed_prompt, cfg["speed_tokens"], progress=tqdm)
+speed = viz.measure_decode_speed(fast, model, speed_prompt, n, progress=tqdm)
 c_ms, u_ms = speed["cached_ms"], speed["uncached_ms"]
 print(f"same tokens: {speed['same_tokens']}; total {sum(u_ms) / 1000:.2f} s without the cache, "
       f"{sum(c_ms) / 1000:.2f} s with it ({sum(u_ms) / sum(c_ms):.1f}×)")
