@@ -983,7 +983,8 @@ print(f"beam 4 changes {changed} of {n_beam} translations")
 # replacement (a bootstrap) and look at the spread of chrF.
 
 # %%
-test_chrf, test_hyps = evaluate_chrf(big, test_pairs, big_src, big_tgt, big.max_len, limit=n_eval)
+test_chrf, test_hyps = evaluate_chrf(big, test_pairs, big_src, big_tgt, big.max_len,
+                                     limit=cfg["chrf_sentences"] or len(test_pairs))
 test_refs = [p.hi for p in test_pairs[: len(test_hyps)]]
 print(f"test split: {len(test_hyps)} sentences, chrF {test_chrf:.1f} (validation: {big_chrf:.1f})")
 print("sacrebleu chrF :", sb_chrf.corpus_score(test_hyps, [test_refs]))
