@@ -336,9 +336,44 @@ try:
     print("no error?!")
 except RuntimeError as err:
     print("RuntimeError:", str(err).splitlines()[0])
-fixed = q4 @ k4.transpose(-2, -1)
-print("with transpose(-2, -1):", tuple(fixed.shape), "= (B, H, T_q, T_k)")
-assert fixed.shape == (2, 2, 5, 5)
+
+# %% [markdown]
+# Here it crashes; with `T = hd` the shapes would even line up and the scores would be silently wrong.
+# The property: entry `[b, h, i, j]` of the scores is the dot product of query `i` and key `j` **of the
+# same head**.
+#
+# **Your fix.** Rewrite `head_scores(q, k)` for `q (B, H, T_q, hd)` and `k (B, H, T_k, hd)`, returning the
+# raw scores `(B, H, T_q, T_k)`. Then run the self-check (it uses `T = hd`, where the bug does not crash).
+
+# %%
+def head_scores(q, k):
+    # TODO: transpose the right axes of k
+    return q @ k.transpose(1, 2)
+
+
+def self_check_head_scores():
+    qs_, ks_ = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)     # T = hd = 4, H = 3
+    try:
+        got = head_scores(qs_, ks_)
+    except RuntimeError as err:
+        print("✗ not yet:", str(err).splitlines()[0])
+        return False
+    expected = torch.einsum("bhid,bhjd->bhij", qs_, ks_)
+    ok = got.shape == expected.shape and torch.allclose(got, expected, atol=1e-5)
+    print("✓ every score pairs a query and a key of the same head" if ok else
+          "✗ not yet: the scores mix heads and tokens")
+    return ok
+
+
+fixed_transpose = self_check_head_scores()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): swap the LAST two axes. Running it replaces your version.
+def head_scores(q, k):
+    return q @ k.transpose(-2, -1)
+
+
+assert self_check_head_scores() and head_scores(q4, k4).shape == (2, 2, 5, 5)
 
 # %% [markdown]
 # ## 5. Merging the heads, and the classic merge bug
@@ -677,8 +712,38 @@ with torch.no_grad():
 print("need_weights=False under torch.no_grad() (fused fast path): last row is NaN?",
       bool(torch.isnan(fused[:, -1]).all()))
 assert w_unchanged[0, 0, 0] == 0 and w_unchanged[0, 0, 1:].sum() > 0.99   # query 0 attends only to the future
-converted = torch_mha(x16, x16, x16, attn_mask=to_torch_attn_mask(cm7), need_weights=False)[0]
-assert torch.allclose(converted, ours, atol=1e-5)
+assert zero_gap < 1e-6 and torch.isnan(fused[:, -1]).all()
+
+# %% [markdown]
+# **Your fix.** Write `course_to_torch_mask(mask)`: it takes a course mask (bool, `True` = may attend) and
+# returns the `attn_mask` that makes `nn.MultiheadAttention` compute the same attention. Then run the
+# self-check: the layer's output must equal our module's.
+
+# %%
+def course_to_torch_mask(mask):
+    # TODO: nn.MultiheadAttention reads True as "blocked"
+    return mask
+
+
+def self_check_torch_mask():
+    with torch.no_grad():
+        got = torch_mha(x16, x16, x16, attn_mask=course_to_torch_mask(cm7), need_weights=False)[0]
+    ok = bool(torch.allclose(got, ours, atol=1e-5))
+    print("✓ nn.MultiheadAttention now matches our module" if ok else
+          "✗ not yet: the outputs differ (or are NaN) with this mask")
+    return ok
+
+
+fixed_torch_mask = self_check_torch_mask()
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): invert the polarity, which is what to_torch_attn_mask does. Running it
+# replaces your version.
+def course_to_torch_mask(mask):
+    return ~mask
+
+
+assert self_check_torch_mask() and torch.equal(course_to_torch_mask(cm7), to_torch_attn_mask(cm7))
 
 # %% [markdown]
 # ## 9. Parameter counts and cost
