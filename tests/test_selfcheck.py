@@ -145,3 +145,17 @@ def test_session_name_finds_the_notebook(tmp_path, monkeypatch):
     assert selfcheck.this_notebook() == path.resolve()
     monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "other.ipynb"))
     assert selfcheck.this_notebook() is None
+
+
+def test_every_exercise_notebook_ends_with_the_check_cell():
+    course_ = load_course(ROOT)
+    for unit in course_.available_units:
+        if not unit.exercises:
+            continue
+        for rel in (unit.solution, unit.exercise):
+            nb = nbformat.read(str(ROOT / rel), as_version=4)
+            last = nb.cells[-1]
+            assert last.cell_type == "code" and last.source == "llmcourse.check()", f"{rel}: last cell {last.source!r}"
+            assert "nbgrader" not in last.metadata or not last.metadata["nbgrader"].get("grade"), rel
+            assert "llmcourse.check()" in next(c for c in nb.cells if c.cell_type == "markdown").source, (
+                f"{rel}: the introduction should name llmcourse.check() first")

@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 
 import pytest
-from conftest import _copy_course
 from jlab import (
     ARTIFACTS,
     ROOT,
@@ -42,12 +42,19 @@ WRONG = ("def simple_attention(x):\n    scores = x @ x.transpose(-2, -1)\n    w 
 INSTRUCTOR_COMMANDS = ["nbgrader:open-create-assignment", "nbgrader:open-formgrader", "nbgrader:open-course-list"]
 
 
+def _student_copy(dest):
+    """What a student opens here: exercises/, the course home and nbgrader's config (for Validate)."""
+    shutil.copytree(ROOT / "exercises", dest / "exercises", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    for rel in ("course_home.ipynb", "nbgrader_config.py", "grader/nbgrader_config.py"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def student_lab(browser, tmp_path_factory):
-    import os
-
     env = {"LLMCOURSE_DATA_MIRROR": os.environ["LLMCOURSE_DATA_MIRROR"]} if os.environ.get("LLMCOURSE_DATA_MIRROR") else {}
-    copy = _copy_course(tmp_path_factory.mktemp("student-course"))
+    copy = _student_copy(tmp_path_factory.mktemp("student-course"))
     server = LabServer(copy, env=env, name="student", extra_args=STUDENT_LAB_ARGS).start()
     try:
         yield server
