@@ -9,6 +9,7 @@ in the kernel) and ``course progress`` over a folder holding it. The three must 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -159,3 +160,37 @@ def test_every_exercise_notebook_ends_with_the_check_cell():
             assert "nbgrader" not in last.metadata or not last.metadata["nbgrader"].get("grade"), rel
             assert "llmcourse.check()" in next(c for c in nb.cells if c.cell_type == "markdown").source, (
                 f"{rel}: the introduction should name llmcourse.check() first")
+
+
+@pytest.mark.slow
+def test_a_real_kernel_knows_its_notebook_and_what_was_run_after_the_save(tmp_path):
+    """ipykernel sets ``__session__`` from ``JPY_SESSION_NAME`` (what jupyter_server passes to a notebook's
+    kernel); importing llmcourse records the cells run, so a cell run after the save is reported."""
+    from jupyter_client.manager import start_new_kernel
+
+    path = tmp_path / "03_self_attention.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import llmcourse")]
+    nbformat.write(nb, str(path))
+    env = {**os.environ, "JPY_SESSION_NAME": str(path)}
+    outputs: list = []
+    km, kc = start_new_kernel(kernel_name="python3", env=env, cwd=str(tmp_path))
+    try:
+        def run(code):
+            reply = kc.execute_interactive(code, timeout=120, output_hook=lambda msg: None)
+            assert reply["content"]["status"] == "ok", reply["content"]
+
+        run("import llmcourse")
+        run("def f():\n    return 2")  # run after the file was written, and not in it
+        run("import llmcourse")  # unchanged cell re-run: not reported
+        reply = kc.execute_interactive(
+            "from llmcourse import selfcheck\n"
+            "print(repr((__session__, str(selfcheck.this_notebook()), selfcheck.unsaved_cells(selfcheck.this_notebook()))))",
+            timeout=120, output_hook=lambda msg: outputs.append(msg))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok"
+    text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
+    assert eval(text) == (str(path), str(path), ["def f():\n    return 2"])
+
