@@ -19,6 +19,13 @@ from .blocks import (
 from .classifier import show_cls_attention, show_confusion, show_training_curves
 from .essentials import show_dropout_clicker, show_label_smoothing, show_noam_curve, show_shape_tracer
 from .gpt2 import show_architecture_map, show_divergence_finder, show_param_sunburst
+from .llama import (
+    show_gqa_map,
+    show_llama_param_diff,
+    show_rope_relative,
+    show_rope_rotation,
+    show_rope_smoothing,
+)
 from .multihead import show_head_viewer, show_mask_translator, show_merge_visualiser
 from .positions import (
     show_candidate_comparison,
@@ -43,6 +50,7 @@ __all__ = [
     "show_attention_lab", "show_dropout_on_weights", "show_query_geometry", "show_sentence_attention",
     "show_softmax_sharpness", "show_variance_vs_dim",
     "show_architecture_map", "show_divergence_finder", "show_param_sunburst",
+    "show_gqa_map", "show_llama_param_diff", "show_rope_relative", "show_rope_rotation", "show_rope_smoothing",
     "show_dropout_clicker", "show_label_smoothing", "show_noam_curve", "show_shape_tracer",
     "show_bpe_stepper", "show_sliding_window", "show_tokenizer_comparison",
     "show_candidate_comparison", "show_frequency_explorer", "show_pe_heatmap", "show_position_similarity",
