@@ -870,7 +870,7 @@ assert ckpt["step"] == 3 and len(opt2.state_dict()["state"]) == 2
 #
 # with its peak at `s = warmup`, where both terms are equal: `lr = (d_model · warmup)^{-0.5}`.
 # `llmcourse.noam_lambda` computes it (with `s = max(step, 1)`). The table below holds its values for
-# `d_model=512, warmup=4000`, computed from the formula with a calculator:
+# `d_model=512, warmup=4000`, written down as reference values computed separately from the formula:
 
 # %%
 NOAM_TABLE = {1: 1.746928e-07, 100: 1.746928e-05, 1000: 1.746928e-04, 4000: 6.987712e-04, 8000: 4.941059e-04,
