@@ -32,13 +32,7 @@ SOURCES = ROOT / "notebooks"
 # "rule:unit" pairs that still fail while issue 15 (revision of units 00-07) is in progress
 # ("answers": a graded answer in the lesson; "ids": internal ids in student notebooks).
 # This set MUST be empty when the revision is finished; remove an entry as soon as it passes.
-KNOWN_FAILING: set[str] = {
-    "answers:03",
-    "answers:05",
-    "ids:03",
-    "ids:04",
-    "ids:05",
-}
+KNOWN_FAILING: set[str] = set()
 
 WINDOW = 3  # consecutive normalised logical lines that count as a copy
 MIN_TOKENS = 12  # a window this short (e.g. three `return x` lines) is too generic to mean a copy
