@@ -255,7 +255,7 @@ def render_progress(report: dict) -> str:
 def cmd_progress(args) -> int:
     import json
 
-    folder = Path(args.folder)
+    folder = Path(args.folder) if args.folder else _course().root / "exercises"
     if not folder.is_dir():
         print(f"course progress: not a folder: {folder}", file=sys.stderr)
         return EXIT_USAGE
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("progress", help="points per unit over a folder of exercise notebooks")
-    p.add_argument("folder", nargs="?", default="exercises", help="default: exercises/")
+    p.add_argument("folder", nargs="?", default=None, help="default: the course's exercises/")
     p.add_argument("--json", action="store_true", help="the table as JSON")
     p.set_defaults(func=cmd_progress)
     p = sub.add_parser("release", help="regenerate exercises/ from solutions/ (nbgrader)")
