@@ -263,6 +263,22 @@ print("self-check:", f"{diff:.2e}", "-> fixed" if diff < 1e-5 else "-> not fixed
 # </details>
 
 # %% [markdown]
+# The proof, whatever you wrote above: convert the rows with the library's permutation and compare
+# the scores of the two conventions, then show that any other order of the rows breaks them.
+
+# %%
+perm_hd = L.interleaved_to_half_split_perm(HD)
+W_q_half = W_q.view(H, HD, -1)[:, perm_hd].reshape(H * HD, -1)
+W_k_half = W_k.view(H, HD, -1)[:, perm_hd].reshape(H * HD, -1)
+proof = (scores_half_split(W_q_half, W_k_half) - target).abs().max().item()
+other = torch.randperm(HD, generator=torch.Generator().manual_seed(1))
+W_q_bad = W_q.view(H, HD, -1)[:, other].reshape(H * HD, -1)
+W_k_bad = W_k.view(H, HD, -1)[:, other].reshape(H * HD, -1)
+print(f"converted rows: max score difference {proof:.2e} | a random row order: "
+      f"{(scores_half_split(W_q_bad, W_k_bad) - target).abs().max().item():.2f}")
+assert proof < 1e-5
+
+# %% [markdown]
 # ## 7. Llama 3's frequency smoothing
 #
 # Llama 3.1 and 3.2 were first trained at a shorter context and then extended to a much longer one
