@@ -186,7 +186,7 @@ def show_trained_head_viewer(model, tokenizer, text: str, max_chars: int = 48, s
                   f"first {max_chars} characters")
         return _controls_box([box, layer, head], out, header=header)
 
-    return live_or_static("W04.1t", build_live, lambda: draw(), static,
+    return live_or_static("W04.4", build_live, lambda: draw(), static,
                           caption=f"Layer 0, all {num_heads} heads of the trained model.")
 
 
