@@ -56,31 +56,16 @@ def train_llama_char_tiny(save: bool = False, progress: bool = True, path: str |
     Returns:
         ``(model, tokenizer, history)``; the model in eval mode.
     """
-    from ..data.corpus import char_corpus
     from ..models.llama3 import Llama3Config
-    from .pretraining import pretrain, sample_text
+    from .char_model import train_char_lm
 
-    r = {**LLAMA_CHAR_TINY_RECIPE, **overrides}
-    corpus = char_corpus("tinyshakespeare")
-    cfg = Llama3Config.preset(r["preset"])
-    cfg.context_length, cfg.vocab_size = r["context_length"], corpus.vocab_size
-    torch.manual_seed(r["seed"])
-    model = _build(cfg.to_dict())
-    tok = corpus.tokenizer
-    hist = pretrain(model, corpus.train, corpus.val, steps=r["steps"], batch_size=r["batch_size"],
-                    context_length=r["context_length"], max_lr=r["max_lr"], min_lr=r["min_lr"],
-                    warmup_steps=r["warmup_steps"], weight_decay=r["weight_decay"], max_norm=r["max_norm"],
-                    seed=r["seed"], eval_every=r["eval_every"], eval_batches=r["eval_batches"],
-                    sample_fn=lambda m: sample_text(m, tok, "ROMEO:", 120, temperature=0.8, seed=0),
-                    progress=progress)
-    if save:
-        out = Path(path) if path else llama_char_tiny_path()
-        out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                    "config": cfg.to_dict(), "tokenizer": {"kind": "char", "chars": "".join(tok.chars)},
-                    "recipe": r, "val_loss": hist["val_loss"][-1], "train_loss": hist["train_loss_eval"][-1],
-                    "seconds": hist["seconds"], "samples": hist["samples"]}, out)
-    return model.eval(), tok, hist
+    def make_config(r, vocab_size):
+        cfg = Llama3Config.preset(r["preset"])
+        cfg.context_length, cfg.vocab_size = r["context_length"], vocab_size
+        return cfg
+
+    return train_char_lm(make_config, _build, {**LLAMA_CHAR_TINY_RECIPE, **overrides}, progress,
+                         (Path(path) if path else llama_char_tiny_path()) if save else None)
 
 
 def load_llama_char_tiny(path: str | Path | None = None, retrain: bool = True, verbose: bool = True) -> tuple:
@@ -95,35 +80,18 @@ def load_llama_char_tiny(path: str | Path | None = None, retrain: bool = True, v
     settings (context 64, 300 steps) and a message says so; with ``retrain=False`` a ``FileNotFoundError``
     names the command that re-creates the asset.
     """
-    from ..data.tokenizers import CharTokenizer
+    from .char_model import load_char_lm
 
     p = Path(path) if path else llama_char_tiny_path()
-    if not p.exists():
-        if not retrain:
-            raise FileNotFoundError(f"{p} is missing; re-create it with `python -m llmcourse.train.llama_char`")
-        if verbose:
-            print(f"{p.name} not found: training a small substitute instead (unit 10's ci run: context 64, "
-                  f"{SUBSTITUTE_RECIPE['steps']} steps, about a minute). Re-create the real asset with "
-                  "`python -m llmcourse.train.llama_char`.")
-        model, tok, hist = train_llama_char_tiny(progress=verbose, **SUBSTITUTE_RECIPE)
-        model.checkpoint_info = {"recipe": dict(SUBSTITUTE_RECIPE), "val_loss": hist["val_loss"][-1],
-                                 "substitute": True}
-        return model, tok
-    ckpt = torch.load(p, map_location="cpu", weights_only=True)
-    model = _build(ckpt["config"])
-    model.load_state_dict(ckpt["model"])
-    model.checkpoint_info = {k: v for k, v in ckpt.items() if k not in ("model",)} | {"substitute": False}
-    return model.eval(), CharTokenizer(list(ckpt["tokenizer"]["chars"]))
+    return load_char_lm(p, _build, train_llama_char_tiny, SUBSTITUTE_RECIPE, "python -m llmcourse.train.llama_char",
+                        retrain, verbose)
 
 
 if __name__ == "__main__":  # python -m llmcourse.train.llama_char   (re-creates assets/llama_char_tiny.pt)
     import os
 
     torch.set_num_threads(int(os.environ.get("LLMCOURSE_THREADS", "2")))
+    from .char_model import report_char_lm
+
     _model, _tok, _hist = train_llama_char_tiny(save=True)
-    size = llama_char_tiny_path().stat().st_size
-    print(f"val loss {_hist['val_loss'][-1]:.4f} (train {_hist['train_loss_eval'][-1]:.4f}) after "
-          f"{_hist['seconds']:.0f} s of training ({_hist['ms_per_step']:.0f} ms/step); "
-          f"{llama_char_tiny_path()} is {size / 1e6:.2f} MB")
-    for step, text in _hist["samples"][-2:]:
-        print(f"--- step {step}:\nROMEO:{text}")
+    report_char_lm(_hist, llama_char_tiny_path())
