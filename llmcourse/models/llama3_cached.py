@@ -187,19 +187,9 @@ def generate_uncached(model: nn.Module, idx: Tensor, max_new_tokens: int, eos_id
     Same arguments, result and EOS rule as :func:`generate_cached`; ``model(idx)`` must accept the whole
     sequence (at most the context length).
     """
+    from ..train.sampling import generate
+
     _check_prompt(idx, max_new_tokens)
-    was_training = model.training
-    model.eval()
-    try:
-        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
-        for _ in range(max_new_tokens):
-            nxt = model(idx)[:, -1, :].argmax(dim=-1, keepdim=True)
-            if eos_id is not None:
-                nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)
-                done = done | (nxt[:, 0] == eos_id)
-            idx = torch.cat([idx, nxt], dim=1)
-            if eos_id is not None and bool(done.all()):
-                break
-        return idx
-    finally:
-        model.train(was_training)
+    # unit 09's greedy loop; a window as long as the final sequence never crops (the model checks its context)
+    return generate(model, idx, max_new_tokens, context_length=idx.shape[1] + max_new_tokens, temperature=0.0,
+                    eos_id=eos_id)
