@@ -1,6 +1,20 @@
 """Whole models, built from the pieces in :mod:`llmcourse.nn`."""
 
 from .attention_lm import AttentionOnlyLM
+from .deepseek_moe import (
+    DeepSeekMoE,
+    DeepSeekTopkRouter,
+    deepseek_route,
+    expert_counts,
+    hf_deepseek_moe_config,
+    load_balancing_loss,
+    load_hf_deepseek_moe,
+    moe_param_counts,
+    moe_state_dict_from_hf,
+    random_hf_deepseek_moe,
+    softmax_topk_route,
+    update_bias,
+)
 from .encoder_classifier import BertEmbeddings, EncoderClassifier
 from .gpt2 import (
     GPT2_PRESETS,
@@ -57,5 +71,8 @@ __all__ = [
     "SwiGLUFeedForward", "apply_rope", "apply_rope_interleaved", "hf_llama_config", "interleaved_to_half_split_perm",
     "llama3_param_breakdown", "llama3_param_count", "llama_parity_configs", "load_hf_llama", "random_hf_llama",
     "repeat_kv", "rope_cos_sin", "rope_inv_freq", "rotate_half",
+    "DeepSeekMoE", "DeepSeekTopkRouter", "deepseek_route", "expert_counts", "hf_deepseek_moe_config",
+    "load_balancing_loss", "load_hf_deepseek_moe", "moe_param_counts", "moe_state_dict_from_hf",
+    "random_hf_deepseek_moe", "softmax_topk_route", "update_bias",
     "CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached", "generate_uncached",
 ]
