@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KV_PRESETS", "KVCache", "kv_cache_bytes", "kv_elements_per_token", "mha_to_gqa"]
+__all__ = ["KV_PRESETS", "KVCache", "attn_cache_elems_per_token", "kv_cache_bytes", "kv_elements_per_token",
+           "mha_to_gqa", "mla_cache_bytes"]
 
 
 class KVCache:
@@ -105,6 +106,57 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
 def kv_elements_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
     """Cached elements per token and sequence: ``2 · n_layers · n_kv_heads · head_dim``."""
     return 2 * n_layers * n_kv_heads * head_dim
+
+
+def attn_cache_elems_per_token(kind: str, n_layers: int, n_heads: int = 0, n_kv_heads: int = 0, head_dim: int = 0,
+                               kv_lora_rank: int = 0, qk_rope_head_dim: int = 0,
+                               k_head_dim: int | None = None, v_head_dim: int | None = None) -> int:
+    """Cached elements per token (one sequence, all layers) for four attention designs.
+
+    ``kind`` (case-insensitive):
+
+    * ``"mha"``: ``L·H·(dk + dv)`` — every head caches its key and value;
+    * ``"gqa"``: ``L·KV·(dk + dv)`` — ``n_kv_heads`` shared key/value heads;
+    * ``"mqa"``: ``L·(dk + dv)`` — one shared key/value head;
+    * ``"mla"``: ``L·(kv_lora_rank + qk_rope_head_dim)`` — the latent ``c_KV`` and the shared rope key ``k_pe``.
+
+    ``dk``/``dv`` default to ``head_dim`` (``k_head_dim``/``v_head_dim`` override them: DeepSeek-V3's MHA
+    equivalent has dk = 192, dv = 128). Multiply by the bytes per element and the token count for bytes. Examples:
+    DeepSeek-V3 (61 layers, d_c 512, d_R 64): 35,136; MHA with the same heads (128 × (192 + 128)): 2,498,560.
+
+    Raises:
+        ValueError: an unknown ``kind`` or a negative size.
+
+    Sources: Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA); DeepSeek-V2 (2024), §2.1 and Table 1.
+    """
+    sizes = dict(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                 kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope_head_dim)
+    bad = {k: v for k, v in sizes.items() if v < 0}
+    if bad:
+        raise ValueError(f"sizes must be non-negative, got {bad}")
+    dk = head_dim if k_head_dim is None else k_head_dim
+    dv = head_dim if v_head_dim is None else v_head_dim
+    kind = kind.lower()
+    if kind == "mha":
+        return n_layers * n_heads * (dk + dv)
+    if kind == "gqa":
+        return n_layers * n_kv_heads * (dk + dv)
+    if kind == "mqa":
+        return n_layers * (dk + dv)
+    if kind == "mla":
+        return n_layers * (kv_lora_rank + qk_rope_head_dim)
+    raise ValueError(f"unknown attention kind {kind!r}; choose 'mha', 'gqa', 'mqa' or 'mla'")
+
+
+def mla_cache_bytes(n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, seq_len: int, batch_size: int = 1,
+                    bytes_per_elem: int = 2) -> int:
+    """Bytes of a multi-head latent attention cache (unit 13):
+    ``n_layers · (kv_lora_rank + qk_rope_head_dim) · seq_len · batch_size · bytes_per_elem``.
+
+    It equals ``LatentCache.nbytes()`` of a filled cache. DeepSeek-V3 in bf16: 70,272 bytes per token.
+    """
+    return attn_cache_elems_per_token("mla", n_layers, kv_lora_rank=kv_lora_rank,
+                                      qk_rope_head_dim=qk_rope_head_dim) * seq_len * batch_size * bytes_per_elem
 
 
 def mha_to_gqa(k_proj_weight: Tensor, v_proj_weight: Tensor, n_heads: int, n_kv_heads: int) -> tuple[Tensor, Tensor]:
