@@ -1,6 +1,16 @@
 """Whole models, built from the pieces in :mod:`llmcourse.nn`."""
 
 from .attention_lm import AttentionOnlyLM
+from .deepseek_mla import (
+    DEEPSEEK_V3_MLA,
+    DeepSeekMLA,
+    LatentCache,
+    SimpleMLA,
+    absorb_mla_weights,
+    absorbed_forward,
+    hf_deepseek_attention_config,
+    mla_param_count,
+)
 from .deepseek_moe import (
     DeepSeekMoE,
     DeepSeekTopkRouter,
@@ -82,6 +92,8 @@ __all__ = [
     "DeepSeekMoE", "DeepSeekTopkRouter", "deepseek_route", "expert_counts", "hf_deepseek_moe_config",
     "load_balancing_loss", "load_hf_deepseek_moe", "moe_param_counts", "moe_state_dict_from_hf",
     "random_hf_deepseek_moe", "softmax_topk_route", "update_bias",
+    "DEEPSEEK_V3_MLA", "DeepSeekMLA", "LatentCache", "SimpleMLA", "absorb_mla_weights", "absorbed_forward",
+    "hf_deepseek_attention_config", "mla_param_count",
     "CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached", "generate_uncached",
     "MTPLanguageModel", "MTPModule", "mtp_inputs_and_targets", "mtp_param_count", "speculative_generate",
     "speculative_trace",
