@@ -154,9 +154,10 @@ except RuntimeError as err:
 # Counting parameters is the first sanity check of any model. A linear layer `d_in → d_out` has
 # `d_in·d_out` weights plus `d_out` biases; a `BatchNorm1d(n)` has `2n` (a scale and a shift per
 # feature; its running statistics are buffers, not parameters). For a classifier
-# 20 → 128 → 64 → 32 → 5 with BatchNorm after each hidden layer:
+# 20 → 128 → 64 → 32 → 5 with BatchNorm after each hidden layer, the count is the sum below (the cell
+# prints it next to PyTorch's own count):
 #
-# (20·128 + 128) + 2·128 + (128·64 + 64) + 2·64 + (64·32 + 32) + 2·32 + (32·5 + 5) = 13,637.
+# (20·128 + 128) + 2·128 + (128·64 + 64) + 2·64 + (64·32 + 32) + 2·32 + (32·5 + 5).
 
 # %%
 classifier = nn.Sequential(
@@ -506,12 +507,14 @@ assert sum(p.numel() for p in ListStack(16, 4, False).parameters()) == 0
 # %% [markdown]
 # `llmcourse.nn.ResidualStack` (an exercise of this unit) is the pattern in its final form: a
 # `ModuleList` of `Linear` layers, each adding a branch to the running stream,
-# `x = x + dropout(layer(x))`. It has `n·(d² + d)` parameters: 1,088 for `d = 16, n = 4`.
+# `x = x + dropout(layer(x))`. It has `n·(d² + d)` parameters; the cell below counts them for `d = 16, n = 4`
+# and compares with the formula.
 
 # %%
 stack = llmcourse.nn.ResidualStack(16, 4, dropout=0.1)
 n_stack = sum(p.numel() for p in stack.parameters())
-print(f"ResidualStack(16, 4): {n_stack:,} parameters; keys {list(stack.state_dict())[:4]} …")
+print(f"ResidualStack(16, 4): {n_stack:,} parameters = 4·(16² + 16) = {4 * (16 * 16 + 16):,}; "
+      f"keys {list(stack.state_dict())[:4]} …")
 assert n_stack == 4 * (16 * 16 + 16) == 1_088
 
 # %% [markdown]
@@ -963,7 +966,8 @@ show_noam_curve()
 # **Datasets and loaders.** `TensorDataset(X, y)` pairs tensors along their first axis; `DataLoader` cuts
 # it into batches (optionally shuffled with a seeded generator). `num_workers=0` loads in the main
 # process, which is the right choice for small in-memory tensors (and required in some notebook
-# environments). 32 samples of 20 features in batches of 4 give 8 batches of shape `(4, 20)`.
+# environments). Below, 32 samples of 20 features in batches of 4: the cell prints how many batches come out
+# and their shapes.
 
 # %%
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -973,7 +977,7 @@ features = torch.randn(32, 20, generator=gen)
 labels = torch.randint(0, 5, (32,), generator=gen)
 loader = DataLoader(TensorDataset(features, labels), batch_size=4, shuffle=True, generator=gen, num_workers=0)
 shapes = [(tuple(xb.shape), tuple(yb.shape)) for xb, yb in loader]
-print(f"{len(shapes)} batches; first: features {shapes[0][0]}, labels {shapes[0][1]}")
+print(f"{len(shapes)} batches (= 32 / 4); first: features {shapes[0][0]}, labels {shapes[0][1]}")
 assert len(shapes) == 8 and all(s == ((4, 20), (4,)) for s in shapes)
 
 # %% [markdown]

@@ -126,12 +126,12 @@ print(f"vocab_size = {char_tok.vocab_size}")
 print(repr("".join(char_tok.chars)))
 ids = char_tok.encode("Hello, world!")
 print(ids, "->", repr(char_tok.decode(ids)))
+print(f'"Hello, world!" costs {len(ids)} tokens; all of tinyshakespeare costs {len(char_tok.encode(shakespeare)):,}')
 assert char_tok.vocab_size == 65 and len(ids) == 13
 assert [char_tok.stoi[c] for c in "\n !Aaz"] == [0, 1, 2, 13, 39, 64]
 
 # %% [markdown]
-# The price is **sequence length**. "Hello, world!" costs 13 tokens, and all of tinyshakespeare costs
-# 1,115,394. A transformer's attention compares every token with every other one, so its cost grows with
+# The price is **sequence length**: one token per character, as the last line above counts. A transformer's attention compares every token with every other one, so its cost grows with
 # the square of the sequence length, and a fixed context window (say 1,024 tokens) holds only about 1,000
 # characters of text. Characters are also a weak unit of meaning: the model has to learn spelling before
 # it can learn anything about words.
@@ -175,20 +175,25 @@ assert len(alphabet) == 12
 
 # %% [markdown]
 # Count every adjacent pair, **weighted by the word's count**: the pair `('e', 's')` occurs once in
-# "finest" (9 times) and once in "lowest" (4 times), so its count is 13.
+# "finest" (9 times) and once in "lowest" (4 times), so its count is 9 + 4. The cell lists every pair
+# with its count and, last, the pairs that share the highest count.
 
 # %%
 counts = bpe_trace(toy, 0)[0].counts              # the pair counts before the first merge
 for pair, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
     print(f"{pair[0]:>4} {pair[1]:<5} {c}")
+top_count = max(counts.values())
+top_pairs = sorted("".join(p) for p, c in counts.items() if c == top_count)
+print(f"{len(top_pairs)} pairs share the highest count, {top_count}: {', '.join(top_pairs)}")
 expected = {("e", "s"): 13, ("s", "t"): 13, ("t", "</w>"): 13, ("l", "d"): 10, ("o", "l"): 10, ("f", "i"): 9,
             ("i", "n"): 9, ("n", "e"): 9, ("d", "</w>"): 7, ("l", "o"): 4, ("o", "w"): 4, ("w", "e"): 4,
             ("d", "e"): 3, ("e", "r"): 3, ("r", "</w>"): 3}
 assert dict(counts) == expected
 
 # %% [markdown]
-# **Which pair is the most frequent?** Three pairs tie at 13: `es`, `st` and `t</w>`. Many write-ups
-# present "es" as *the* most frequent first pair; it is only one of three, and the algorithm is not
+# **Which pair is the most frequent?** The last line above answers it: no single pair; `es`, `st` and
+# `t</w>` tie. Many write-ups present "es" as *the* most frequent first pair; it is only one of the tied
+# pairs, and the algorithm is not
 # defined until a **tie-break rule** is written down. Different rules give different tokenizers.
 #
 # The course's rule: among the pairs with the highest count, take the **lexicographically smallest**
@@ -213,9 +218,10 @@ assert [k + 1 for k in range(15) if len(course_rule[k].tied) > 1] == [1, 2, 4, 6
 assert diverge[0] == 4 and first_seen[-1].merges[3] == ("o", "l")
 
 # %% [markdown]
-# At merge 4, `ld` and `ol` tie at 10. The course rule merges `('l', 'd')` (since `'l' < 'o'`) and then
-# `('o', 'ld')`; the first-seen rule merges `('o', 'l')` first, because "old" is the first word in the dict
-# and `ol` is its first pair. From merge 13 on they differ again (`old`+`e` versus `e`+`r`).
+# At the first merge where the lists part (printed above), `ld` and `ol` tie. The course rule merges
+# `('l', 'd')` (since `'l' < 'o'`) and then `('o', 'ld')`; the first-seen rule merges `('o', 'l')` first,
+# because "old" is the first word in the dict and `ol` is its first pair. The later differences (the table
+# marks them) come from another such tie (`old`+`e` versus `e`+`r`).
 #
 # Step through it yourself: the stepper below shows the pair counts (the pair merged next is filled, the
 # pairs tied with it are outlined), the segmentation of every word and the merges so far. Edit the corpus
@@ -417,8 +423,8 @@ if official is not None:
 
 # %% [markdown]
 # Some worked examples. Note how the unusual word "Akwirw" falls apart into short known pieces, and how
-# each Devanagari character of "नमस्ते" costs two tokens: GPT-2's merges were learned mostly on English,
-# so its 18 UTF-8 bytes get few merges. (Unit 06 trains a language-specific BPE for this reason.)
+# many tokens the Devanagari word "नमस्ते" costs per character (the last line counts its code points, UTF-8
+# bytes and tokens): GPT-2's merges were learned mostly on English, so those bytes get few merges. (Unit 06 trains a language-specific BPE for this reason.)
 
 # %%
 examples = {"hello world": [31373, 995], "Building": [25954],

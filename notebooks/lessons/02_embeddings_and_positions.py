@@ -79,7 +79,7 @@ assert torch.equal(cosine, torch.eye(3)), "distinct one-hot vectors are orthogon
 # %% [markdown]
 # Instead, a model keeps a **table** of shape `(V, D)` and gives each token its own row of `D` learned
 # numbers, with `D` in the hundreds or thousands instead of 50,257. The table is not free. GPT-3 uses
-# `D = 12,288`, so its token table alone holds 617 million parameters:
+# `D = 12,288`; how many parameters does its token table alone hold?
 
 # %%
 V_gpt3, D_gpt3 = 50_257, 12_288
@@ -139,8 +139,9 @@ assert torch.allclose(one_hot_matmul(batch_ids, emb.weight), emb(batch_ids))
 
 # %% [markdown]
 # Both give the same numbers, but not at the same price: the product performs `V·D` multiply-adds per token
-# (mostly multiplications by zero), the lookup copies `D` numbers. For GPT-3's table that is 617 million
-# multiply-adds per token against 12,288 copies. Frameworks therefore index.
+# (mostly multiplications by zero), the lookup copies `D` numbers. For GPT-3's table that is as many
+# multiply-adds per token as the table has parameters (the count printed in section 1) against `D` copies.
+# Frameworks therefore index.
 #
 # **Gradient sparsity.** Because the output is a copy of some rows, the gradient reaches only those rows. For
 # `loss = out.sum()`, every entry of a used row receives 1 per occurrence; rows that were not used get 0.
@@ -465,8 +466,8 @@ show_pe_heatmap()
 
 # %% [markdown]
 # **Fast and slow dimensions.** Take GPT-2's sizes, `D = 768` over 1,024 positions, purely as an example
-# (GPT-2 itself does not use this table; see section 9). Pair 0 turns about 163 times over the range, pair 150
-# about 4.5 times, and pair 250 less than half a turn, yet even it is far from constant:
+# (GPT-2 itself does not use this table; see section 9). The table counts how many turns each pair makes over
+# the range: pair 0 turns many times, pair 250 less than once, yet even it is far from constant:
 
 # %%
 print(f"{'pair':>5} {'period':>9} {'cycles in 1024':>15}")
@@ -476,13 +477,15 @@ for i in [0, 1, 50, 150, 250]:
 omega_250 = 10000 ** (-500 / 768)
 s_1023, c_1023 = math.sin(1023 * omega_250), math.cos(1023 * omega_250)
 print(f"pair 250 at position 1023: sin = {s_1023:.3f}, cos = {c_1023:.3f}")
+cycles_150 = 1024 / (2 * math.pi * 10000 ** (300 / 768))
+print(f"so pair 150 makes {cycles_150:.2f} cycles, and pair 250's cosine falls to {c_1023:.2f}")
 assert round(1024 / (2 * math.pi * 10000 ** (300 / 768)), 2) == 4.46
 assert round(s_1023, 3) == 0.562 and round(c_1023, 3) == -0.827
 
 # %% [markdown]
-# Two claims you may read elsewhere are therefore wrong for these sizes: "pair 150 makes 2–3 cycles" (it makes
-# 4.46), and "pair 250 barely moves, its cosine stays near 1" (it falls to −0.83). Explore any pair with the
-# frequency explorer:
+# Two claims you may read elsewhere are therefore wrong for these sizes (the last line above gives the true
+# values): "pair 150 makes 2–3 cycles", and "pair 250 barely moves, its cosine stays near 1". Explore any pair
+# with the frequency explorer:
 
 # %% tags=["nbval-ignore-output"]
 show_frequency_explorer()

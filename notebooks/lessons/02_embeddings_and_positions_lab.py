@@ -9,6 +9,7 @@
 
 # %%
 import collections
+import math
 import re
 import time
 
@@ -81,9 +82,10 @@ try:
 finally:
     torch.set_num_threads(threads)
 print(f"trained {cfg['w2v_steps']} steps in {time.perf_counter() - start:.1f} s")
+print(f"loss with all scores 0: (1 + {K_neg})·log 2 = {(1 + K_neg) * math.log(2):.2f}")
 
 # %% [markdown]
-# The loss started at `6·log 2 ≈ 4.16` (all scores 0). Now look at the **nearest neighbours** by cosine
+# The loss started near `(1 + K)·log 2` (all scores 0; the last line above). Now look at the **nearest neighbours** by cosine
 # similarity. Nobody told the model that "thou" is a pronoun or that Romeo and Juliet belong together; it only
 # saw which words occur near which.
 
