@@ -74,3 +74,14 @@ def test_readme_course_map_is_current(course):
     assert begin in readme and end in readme, "README.md must hold the course map between the markers"
     current = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert current == course_map_markdown(course).strip(), "README course map is stale: run `python -m llmcourse.dev.readme`"
+
+
+def test_course_map_lists_labs(course):
+    """Every lab notebook (``extra_lessons``) of a unit appears on the course map, linked when available."""
+    linked, plain = course_map_markdown(course), course_map_markdown(course, links=False)
+    labs = [(u, p) for u in course.units for p in u.extra_lessons]
+    assert labs, "course.toml names no lab notebook"
+    for u, p in labs:
+        row = next(r for r in linked.splitlines() if r.startswith(f"| {u.id} |"))
+        assert (f"[lab]({p})" if u.available else f"`{Path(p).name}`") in row, (u.id, p)
+        assert f"`{Path(p).name}`" in next(r for r in plain.splitlines() if r.startswith(f"| {u.id} |"))

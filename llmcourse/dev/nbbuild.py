@@ -148,18 +148,28 @@ def course_home(course=None) -> nbformat.NotebookNode:
 
 
 def course_map_markdown(course=None, links: bool = True) -> str:
-    """The course map table (used in README.md and course_home.ipynb)."""
+    """The course map table (used in README.md and course_home.ipynb).
+
+    The Lesson column lists the unit's lab notebooks (``extra_lessons``) after its lesson; the minutes are the
+    budget of lesson + solution (labs state their own expected time at their top).
+    """
     course = course or load_course()
-    rows = ["| Unit | Title | Lesson | Exercise | Points | ci / laptop (min) | Status |",
+    rows = ["| Unit | Title | Lesson (+ optional labs) | Exercise | Points | ci / laptop (min) | Status |",
             "|---|---|---|---|---:|---|---|"]
     for u in course.units:
         if u.available and links:
             lesson, exercise = f"[lesson]({u.lesson})", f"[exercise]({u.exercise})"
+            labs = [f"[lab]({p})" for p in u.extra_lessons]
         else:
             lesson, exercise = f"`{Path(u.lesson).name}`", f"`{Path(u.exercise).name}`"
+            labs = [f"`{Path(p).name}`" for p in u.extra_lessons]
+        lesson = " + ".join([lesson, *labs])
         status = "available" if u.available else "not yet available"
         rows.append(f"| {u.id} | {u.title} | {lesson} | {exercise} | {u.points} | "
                     f"{u.minutes.get('ci', '?')} / {u.minutes.get('laptop', '?')} | {status} |")
+    rows += ["", "Minutes: the lesson and the exercise's solution run top to bottom under each profile. A **lab** is an "
+             "optional companion notebook of its unit (longer training runs, extra experiments); its expected time "
+             "is stated at its top."]
     return "\n".join(rows)
 
 
