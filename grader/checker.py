@@ -26,12 +26,12 @@ def _verdicts(unit_id: str, sources: list[str]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     read_fd, write_fd = int(argv[0]), int(argv[1])
+    from .forkserver import start_forkserver
+
+    start_forkserver()  # first: it preloads torch while this process imports its own
     from llmcourse.manifest import load_course
 
     from .runner import load_unit
-    from .worker import start_forkserver
-
-    start_forkserver()
     course = load_course()
     for unit in course.available_units:  # every check and mutant imported before any learner code runs
         load_unit(unit.id)

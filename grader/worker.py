@@ -23,9 +23,7 @@ fail: every pass is decided by the checker on returned data.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import multiprocessing
 import os
 import pickle
 import sys
@@ -44,15 +42,13 @@ from .core import (
     blocked_reference,
 )
 from .extract import extract_namespace
+from .forkserver import PRELOAD, start_forkserver  # noqa: F401 - re-exported
+from .forkserver import context as _context
+from .forkserver import without_main as _without_main
 from .plain import dumps, loads, plain
 
 __all__ = ["LearnerProcess", "WorkerDied", "block_reference", "serve"]
 
-# torch._dynamo: imported by the first optimizer.step() and by meta-device ops; symbolic_shapes (and sympy):
-# imported by the first torch.broadcast_shapes (masked attention). Seconds each: preloaded once here
-# instead of in every worker
-PRELOAD = ["torch", "torch._dynamo", "torch.fx.experimental.symbolic_shapes", "grader.worker", "llmcourse", "llmcourse.nn", "llmcourse.models",
-           "llmcourse.train", "llmcourse.data"]
 MEMORY_ENV = "LLMCOURSE_WORKER_MEMORY_MB"
 THREADS_ENV = "LLMCOURSE_WORKER_THREADS"
 LOAD_TIME_LIMIT_S = 60.0
@@ -64,40 +60,6 @@ class WorkerDied(CheckFailure):
 
 
 # ============================================================================ checker side
-
-_CONTEXT = None
-
-
-def _context():
-    global _CONTEXT
-    if _CONTEXT is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(PRELOAD)
-        _CONTEXT = ctx
-    return _CONTEXT
-
-
-@contextlib.contextmanager
-def _without_main():
-    """Hide ``__main__`` while a worker starts: multiprocessing would re-import the checker's main
-    script (the ``course`` CLI, a kernel launcher, a test file) in every worker otherwise."""
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
-def start_forkserver() -> None:
-    """Start the forkserver now (its preloading overlaps with the checker's own imports)."""
-    from multiprocessing import forkserver
-
-    _context()
-    with _without_main():
-        forkserver.ensure_running()
-
 
 def _register_checks_by_value() -> None:
     """Probes defined in grader.checks travel by value: the worker cannot import those modules."""

@@ -169,9 +169,9 @@ def render_check_report(report: dict) -> str:
 def cmd_check(args) -> int:
     import json
 
-    from grader.worker import start_forkserver
+    from grader.forkserver import start_forkserver
 
-    start_forkserver()  # the learner processes' parent preloads torch while this process reads the notebook
+    start_forkserver()  # first thing: the learner processes' parent preloads torch while this process imports its own
     from grader.runner import check_notebook
 
     try:
@@ -259,7 +259,7 @@ def cmd_progress(args) -> int:
     if not folder.is_dir():
         print(f"course progress: not a folder: {folder}", file=sys.stderr)
         return EXIT_USAGE
-    from grader.worker import start_forkserver
+    from grader.forkserver import start_forkserver
 
     start_forkserver()
     report = progress_report(folder)
@@ -307,7 +307,19 @@ def cmd_grade(args) -> int:
     return EXIT_OK
 
 
+def _skip_slow_iri_validator() -> None:
+    """Keep jsonschema from importing ``rfc3987_syntax`` in this process.
+
+    nbformat imports jsonschema, whose format module imports ``rfc3987_syntax`` when it is installed (it is, as
+    ``jsonschema[format-nongpl]`` of the Jupyter stack); that package compiles about 40 Lark grammars at import,
+    2.4 s of CPU here (upstream: python-jsonschema/jsonschema#1428), only to validate the "iri" formats, which no
+    notebook schema uses. Blocking the import leaves notebook validation unchanged.
+    """
+    sys.modules.setdefault("rfc3987_syntax", None)  # None in sys.modules: `import rfc3987_syntax` raises ImportError
+
+
 def main(argv: list[str] | None = None) -> int:
+    _skip_slow_iri_validator()
     parser = argparse.ArgumentParser(prog="course", description="LLMs from scratch: course tools")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check the installation, kernel, data and tokenizer").set_defaults(func=cmd_doctor)
