@@ -1,0 +1,478 @@
+"""Checks of unit 13 (multi-head latent attention).
+
+Independent routes: ``torch.cat`` of the appended latents (the cache contents); an explicit per-head loop over
+weight slices written here (``SimpleMLA`` and the absorbed matrices ``A_h = W_q,hᵀ W_uk,h``,
+``B_h = W_o[:, h] W_uv,h``); ``transformers``' ``DeepseekV3Attention`` (eager, 5.x) on the four tiny parity
+configs (query compression off/on × ``rope_interleave`` True/False), every weight re-drawn from N(0, 0.2²), whose
+outputs are a stored snapshot (``assets/oracles/u13_hf_mla.pt``, rebuilt and compared by
+``tests/test_unit13_deepseek_mla_checks.py``) so that ``course check`` need not import transformers; closed-form
+cache sizes (DeepSeek-V3: 61 layers × (512 + 64) = 35,136 elements per token; the course's tiny models).
+
+Probes build the learner's modules inside the worker. ``13.absorb`` runs the learner's functions on the course's
+``SimpleMLA`` and ``13.DeepSeekMLA`` decodes through the course's ``LatentCache`` (both earlier exercises, not the
+references of the exercise being checked), so a wrong cache or ``SimpleMLA`` costs its own points only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..core import check, module_facts, unwrap
+
+U = "13"
+ORACLE_ASSET = "oracles/u13_hf_mla.pt"
+TINY = dict(d_model=64, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+PARITY = [(None, True), (None, False), (24, True), (24, False)]   # (q_lora_rank, rope_interleave)
+SEQ = 9
+
+
+def _ref_simple():
+    from llmcourse.models.deepseek_mla import LatentCache, SimpleMLA
+
+    return {"LatentCache": LatentCache, "SimpleMLA": SimpleMLA}
+
+
+def _ref_absorb():
+    from llmcourse.models.deepseek_mla import absorb_mla_weights, absorbed_forward
+
+    return {"absorb_mla_weights": absorb_mla_weights, "absorbed_forward": absorbed_forward}
+
+
+def _ref_deepseek():
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+
+    return {"DeepSeekMLA": DeepSeekMLA}
+
+
+def _ref_memory():
+    from llmcourse.nn.kv_cache import attn_cache_elems_per_token
+
+    return {"attn_cache_elems_per_token": attn_cache_elems_per_token}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _causal(t, s=None):
+    s = t if s is None else s
+    return torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+
+
+# ------------------------------------------------------------------ the stored transformers oracle
+
+
+def build_hf_oracle() -> dict:
+    """Outputs of ``DeepseekV3Attention`` on the four parity configs (needs transformers; a few seconds).
+
+    Write it with ``python -c "from grader.checks.u13_deepseek_mla import write_hf_oracle; write_hf_oracle()"``.
+    """
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
+
+    from llmcourse.models.deepseek_mla import hf_deepseek_attention_config
+
+    cases = []
+    for i, (q_lora_rank, interleave) in enumerate(PARITY):
+        cfg = hf_deepseek_attention_config(q_lora_rank=q_lora_rank, rope_interleave=interleave)
+        att = DeepseekV3Attention(cfg, layer_idx=0).eval()
+        g = _gen(100 + i)
+        with torch.no_grad():
+            for p in att.parameters():
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+        x = torch.randn(2, SEQ, TINY["d_model"], generator=_gen(200 + i))
+        cos, sin = DeepseekV3RotaryEmbedding(cfg)(x, torch.arange(SEQ)[None].expand(2, SEQ))
+        add = torch.zeros(SEQ, SEQ).masked_fill(~_causal(SEQ), float("-inf"))[None, None]
+        with torch.no_grad():
+            y = att(x, (cos, sin), add)[0].clone()
+        cases.append({"q_lora_rank": -1 if q_lora_rank is None else q_lora_rank, "rope_interleave": interleave,
+                      "state": {k: v.detach().clone() for k, v in att.state_dict().items()}, "x": x, "y": y})
+    return {"cases": cases}
+
+
+def write_hf_oracle() -> None:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(build_hf_oracle(), path)
+
+
+@functools.lru_cache(maxsize=1)
+def oracle() -> dict:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+
+
+# ================================================================== 13.SimpleMLA
+
+
+def _simple_state(seed, D=32, H=4, hd=8, dc=6, dtype=torch.float32, scale=1.0):
+    g = _gen(seed)
+    shapes = {"W_q.weight": (H * hd, D), "W_dkv.weight": (dc, D), "W_uk.weight": (H * hd, dc),
+              "W_uv.weight": (H * hd, dc), "W_o.weight": (D, H * hd)}
+    return {k: (scale * torch.randn(s, generator=g, dtype=torch.float64)).to(dtype) for k, s in shapes.items()}
+
+
+def _simple_naive(state, x, mask, H, hd):
+    """MLA without positions, head by head from weight slices (the checker's independent route)."""
+    c = x @ state["W_dkv.weight"].T
+    out = torch.zeros(*x.shape[:2], state["W_o.weight"].shape[0], dtype=x.dtype)
+    for h in range(H):
+        rows = slice(h * hd, (h + 1) * hd)
+        q, k, v = x @ state["W_q.weight"][rows].T, c @ state["W_uk.weight"][rows].T, c @ state["W_uv.weight"][rows].T
+        s = q @ k.transpose(-2, -1) / math.sqrt(hd)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        out = out + torch.softmax(s, dim=-1) @ v @ state["W_o.weight"][:, rows].T
+    return out, c
+
+
+def _latent_chunks(seed, B=2, dc=6, dr=4, n_layers=3, lengths=(3, 1, 5), with_pe=True):
+    g = _gen(seed)
+    return [[(torch.randn(B, n, dc, generator=g), torch.randn(B, n, dr, generator=g) if with_pe else None)
+             for _ in range(n_layers)] for n in lengths]
+
+
+def _latent_run(chunks, dtype=None):
+    def probe(impl):
+        c = impl.LatentCache(len(chunks[0]))
+        rec = {"empty_len": c.seq_len, "empty_bytes": c.nbytes(), "returned": [], "lens": []}
+        for step in chunks:
+            for layer, (ckv, kpe) in enumerate(step):
+                if dtype is not None:
+                    ckv = ckv.to(dtype)
+                    kpe = None if kpe is None else kpe.to(dtype)
+                r = c.update(layer, ckv.clone(), None if kpe is None else kpe.clone())
+                rec["returned"].append(list(r) if isinstance(r, (tuple, list)) else r)
+            rec["lens"].append(c.seq_len)
+        rec["nbytes"] = c.nbytes()
+        return rec
+    return probe
+
+
+def _simple_module(impl, state, D, H, hd, dc, dtype=None):
+    m = impl.SimpleMLA(D, H, hd, dc)
+    if dtype is not None:
+        unwrap(m).to(dtype)
+    unwrap(m).load_state_dict(state)
+    unwrap(m).eval()
+    return m
+
+
+@check(f"{U}.SimpleMLA", ["LatentCache", "SimpleMLA"], _ref_simple)
+def check_simple_mla(t):
+    # -- the cache
+    chunks = _latent_chunks(0)
+    got = t.run(_latent_run(chunks))
+    t.expect(isinstance(got, dict) and got["empty_len"] == 0 and got["empty_bytes"] == 0,
+             "an empty LatentCache must have seq_len 0 and nbytes() 0")
+    i = 0
+    for s, step in enumerate(chunks):
+        for layer in range(len(step)):
+            c_all = torch.cat([chunks[j][layer][0] for j in range(s + 1)], dim=1)
+            k_all = torch.cat([chunks[j][layer][1] for j in range(s + 1)], dim=1)
+            r = got["returned"][i]
+            t.expect(isinstance(r, list) and len(r) == 2 and all(isinstance(v, torch.Tensor) for v in r),
+                     "update(layer_idx, c_kv, k_pe) must return the layer's (c_kv, k_pe) as two tensors")
+            t.expect(tuple(r[0].shape) == tuple(c_all.shape) and tuple(r[1].shape) == tuple(k_all.shape),
+                     f"update #{s + 1} of layer {layer}: the returned tensors must hold every appended token, "
+                     f"shapes {tuple(c_all.shape)} and {tuple(k_all.shape)} (appended on dim 1); got "
+                     f"{tuple(r[0].shape)} and {tuple(r[1].shape)}")
+            t.expect(torch.equal(r[0], c_all) and torch.equal(r[1], k_all),
+                     f"update #{s + 1} of layer {layer}: the returned tensors must be this layer's earlier latents "
+                     "followed by the new ones, in order")
+            i += 1
+    t.expect(got["lens"] == [3, 4, 9], f"seq_len after appending 3, 1 and 5 tokens to every layer must be [3, 4, 9]; "
+             f"got {got['lens']}")
+    expected = 3 * (6 + 4) * 9 * 2 * 4
+    t.expect(got["nbytes"] == expected, f"nbytes() of a float32 cache (3 layers, B=2, T=9, d_c=6, d_R=4) must be "
+             f"3·(6+4)·9·2·4 = {expected}; got {got['nbytes']!r}")
+    nope = t.run(_latent_run(_latent_chunks(1, n_layers=1, lengths=(2, 3), with_pe=False), dtype=torch.bfloat16))
+    t.expect(nope["returned"][-1][1] is None, "without k_pe (k_pe=None) update must return None as the second item")
+    t.expect(nope["nbytes"] == 6 * 5 * 2 * 2, f"nbytes() of a bfloat16 latent-only cache (1 layer, B=2, T=5, d_c=6) "
+             f"must be {6 * 5 * 2 * 2}; got {nope['nbytes']!r}")
+
+    # -- the module
+    D, H, hd, dc = 32, 4, 8, 6
+    facts = t.run(lambda impl: module_facts(impl.SimpleMLA(D, H, hd, dc)))
+    t.expect(facts.get("is_module"), f"SimpleMLA must be an nn.Module subclass, got {facts.get('type')}")
+    want = {"W_q.weight": (32, 32), "W_dkv.weight": (6, 32), "W_uk.weight": (32, 6), "W_uv.weight": (32, 6),
+            "W_o.weight": (32, 32)}
+    t.expect(facts["state_dict"] == want, f"SimpleMLA(32, 4, 8, 6) must have exactly the keys and shapes {want} "
+             f"(no biases); got {facts['state_dict']}")
+    state = _simple_state(1, scale=0.3)
+    x = torch.randn(2, 7, D, generator=_gen(2))
+    mask = _causal(7)
+    full, c = _simple_naive(state, x, mask, H, hd)
+    t.compare(lambda impl: _simple_module(impl, state, D, H, hd, dc)(x, mask), full,
+              "SimpleMLA(32, 4, 8, 6) on a (2, 7, 32) input with a causal mask (seeded weights)", atol=1e-5, rtol=1e-4)
+    s64 = _simple_state(3, dtype=torch.float64)
+    x64 = torch.randn(1, 5, D, generator=_gen(4), dtype=torch.float64)
+    t.compare(lambda impl: _simple_module(impl, s64, D, H, hd, dc, torch.float64)(x64, _causal(5)),
+              _simple_naive(s64, x64, _causal(5), H, hd)[0], "SimpleMLA in float64 (scale 1/√hd, softmax over keys)",
+              atol=1e-10, rtol=1e-10)
+
+    # -- cached decoding: prefill 3 tokens into layer 1 of a 2-layer cache, then one token at a time
+    def decode(impl):
+        m = _simple_module(impl, state, D, H, hd, dc)
+        cache = _Recorder(impl.LatentCache(2))
+        outs = []
+        with torch.no_grad():
+            outs.append(m(x[:, :3], _causal(3), cache=cache, layer_idx=1))
+            for i in range(3, 7):
+                outs.append(m(x[:, i:i + 1], None, cache=cache, layer_idx=1))
+        return {"out": torch.cat(outs, dim=1), "nbytes": cache.nbytes(), "c_kv": cache.last}
+
+    got = t.run(decode)
+    ckv = got["c_kv"]
+    t.expect(isinstance(ckv, torch.Tensor), "SimpleMLA.forward with a cache must call cache.update(layer_idx, c) and "
+             "use the (c_all, None) it returns")
+    t.expect(tuple(ckv.shape) == (2, 7, dc), f"after 7 tokens, cache.update returned a tensor of shape "
+             f"{tuple(ckv.shape)}; MLA caches only the latent c = W_dkv(x), shape (B, T, d_c) = (2, 7, {dc})")
+    t.expect(torch.allclose(ckv, c, atol=1e-5, rtol=1e-4),
+             "after 7 tokens the cache's layer 1 must hold the latents W_dkv(x) of the 7 tokens, in order")
+    t.expect(got["nbytes"] == 1 * dc * 7 * 2 * 4, f"nbytes() after caching 7 tokens in one layer (float32, B=2, d_c=6) "
+             f"must be {dc * 7 * 2 * 4}: only the latent is cached; got {got['nbytes']!r}")
+    t.compare(decode, full, "outputs of a 3-token prefill then 4 single-token steps through a LatentCache (equal to "
+              "the full forward)", atol=1e-5, rtol=1e-4, pick=lambda o: o["out"])
+
+
+class _Recorder:
+    """Passes every call to the learner's cache and keeps the latents the last ``update`` returned."""
+
+    def __init__(self, inner):
+        self.inner, self.last = inner, None
+
+    def update(self, layer_idx, c_kv, k_pe=None):
+        out = self.inner.update(layer_idx, c_kv, k_pe)
+        self.last = out[0] if isinstance(out, (tuple, list)) else out
+        return out
+
+    @property
+    def seq_len(self):
+        return self.inner.seq_len
+
+    def nbytes(self):
+        return self.inner.nbytes()
+
+
+# ================================================================== 13.absorb
+
+
+def _course_simple(state, D, H, hd, dc, dtype=torch.float32):
+    from llmcourse.models.deepseek_mla import SimpleMLA
+
+    m = SimpleMLA(D, H, hd, dc).to(dtype)
+    m.load_state_dict(state)
+    return m.eval()
+
+
+def _expected_absorbed(state, H, hd):
+    wq, wuk, wuv, wo = (state[k] for k in ("W_q.weight", "W_uk.weight", "W_uv.weight", "W_o.weight"))
+    a = torch.stack([wq[h * hd:(h + 1) * hd].T @ wuk[h * hd:(h + 1) * hd] for h in range(H)])
+    b = torch.stack([wo[:, h * hd:(h + 1) * hd] @ wuv[h * hd:(h + 1) * hd] for h in range(H)])
+    return a, b
+
+
+def _f131_state():
+    """F13.1: ``torch.manual_seed(0)``, randn weights in the order W_q, W_dkv, W_uk, W_uv, W_o, then x (float64)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        shapes = [("W_q.weight", (32, 32)), ("W_dkv.weight", (6, 32)), ("W_uk.weight", (32, 6)),
+                  ("W_uv.weight", (32, 6)), ("W_o.weight", (32, 32))]
+        state = {k: torch.randn(s, dtype=torch.float64) for k, s in shapes}
+        x = torch.randn(2, 5, 32, dtype=torch.float64)
+    return state, x
+
+
+@check(f"{U}.absorb", ["absorb_mla_weights", "absorbed_forward"], _ref_absorb)
+def check_absorb(t):
+    D, H, hd, dc = 32, 4, 8, 6
+    state, x = _f131_state()
+    mask = _causal(5)
+    a, b = _expected_absorbed(state, H, hd)
+
+    def weights(impl):
+        return impl.absorb_mla_weights(_course_simple(state, D, H, hd, dc, torch.float64))
+
+    naive, c = _simple_naive(state, x, mask, H, hd)
+
+    def f131(impl):
+        m = _course_simple(state, D, H, hd, dc, torch.float64)
+        with torch.no_grad():
+            return impl.absorbed_forward(m, x, m.W_dkv(x), mask)
+
+    t.compare(f131, naive, "absorbed_forward on the seeded float64 example (B=2, T=5, D=32, H=4, hd=8, d_c=6) "
+              "against naive MLA", atol=1e-10, rtol=1e-10)
+    got = t.run(weights)
+    t.expect(isinstance(got, (list, tuple)) and len(got) == 2 and all(isinstance(v, torch.Tensor) for v in got),
+             "absorb_mla_weights must return two tensors (A, Bo)")
+    t.expect(tuple(got[0].shape) == (H, D, dc) and tuple(got[1].shape) == (H, D, dc),
+             f"A and Bo must both have shape (H, D, d_c) = {(H, D, dc)}; got {tuple(got[0].shape)} and "
+             f"{tuple(got[1].shape)}")
+    t.compare(weights, a, "A[h] = W_q[h]ᵀ @ W_uk[h] (each (D, d_c))", atol=1e-10, rtol=1e-10, pick=lambda o: o[0])
+    t.compare(weights, b, "Bo[h] = W_o[:, h] @ W_uv[h] (each (D, d_c))", atol=1e-10, rtol=1e-10, pick=lambda o: o[1])
+
+    # float32, default nn.Linear initialisation, a longer latent than the queries (decoding with a cache)
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        from llmcourse.models.deepseek_mla import SimpleMLA
+
+        s32 = {k: v.detach().clone() for k, v in SimpleMLA(48, 6, 8, 10).state_dict().items()}
+    xs = torch.randn(3, 11, 48, generator=_gen(6))
+    full, _ = _simple_naive(s32, xs, _causal(11), 6, 8)
+
+    def decode_rows(impl):
+        m = _course_simple(s32, 48, 6, 8, 10)
+        with torch.no_grad():
+            return impl.absorbed_forward(m, xs[:, 8:], m.W_dkv(xs), _causal(3, 11))
+
+    t.compare(decode_rows, full[:, 8:], "absorbed_forward for the last 3 of 11 tokens reading all 11 latents "
+              "(float32, default initialisation, bottom-right causal mask)", atol=1e-5, rtol=1e-4)
+
+    # recomputed on every call
+    def weight_change(impl):
+        m = _course_simple(s32, 48, 6, 8, 10)
+        with torch.no_grad():
+            first = impl.absorbed_forward(m, xs, m.W_dkv(xs), _causal(11))
+            m.W_uk.weight.mul_(1.5)
+            m.W_o.weight.add_(0.05)
+            second = impl.absorbed_forward(m, xs, m.W_dkv(xs), _causal(11))
+        return first, second
+
+    s2 = dict(s32)
+    s2["W_uk.weight"] = s32["W_uk.weight"] * 1.5
+    s2["W_o.weight"] = s32["W_o.weight"] + 0.05
+    after, _ = _simple_naive(s2, xs, _causal(11), 6, 8)
+    got = t.run(weight_change)
+    t.expect(not torch.allclose(got[0], got[1]) and torch.allclose(got[1], after, atol=1e-5, rtol=1e-4),
+             "after the module's weights change (an optimizer step), absorbed_forward must give the new model's "
+             "output; it gave " + ("the old output (stale absorbed matrices)" if torch.allclose(got[0], got[1])
+                                   else "something else"), bug="B13.absorb_cached_stale")
+
+
+# ================================================================== 13.DeepSeekMLA
+
+
+def _ds_kwargs(q_lora_rank, interleave):
+    return dict(TINY, q_lora_rank=q_lora_rank, rope_interleave=interleave)
+
+
+def _expected_keys(q_lora_rank):
+    H, D, dc, dn, dr, dv = 4, 64, 16, 16, 8, 16
+    keys = ({"q_proj.weight": (H * (dn + dr), D)} if q_lora_rank is None else
+            {"q_a_proj.weight": (q_lora_rank, D), "q_a_layernorm.weight": (q_lora_rank,),
+             "q_b_proj.weight": (H * (dn + dr), q_lora_rank)})
+    keys.update({"kv_a_proj_with_mqa.weight": (dc + dr, D), "kv_a_layernorm.weight": (dc,),
+                 "kv_b_proj.weight": (H * (dn + dv), dc), "o_proj.weight": (D, H * dv)})
+    return keys
+
+
+def _ds_module(impl, q_lora_rank, interleave, state):
+    m = impl.DeepSeekMLA(**_ds_kwargs(q_lora_rank, interleave))
+    unwrap(m).load_state_dict(state, strict=True)
+    unwrap(m).eval()
+    return m
+
+
+def _ds_full(q_lora_rank, interleave, state, x, shift=0, absorb=False):
+    def probe(impl):
+        m = _ds_module(impl, q_lora_rank, interleave, state)
+        with torch.no_grad():
+            return m(x, torch.arange(x.shape[1]) + shift, _causal(x.shape[1]), absorb=absorb)
+    return probe
+
+
+def _ds_decode(q_lora_rank, interleave, state, x, prefill=5, absorb=False):
+    def probe(impl):
+        from llmcourse.models.deepseek_mla import LatentCache
+
+        m = _ds_module(impl, q_lora_rank, interleave, state)
+        cache = LatentCache(2)
+        T = x.shape[1]
+        with torch.no_grad():
+            outs = [m(x[:, :prefill], torch.arange(prefill), _causal(prefill), cache=cache, layer_idx=1)]
+            for i in range(prefill, T):
+                outs.append(m(x[:, i:i + 1], torch.arange(i, i + 1), None, cache=cache, layer_idx=1, absorb=absorb))
+        shapes = [list(v.shape) if isinstance(v, torch.Tensor) else None for v in (cache.c_kv[1], cache.k_pe[1])]
+        return {"out": torch.cat(outs, dim=1), "shapes": shapes, "layer0": [cache.c_kv[0], cache.k_pe[0]]}
+    return probe
+
+
+@check(f"{U}.DeepSeekMLA", ["DeepSeekMLA"], _ref_deepseek)
+def check_deepseek_mla(t):
+    for q_lora_rank in (None, 24):
+        facts = t.run(lambda impl, q=q_lora_rank: module_facts(impl.DeepSeekMLA(**_ds_kwargs(q, True))))
+        t.expect(facts.get("is_module"), f"DeepSeekMLA must be an nn.Module subclass, got {facts.get('type')}")
+        want, sd = _expected_keys(q_lora_rank), facts["state_dict"]
+        width = sd.get("kv_a_proj_with_mqa.weight")
+        if width is not None and width[0] == 16 + 4 * 8:
+            t.fail(f"kv_a_proj_with_mqa.weight has shape {width}: one rope key per head; DeepSeek's rope key k_pe is "
+                   "a single head of width qk_rope_head_dim shared by all query heads, so the projection is "
+                   "(kv_lora_rank + qk_rope_head_dim, d_model) = (24, 64)", bug="B13.k_pe_per_head")
+        t.expect(sd == want, f"DeepSeekMLA(q_lora_rank={q_lora_rank}, ...) must have exactly the keys and shapes of "
+                 f"transformers' DeepseekV3Attention, no biases: {want}; got {sd}")
+
+    cases = oracle()["cases"]
+    for case in cases:
+        q = None if case["q_lora_rank"] < 0 else case["q_lora_rank"]
+        il = case["rope_interleave"]
+        t.compare(_ds_full(q, il, case["state"], case["x"]), case["y"],
+                  f"output with transformers' DeepseekV3Attention weights (q_lora_rank={q}, rope_interleave={il}; "
+                  "D=64, H=4, d_c=16, d_nope=16, d_R=8, d_v=16, causal mask)", atol=1e-5, rtol=0)
+
+    for case in cases[2:]:
+        q, il, state, x, y = case["q_lora_rank"], case["rope_interleave"], case["state"], case["x"], case["y"]
+        t.compare(_ds_full(q, il, state, x, absorb=True), y, f"absorb=True (rope_interleave={il}) must equal the "
+                  "naive path", atol=1e-5, rtol=0)
+        t.compare(_ds_full(q, il, state, x, shift=11), y, f"positions shifted by 11 (rope_interleave={il}) must "
+                  "leave the output unchanged (RoPE sees only j − i)", atol=2e-5, rtol=0)
+        got = t.run(_ds_decode(q, il, state, x))
+        if got["shapes"][0] is not None and got["shapes"][0] != [2, SEQ, 16]:
+            t.fail(f"after {SEQ} tokens the cache holds c_kv of shape {got['shapes'][0]} and k_pe of shape "
+                   f"{got['shapes'][1]}: MLA caches only the normalised latent (B, T, kv_lora_rank) = (2, {SEQ}, 16) "
+                   f"and the shared rotated rope key (B, T, qk_rope_head_dim) = (2, {SEQ}, 8)",
+                   bug="B13.cache_decompressed")
+        t.expect(got["shapes"] == [[2, SEQ, 16], [2, SEQ, 8]], f"after {SEQ} tokens through layer 1 of a LatentCache, "
+                 f"update(layer_idx, c_kv, k_pe) must have stored c_kv (2, {SEQ}, 16) and k_pe (2, {SEQ}, 8); got "
+                 f"{got['shapes']}", bug="B13.cache_decompressed")
+        t.expect(got["layer0"] == [None, None], "with layer_idx=1 only layer 1 of the cache may be written")
+        t.compare(_ds_decode(q, il, state, x), y, f"a 5-token prefill then single-token steps through a LatentCache "
+                  f"(rope_interleave={il}) must equal the full forward", atol=1e-5, rtol=0, pick=lambda o: o["out"])
+        t.compare(_ds_decode(q, il, state, x, absorb=True), y, f"cached decoding with absorb=True "
+                  f"(rope_interleave={il}) must equal the full forward", atol=1e-5, rtol=0, pick=lambda o: o["out"])
+
+
+# ================================================================== 13.mla_memory
+
+
+@check(f"{U}.mla_memory", ["attn_cache_elems_per_token"], _ref_memory)
+def check_mla_memory(t):
+    def call(**kw):
+        return lambda impl: impl.attn_cache_elems_per_token(**kw)
+
+    t.compare(call(kind="mla", n_layers=61, kv_lora_rank=512, qk_rope_head_dim=64), 35_136,
+              "DeepSeek-V3's MLA cache per token: 61 layers × (kv_lora_rank 512 + qk_rope_head_dim 64)", atol=0, rtol=0)
+    t.compare(call(kind="mha", n_layers=61, n_heads=128, k_head_dim=192, v_head_dim=128), 2_498_560,
+              "multi-head attention with DeepSeek-V3's head sizes: 61 × 128 × (192 + 128)", atol=0, rtol=0)
+    t.compare(call(kind="mla", n_layers=4, kv_lora_rank=64, qk_rope_head_dim=16), 320,
+              "the course's DeepSeek-tiny (4 layers, d_c 64, d_R 16)", atol=0, rtol=0)
+    t.compare(call(kind="gqa", n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32), 512,
+              "the course's Llama-tiny (GQA: 4 layers, 2 KV heads of 32)", atol=0, rtol=0)
+    t.compare(call(kind="mha", n_layers=4, n_heads=4, head_dim=32), 1024,
+              "the course's GPT-tiny (MHA: 4 layers, 4 heads of 32)", atol=0, rtol=0)
+    t.compare(call(kind="mqa", n_layers=12, n_heads=12, head_dim=64), 1536,
+              "MQA with 12 layers and one key/value head of 64", atol=0, rtol=0)
+    t.compare(call(kind="gqa", n_layers=3, n_heads=8, n_kv_heads=2, head_dim=16, k_head_dim=24), 3 * 2 * (24 + 16),
+              "GQA with keys wider than values (k_head_dim 24, v_head_dim defaulting to head_dim 16)", atol=0, rtol=0)
+    got = t.run(call(kind="mla", n_layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
+    t.expect(isinstance(got, int) and not isinstance(got, bool), f"the count must be a Python int; got "
+             f"{type(got).__name__}")
