@@ -160,6 +160,16 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def _fused_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's q, k, v ``(B, H, T, hd)`` from one ``(3·d_out, d_in)`` GEMM over the concatenated
+        ``W_query``/``W_key``/``W_value`` weights (what GPT-2's fused ``c_attn`` does; measured faster on CPU than three
+        ``(d_out, d_in)`` GEMMs at 2 threads). Parameters and state_dict keys are unchanged; the explicit
+        ``store_weights`` path keeps the three separate projections."""
+        weight = torch.cat([self.W_query.weight, self.W_key.weight, self.W_value.weight])
+        bias = None if self.W_query.bias is None else torch.cat([self.W_query.bias, self.W_key.bias, self.W_value.bias])
+        q, k, v = F.linear(x, weight, bias).split(self.W_query.out_features, dim=-1)
+        return self._split(q), self._split(k), self._split(v)
+
     def _inputs(self, x_q: Tensor, x_kv: Tensor | None) -> Tensor:
         if x_q.dim() != 3 or x_q.shape[-1] != self.d_in:
             raise ValueError(f"x_q must have shape (B, T_q, d_in={self.d_in}), got {tuple(x_q.shape)}")
@@ -212,9 +222,12 @@ class MultiHeadAttention(nn.Module):
         b, t_q, _ = x_q.shape
         t_k = x_kv.shape[1]
         full_mask = self.attention_mask(t_q, t_k, mask, batch=b)
-        q = self._split(self.W_query(x_q))           # (B, H, T_q, hd)
-        k = self._split(self.W_key(x_kv))            # (B, H, T_k, hd)
-        v = self._split(self.W_value(x_kv))          # (B, H, T_k, hd)
+        if x_kv is x_q and not self.store_weights:
+            q, k, v = self._fused_qkv(x_q)           # self-attention: one GEMM, same parameters
+        else:
+            q = self._split(self.W_query(x_q))       # (B, H, T_q, hd)
+            k = self._split(self.W_key(x_kv))        # (B, H, T_k, hd)
+            v = self._split(self.W_value(x_kv))      # (B, H, T_k, hd)
         if self.store_weights:
             # explicit path: the attention weights are materialised for the head viewers
             context, weights = scaled_dot_product_attention(q, k, v, mask=full_mask, dropout=self.dropout)

@@ -271,6 +271,9 @@ def architecture_shapes(cfg: GPT2Config, batch: int = 1, seq: int | None = None)
                 rows.append({"name": name, "kind": type(module).__name__, "shape": tuple(output.shape),
                              "params": own})
 
+        for m in model.modules():  # the explicit path calls W_query/W_key/W_value as modules (the fast path fuses them)
+            if hasattr(m, "store_weights"):
+                m.store_weights = True
         handles = [m.register_forward_hook(hook) for m in model.modules()]
         try:
             model(torch.zeros(batch, seq, dtype=torch.long))
