@@ -29,6 +29,18 @@ def test_same_keys_and_buffers(pair):
 
 
 @torch.no_grad()
+def test_same_seed_same_weights_as_the_cache_free_model():
+    """The cached model builds unit 11's layer structure once (no second initialisation): same seed, same weights."""
+    cfg = Llama3Config.preset("llama3-tiny")
+    torch.manual_seed(3)
+    plain = Llama3Model(cfg)
+    torch.manual_seed(3)
+    cached = CachedLlama3Model(cfg)
+    a, b = plain.state_dict(), cached.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert type(cached.layers[0].self_attn).__name__ == "CachedGroupedQueryAttention"
+
+
 def test_prefill_decode_and_chunks_equal_uncached(pair):
     plain, cached = pair
     idx = torch.randint(0, 65, (3, 24), generator=torch.Generator().manual_seed(1))

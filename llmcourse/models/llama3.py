@@ -355,10 +355,12 @@ class Llama3Block(nn.Module):
     ``mlp.{gate,up,down}_proj.weight``. No buffers: the model passes the shared tables and mask.
     """
 
+    attention_class = GroupedQueryAttention  # subclasses (unit 12's cached block) swap the attention class here
+
     def __init__(self, cfg: Llama3Config):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
-        self.self_attn = GroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, _head_dim(cfg))
+        self.self_attn = self.attention_class(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, _head_dim(cfg))
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.mlp = SwiGLUFeedForward(cfg.d_model, cfg.intermediate_size)
 
@@ -392,11 +394,13 @@ class Llama3Model(nn.Module):
         ValueError: ``idx`` not 2-D or ``T > context_length``.
     """
 
+    block_class = Llama3Block  # subclasses (unit 12's cached model) swap the block class here
+
     def __init__(self, cfg: Llama3Config):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Llama3Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(self.block_class(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
-from .llama3 import GroupedQueryAttention, Llama3Block, Llama3Config, Llama3Model
+from .llama3 import GroupedQueryAttention, Llama3Block, Llama3Model
 
 __all__ = ["CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached",
            "generate_uncached"]
@@ -78,9 +78,7 @@ class CachedGroupedQueryAttention(GroupedQueryAttention):
 class CachedLlama3Block(Llama3Block):
     """Unit 11's Llama block with :class:`CachedGroupedQueryAttention` (same keys); passes the cache through."""
 
-    def __init__(self, cfg: Llama3Config):
-        super().__init__(cfg)
-        self.self_attn = CachedGroupedQueryAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.hd)
+    attention_class = CachedGroupedQueryAttention
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: KVCache | None = None, layer_idx: int | None = None) -> Tensor:
@@ -92,8 +90,8 @@ class CachedLlama3Model(Llama3Model):
     """Llama 3 decoder whose ``forward(idx, cache=None)`` prefills or extends a KV cache.
 
     Same ``state_dict`` keys, buffers and initialisation rule as :class:`llmcourse.models.llama3.Llama3Model`
-    (load one's weights into the other with ``load_state_dict``; the same seed does **not** give the same
-    weights, since the layers are built twice). ``lm_head.weight`` is the embedding's Parameter when
+    (built with the same seed, the two hold equal weights; ``load_state_dict`` moves weights between them).
+    ``lm_head.weight`` is the embedding's Parameter when
     ``cfg.tie_word_embeddings``.
 
     ``forward(idx, cache=None)``: ``idx (B, T)`` long → logits ``(B, T, V)`` float32. Without a cache it is
@@ -106,10 +104,7 @@ class CachedLlama3Model(Llama3Model):
         ValueError: ``idx`` not 2-D, or ``start + T > cfg.context_length`` (the RoPE tables end there).
     """
 
-    def __init__(self, cfg: Llama3Config):
-        super().__init__(cfg)
-        self.layers = nn.ModuleList(CachedLlama3Block(cfg) for _ in range(cfg.n_layers))
-        self.init_weights()
+    block_class = CachedLlama3Block
 
     def new_cache(self) -> KVCache:
         """An empty :class:`KVCache` with one slot per layer."""
