@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from ..nn.feedforward import FeedForward
 from ..nn.multihead import MultiHeadAttention
 from ..nn.norms import LayerNorm
+from .inputs import token_ids_length
 
 __all__ = [
     "GPT2_PRESETS", "GPT2Block", "GPT2Config", "GPT2Model", "count_parameters", "find_pretrained_gpt2",
@@ -206,13 +207,7 @@ class GPT2Model(nn.Module):
 
     def embed(self, idx: Tensor) -> Tensor:
         """``dropout(tok_emb(idx) + pos_emb(0 … T−1))``: (B, T) long -> (B, T, D)."""
-        if not isinstance(idx, Tensor) or idx.dim() != 2:
-            shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
-            raise ValueError(f"GPT2Model expects token ids of shape (B, T), got {shape}")
-        t = idx.shape[1]
-        if t > self.cfg.context_length:
-            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}: crop the "
-                             f"input to its last {self.cfg.context_length} tokens")
+        t = token_ids_length(idx, self.cfg.context_length, "GPT2Model")
         positions = torch.arange(t, device=idx.device)
         return self.dropout(self.tok_emb(idx) + self.pos_emb(positions))
 

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .inputs import token_ids_length
+
 __all__ = [
     "LLAMA3_PRESETS", "GroupedQueryAttention", "Llama3Block", "Llama3Config", "Llama3Model", "RMSNorm",
     "SwiGLUFeedForward", "apply_rope", "apply_rope_interleaved", "hf_llama_config", "interleaved_to_half_split_perm",
@@ -425,14 +427,7 @@ class Llama3Model(nn.Module):
                 nn.init.ones_(module.weight)
 
     def _check(self, idx: Tensor) -> int:
-        if not isinstance(idx, Tensor) or idx.dim() != 2:
-            shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
-            raise ValueError(f"Llama3Model expects token ids of shape (B, T), got {shape}")
-        t = idx.shape[1]
-        if t > self.cfg.context_length:
-            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}: crop the "
-                             f"input to its last {self.cfg.context_length} tokens")
-        return t
+        return token_ids_length(idx, self.cfg.context_length, type(self).__name__)
 
     def forward(self, idx: Tensor) -> Tensor:
         t = self._check(idx)
