@@ -1,0 +1,22 @@
+"""Unit 16: the calibrated loss delta stored in the checks is what the library's conversion of the trained
+character Llama costs on the check's batches (re-computed with unit 10's estimate_loss)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_reference_delta_of_the_checks_is_current():
+    from grader.checks import u16_fp8_quantization as C
+    from llmcourse.data.corpus import char_corpus
+    from llmcourse.quant.fp8 import fp8_loss_delta
+    from llmcourse.train.llama_char import llama_char_tiny_path, load_llama_char_tiny
+
+    if not llama_char_tiny_path().exists():
+        pytest.skip("assets/llama_char_tiny.pt is missing")
+    torch.set_num_threads(1)
+    model, _ = load_llama_char_tiny(retrain=False, verbose=False)
+    r = fp8_loss_delta(model, char_corpus("tinyshakespeare").val, C.LOSS_BATCHES, C.LOSS_BATCH, C.LOSS_T)
+    assert r["delta"] == pytest.approx(C.REF_DELTA, abs=2e-6)
+    assert 0 < r["delta"] < 0.02
