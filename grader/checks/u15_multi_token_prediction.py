@@ -186,8 +186,8 @@ def check_mtp_module(t):
               "decoder layer as the block and seeded weights (2 rows of 7 positions)", atol=1e-4, rtol=1e-4)
     # the norms act on their own inputs: scaling emb or h_prev by a constant changes nothing
     h, e, cos, sin, mask = inputs
-    scaled = (h * 4.0, e * 0.5, cos, sin, mask)
-    t.compare(_module_probe(cfg, state, scaled), expected, "forward with h_prev × 4 and emb × 0.5 (each half is "
+    scaled = (h * 4.0, e * 2.0, cos, sin, mask)
+    t.compare(_module_probe(cfg, state, scaled), expected, "forward with h_prev × 4 and emb × 2 (each half is "
               "RMS-normalised on its own, so the output must not change)", atol=1e-4, rtol=1e-4)
 
 
