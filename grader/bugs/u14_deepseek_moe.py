@@ -1,0 +1,145 @@
+"""Bug catalog of unit 14 (mixture of experts): one known-wrong implementation per syllabus entry.
+
+Each mutant is the reference (:mod:`llmcourse.models.deepseek_moe`) with exactly one mistake. Detectors (named
+by the checks): the bias registered as a Parameter (``bias_parameter``) or stored in bfloat16
+(``bias_low_precision``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from llmcourse.models.deepseek_moe import DeepSeekMoE, expert_counts
+
+from ..core import bug
+
+U = "14"
+
+
+def _route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_factor=1.0, norm_topk_prob=True, *,
+           affinity="sigmoid", bias_on_logits=False, mask_value=float("-inf"), group_score="top2",
+           weights_from_biased=False, renorm=True, scale=True):
+    """The reference routing with switches for the known mistakes."""
+    n, e = router_logits.shape
+    logits = router_logits.float()
+    if affinity == "softmax":
+        scores = torch.softmax(logits, -1)
+    else:
+        scores = torch.sigmoid(logits)
+    choice = torch.sigmoid(logits + bias.float()) if bias_on_logits else scores + bias.float()
+    grouped = choice.view(n, n_group, e // n_group)
+    gs = grouped.max(-1).values if group_score == "max" else grouped.topk(2, -1).values.sum(-1)
+    keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(topk_group, -1).indices, True)
+    keep = keep.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)
+    choice = choice.masked_fill(~keep, mask_value)
+    indices = choice.topk(top_k, -1).indices
+    weights = (choice if weights_from_biased else scores).gather(1, indices)
+    if norm_topk_prob and renorm:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return (weights * routed_scaling_factor if scale else weights), indices
+
+
+for _id, _opts, _hint in [
+    ("B14.gate_from_biased", dict(weights_from_biased=True),
+     "The bias only chooses experts; the gate weights come from the unbiased scores."),
+    ("B14.group_mask_zero", dict(mask_value=0.0),
+     "Biased scores can be negative; mask the experts of excluded groups with −inf."),
+    ("B14.group_score_max", dict(group_score="max"), "DeepSeek-V3 scores a group by the sum of its two best experts."),
+    ("B14.no_renorm", dict(renorm=False), "With norm_topk_prob, divide the selected weights by their sum."),
+    ("B14.softmax_for_sigmoid", dict(affinity="softmax"), "DeepSeek-V3 uses sigmoid affinities."),
+    ("B14.bias_on_logits", dict(bias_on_logits=True), "Add the bias to the sigmoid scores, not to the logits."),
+    ("B14.scaling_missing", dict(scale=False), "Multiply the routed weights by the scaling factor."),
+]:
+    def _mutant(*args, _opts=_opts, **kwargs):
+        return _route(*args, **kwargs, **_opts)
+
+    bug(_id, f"{U}.deepseek_route", _hint, name="deepseek_route")(_mutant)
+
+
+# ---------------------------------------------------------------- the auxiliary loss
+
+
+@bug("B14.aux_no_scale", f"{U}.load_balancing_loss", "Normalise f_i so that a uniform router gives exactly alpha.",
+     name="load_balancing_loss")
+def load_balancing_loss_fractions(probs, indices, num_experts, alpha=0.01):
+    f = expert_counts(indices, num_experts).to(probs.dtype) / indices.numel()
+    return alpha * (f * probs.mean(0)).sum()
+
+
+# ---------------------------------------------------------------- the bias update
+
+
+@bug("B14.bias_sign_flipped", f"{U}.update_bias", "Lower the bias of overloaded experts and raise underloaded ones.",
+     name="update_bias")
+@torch.no_grad()
+def update_bias_flipped(bias, indices, num_experts, gamma=0.001):
+    c = expert_counts(indices, num_experts).float()
+    return bias.float() + gamma * torch.sign(c - c.mean())
+
+
+@bug("B14.bias_proportional", f"{U}.update_bias", "The rule uses the sign of the load error: a fixed step gamma.",
+     name="update_bias")
+@torch.no_grad()
+def update_bias_proportional(bias, indices, num_experts, gamma=0.001):
+    c = expert_counts(indices, num_experts).float()
+    return bias.float() + gamma * (c.mean() - c)
+
+
+# ---------------------------------------------------------------- the layer
+
+
+class MoESharedAveraged(DeepSeekMoE):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._s = max(1, self.shared_experts.gate_proj.out_features // self.experts[0].gate_proj.out_features)
+
+    def forward(self, x):
+        shared, self.shared_experts = self.shared_experts, None
+        try:
+            out = super().forward(x)
+        finally:
+            self.shared_experts = shared
+        return out + shared(x) / self._s
+
+
+class MoEUnweighted(DeepSeekMoE):
+    def forward(self, x):
+        flat = x.reshape(-1, self.d_model)
+        _, _, indices = self.gate(flat)
+        if self.training:
+            self.last_indices = indices.detach()
+        out = torch.zeros_like(flat)
+        for e in expert_counts(indices, self.n_routed_experts).nonzero().flatten().tolist():
+            token, _ = torch.where(indices == e)
+            out.index_add_(0, token, self.experts[e](flat[token]))
+        return out.view_as(x) + self.shared_experts(x)
+
+
+class MoEBiasParameter(DeepSeekMoE):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        b = self.gate.e_score_correction_bias
+        del self.gate._buffers["e_score_correction_bias"]
+        self.gate.e_score_correction_bias = nn.Parameter(b.clone())
+
+    @torch.no_grad()
+    def update_bias(self):
+        pass
+
+
+class MoEBiasLowPrecision(DeepSeekMoE):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate.e_score_correction_bias = self.gate.e_score_correction_bias.bfloat16()
+
+
+for _id, _cls, _hint, _detect in [
+    ("B14.shared_averaged", MoESharedAveraged, "Shared experts are summed (one wide MLP), not averaged.", "mutant"),
+    ("B14.unweighted_combine", MoEUnweighted, "Multiply each expert's output by its gate weight.", "mutant"),
+    ("B14.bias_parameter", MoEBiasParameter,
+     "The bias is a buffer updated by the sign rule, outside autograd and the optimizer.", "detector"),
+    ("B14.bias_low_precision", MoEBiasLowPrecision,
+     "Keep the bias in float32; updates of 1e-3 vanish in bfloat16 near 1.", "detector"),
+]:
+    bug(_id, f"{U}.DeepSeekMoE", _hint, detect=_detect, name="DeepSeekMoE")(_cls)

@@ -1,0 +1,314 @@
+"""Checks of unit 14 (mixture of experts: softmax top-k routing, the auxiliary loss, DeepSeek-V3 routing,
+the auxiliary-loss-free bias update, the DeepSeekMoE layer).
+
+Oracles: ``transformers``' ``DeepseekV3TopkRouter`` (indices and weights; it returns the indices unsorted, so
+both sides are sorted by expert index) and ``DeepseekV3MoE`` (N(0, 0.3²) weights, random correction bias,
+experts converted from the fused 3-D tensors). Their outputs are a stored snapshot
+(``assets/oracles/u14_hf_deepseek_moe.pt``, rebuilt and compared by ``tests/test_unit14_deepseek_moe_checks.py``)
+so that ``course check`` need not import transformers. Torch built-ins: ``softmax``, ``topk``, ``bincount``.
+Fixtures: F14.1 (softmax top-2), F14.2 (uniform and collapsed routers), F14.3 (group-limited routing with a
+negative bias), F14.4 (sign update). Properties: weights = softmax of the selected logits, gradient reaches
+``probs`` only, invariance to token order, float32 bias, balanced loads unchanged, the bias a buffer, experts
+without tokens not run, independent rows.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..core import check, module_facts, unwrap
+
+U = "14"
+ORACLE_ASSET = "oracles/u14_hf_deepseek_moe.pt"
+F141_LOGITS = [[2.0, 1.0, 0.5, 0.0]]
+F141_PROBS = [0.5793, 0.2131, 0.1293, 0.0784]
+F141_WEIGHTS = [0.7311, 0.2689]
+F143_LOGITS = [[2.1972246, 1.3862944, -0.8472979, -1.3862944]]  # logit([0.9, 0.8, 0.3, 0.2])
+F143_BIAS = [-1.0, -1.0, -1.5, -1.5]
+F143_WEIGHTS = [0.9 / 1.7, 0.8 / 1.7]
+F144_INDICES = [[0, 0], [0, 0], [0, 1], [2, 3]]  # counts [5, 1, 1, 1]
+F144_DELTA = [-0.001, 0.001, 0.001, 0.001]
+# the router and MoE configurations compared with transformers (DeepSeekMoE keyword arguments)
+ORACLE_CASES = [
+    dict(d_model=16, moe_intermediate_size=8, n_routed_experts=8, n_shared_experts=2, top_k=3, n_group=4,
+         topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True),
+    dict(d_model=16, moe_intermediate_size=8, n_routed_experts=16, n_shared_experts=1, top_k=4, n_group=4,
+         topk_group=2, routed_scaling_factor=1.0, norm_topk_prob=False),
+]
+MOE_KW = ORACLE_CASES[0]
+
+
+def _ref():
+    from llmcourse.models import deepseek_moe as M
+
+    return {"softmax_topk_route": M.softmax_topk_route, "load_balancing_loss": M.load_balancing_loss,
+            "deepseek_route": M.deepseek_route, "update_bias": M.update_bias, "DeepSeekMoE": M.DeepSeekMoE}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------ the stored transformers oracle
+
+
+def build_hf_oracle() -> dict:
+    """Every transformers output the checks compare with (needs transformers; a few seconds).
+
+    Write it with ``python -c "from grader.checks.u14_deepseek_moe import write_hf_oracle; write_hf_oracle()"``.
+    """
+    import torch.nn.functional as F
+
+    from llmcourse.models.deepseek_moe import moe_state_dict_from_hf, random_hf_deepseek_moe
+
+    cases = []
+    for i, kw in enumerate(ORACLE_CASES):
+        # bias mean −0.4: many biased scores are negative, so masking with 0 instead of −inf shows
+        hf = random_hf_deepseek_moe(seed=50 + i, std=0.3, bias_std=0.3, **kw)
+        with torch.no_grad():
+            hf.gate.e_score_correction_bias.sub_(0.4)
+        x = torch.randn(2, 12, kw["d_model"], generator=_gen(60 + i))
+        with torch.no_grad():
+            logits = F.linear(x.reshape(-1, kw["d_model"]), hf.gate.weight)
+            _, w, idx = hf.gate(x)
+            order = idx.argsort(-1)
+            y = hf(x)
+        cases.append({"kw": dict(kw), "x": x, "router_logits": logits.clone(),
+                      "bias": hf.gate.e_score_correction_bias.detach().clone(),
+                      "indices_sorted": idx.gather(1, order).clone(), "weights_sorted": w.gather(1, order).clone(),
+                      "state": moe_state_dict_from_hf({k: v.detach() for k, v in hf.state_dict().items()}),
+                      "y": y.clone()})
+    return {"cases": cases}
+
+
+def write_hf_oracle() -> None:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(build_hf_oracle(), path)
+
+
+@functools.lru_cache(maxsize=1)
+def oracle() -> dict:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+
+
+def _sorted_by_expert(out):
+    """``(weights, indices)`` -> both reordered by ascending expert index (float32 weights, long indices)."""
+    w, i = out[0], out[1]
+    order = i.long().argsort(-1)
+    return [w.float().gather(1, order), i.long().gather(1, order)]
+
+
+# ================================================================== 14.softmax_topk_route
+
+
+@check(f"{U}.softmax_topk_route", ["softmax_topk_route"], _ref)
+def check_softmax_topk_route(t):
+    x = torch.tensor(F141_LOGITS)
+    out = t.run(lambda impl: impl.softmax_topk_route(x, 2))
+    t.expect(isinstance(out, (list, tuple)) and len(out) == 3,
+             "softmax_topk_route must return a tuple (weights, indices, probs)")
+    t.compare(lambda impl: impl.softmax_topk_route(x, 2)[2], torch.tensor([F141_PROBS]),
+              "probs of the worked example (softmax over all experts)", atol=1e-4)
+    t.compare(lambda impl: impl.softmax_topk_route(x, 2)[1].long(), torch.tensor([[0, 1]]),
+              "indices of the worked example (by descending probability)", atol=0)
+    t.compare(lambda impl: impl.softmax_topk_route(x, 2)[0], torch.tensor([F141_WEIGHTS]),
+              "renormalised weights of the worked example", atol=1e-4)
+    t.compare(lambda impl: impl.softmax_topk_route(x, 2, renormalize=False)[0], torch.tensor([F141_PROBS[:2]]),
+              "weights with renormalize=False (the probabilities of the chosen experts)", atol=1e-4)
+    logits = torch.randn(40, 8, generator=_gen(1)) * 2
+    w, i, p = t.run(lambda impl: impl.softmax_topk_route(logits, 3))
+    t.expect(tuple(w.shape) == (40, 3) and tuple(i.shape) == (40, 3) and tuple(p.shape) == (40, 8),
+             f"shapes: weights {tuple(w.shape)}, indices {tuple(i.shape)}, probs {tuple(p.shape)}; expected "
+             "(N, k), (N, k), (N, E)")
+    probs = torch.softmax(logits, -1)
+    t.expect(torch.allclose(p, probs, atol=1e-6), "probs must be the softmax of the logits over the experts")
+    t.expect(torch.equal(i.long(), probs.topk(3, -1).indices), "indices must be the k most probable experts, "
+             "by descending probability")
+    t.expect(torch.allclose(w, torch.softmax(logits.gather(1, i.long()), -1), atol=1e-6),
+             "renormalised weights must equal a softmax over the selected logits")
+    t.expect(torch.allclose(w.sum(-1), torch.ones(40), atol=1e-6), "renormalised weights must sum to 1 per token")
+
+
+# ================================================================== 14.load_balancing_loss
+
+
+@check(f"{U}.load_balancing_loss", ["load_balancing_loss"], _ref)
+def check_load_balancing_loss(t):
+    n, e, a = 8, 4, 0.01
+    uniform = torch.full((n, e), 1 / e)
+    balanced = torch.tensor([[0, 1], [2, 3]] * 4)
+    t.compare(lambda impl: impl.load_balancing_loss(uniform, balanced, e, a).float(), torch.tensor(a),
+              "loss of a uniform router with balanced assignments (must be exactly alpha)", atol=1e-7, rtol=1e-5)
+    onehot = torch.zeros(n, e)
+    onehot[:, 0] = 1
+    zeros = torch.zeros(n, 1, dtype=torch.long)
+    t.compare(lambda impl: impl.load_balancing_loss(onehot, zeros, e, a).float(), torch.tensor(a * e),
+              "loss when every token goes to expert 0 with probability 1 (alpha·E)", atol=1e-7, rtol=1e-5)
+    logits = torch.randn(30, 6, generator=_gen(2))
+    probs = torch.softmax(logits, -1)
+    idx = probs.topk(2, -1).indices
+    counts = torch.bincount(idx.flatten(), minlength=6).float()
+    f = counts * 6 / (2 * 30)
+    want = 0.05 * (f * probs.mean(0)).sum()
+    t.compare(lambda impl: impl.load_balancing_loss(probs, idx, 6, 0.05).float(), want,
+              "loss of a random router (N=30, E=6, k=2, alpha=0.05)", atol=1e-7, rtol=1e-5)
+
+    def grad_probe(impl):
+        p = probs.clone().requires_grad_(True)
+        loss = impl.load_balancing_loss(p, idx, 6, 0.05)
+        loss.backward()
+        return p.grad
+
+    grad = t.run(grad_probe)
+    t.expect(grad is not None, "the loss must be differentiable in probs (no .detach() or .item() on them)")
+    t.expect(torch.allclose(grad, (0.05 * f / 30).expand(30, 6), atol=1e-7),
+             "d loss / d probs[t, i] must be alpha·f_i/N: the counts carry no gradient, P_i is a mean over tokens")
+    perm = torch.randperm(30, generator=_gen(3))
+    pair = t.run(lambda impl: [impl.load_balancing_loss(probs, idx, 6, 0.05).float(),
+                               impl.load_balancing_loss(probs[perm], idx[perm], 6, 0.05).float()])
+    t.expect(torch.allclose(pair[0], pair[1], atol=1e-7), "the loss must not depend on the order of the tokens")
+
+
+# ================================================================== 14.deepseek_route
+
+
+@check(f"{U}.deepseek_route", ["deepseek_route"], _ref)
+def check_deepseek_route(t):
+    lg, b = torch.tensor(F143_LOGITS), torch.tensor(F143_BIAS)
+    out = t.run(lambda impl: impl.deepseek_route(lg, b, 2, 2, 1))
+    t.expect(isinstance(out, (list, tuple)) and len(out) == 2, "deepseek_route must return (weights, indices)")
+    t.expect(out[0].dtype == torch.float32, f"weights must be float32, got {out[0].dtype}")
+    t.expect(out[1].dtype == torch.long, f"indices must be long (int64), got {out[1].dtype}")
+    t.compare(lambda impl: impl.deepseek_route(lg, b, 2, 2, 1), [torch.tensor([F143_WEIGHTS]), torch.tensor([[0, 1]])],
+              "the worked example with a negative bias (2 groups, keep 1, top 2): [weights, indices] sorted by "
+              "expert", atol=1e-4, pick=_sorted_by_expert)
+    t.compare(lambda impl: impl.deepseek_route(lg, b, 2, 2, 1, routed_scaling_factor=2.5),
+              [torch.tensor([[2.5 * w for w in F143_WEIGHTS]]), torch.tensor([[0, 1]])],
+              "the worked example with routed_scaling_factor=2.5", atol=1e-4, pick=_sorted_by_expert)
+    for n, case in enumerate(oracle()["cases"]):
+        kw, logits, bias = case["kw"], case["router_logits"], case["bias"]
+        args = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"], kw["norm_topk_prob"])
+        t.compare(lambda impl, logits=logits, bias=bias, args=args: impl.deepseek_route(logits, bias, *args)[1],
+                  case["indices_sorted"], f"chosen experts vs transformers' DeepseekV3TopkRouter (case {n + 1}: "
+                  f"E={kw['n_routed_experts']}, top_k={kw['top_k']}, n_group={kw['n_group']}, "
+                  f"topk_group={kw['topk_group']}, random bias)", atol=0,
+                  pick=lambda o: o.long().sort(-1).values)
+        t.compare(lambda impl, logits=logits, bias=bias, args=args: impl.deepseek_route(logits, bias, *args),
+                  [case["weights_sorted"], case["indices_sorted"]],
+                  f"weights vs transformers' DeepseekV3TopkRouter (case {n + 1}: routed_scaling_factor="
+                  f"{kw['routed_scaling_factor']}, norm_topk_prob={kw['norm_topk_prob']})", atol=1e-6, rtol=1e-5,
+                  pick=_sorted_by_expert)
+
+
+# ================================================================== 14.update_bias
+
+
+@check(f"{U}.update_bias", ["update_bias"], _ref)
+def check_update_bias(t):
+    idx = torch.tensor(F144_INDICES)
+    zeros = torch.zeros(4)
+    t.compare(lambda impl: impl.update_bias(zeros, idx, 4, 0.001), torch.tensor(F144_DELTA),
+              "bias change for loads [5, 1, 1, 1] (mean 2, gamma 0.001)", atol=1e-7, rtol=0)
+    ones_bf16 = torch.ones(4, dtype=torch.bfloat16)
+    out = t.run(lambda impl: impl.update_bias(ones_bf16, idx, 4, 0.001))
+    t.expect(out.dtype == torch.float32, f"the updated bias must be float32 even for a bfloat16 input "
+             f"(got {out.dtype}): a step of 0.001 near 1 is below bfloat16's resolution")
+    t.expect(torch.allclose(out.float(), torch.tensor([0.999, 1.001, 1.001, 1.001]), atol=1e-6),
+             f"a bfloat16 bias of ones must become [0.999, 1.001, 1.001, 1.001]; got {out.tolist()}")
+    start = torch.tensor([0.3, -0.2, 0.1, 0.0])
+    balanced = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2]])
+    t.compare(lambda impl: impl.update_bias(start, balanced, 4, 0.01), start.clone(),
+              "balanced loads must leave the bias unchanged", atol=0)
+    b = torch.randn(6, generator=_gen(4)) * 0.1
+    ind = torch.randint(0, 6, (25, 2), generator=_gen(5))
+    c = torch.bincount(ind.flatten(), minlength=6).float()
+    t.compare(lambda impl: impl.update_bias(b, ind, 6, 0.01), b + 0.01 * torch.sign(c.mean() - c),
+              "random loads (E=6, 25 tokens × 2, gamma 0.01)", atol=1e-7, rtol=0)
+
+
+# ================================================================== 14.DeepSeekMoE
+
+
+def _moe(impl, state, kw, mode="eval"):
+    m = impl.DeepSeekMoE(**kw)
+    unwrap(m).load_state_dict(state)
+    return unwrap(m).train() if mode == "train" else unwrap(m).eval()
+
+
+@check(f"{U}.DeepSeekMoE", ["DeepSeekMoE"], _ref)
+def check_deepseek_moe(t):
+    ref = _ref()
+    kw = dict(MOE_KW)
+    wanted = {k: tuple(v.shape) for k, v in ref["DeepSeekMoE"](**kw).state_dict().items()}
+    facts = t.run(lambda impl: module_facts(impl.DeepSeekMoE(**kw)))
+    t.expect(facts.get("is_module"), f"DeepSeekMoE must be an nn.Module subclass, got {facts.get('type')}")
+    got = facts["state_dict"]
+    bias = "gate.e_score_correction_bias"
+    t.expect(bias not in facts["parameters"], f"{bias} is a parameter: the bias must be a buffer, changed only by "
+             "the sign update (never by the optimizer)", bug="B14.bias_parameter")
+    t.expect(bias in facts["buffers"], f"{bias} must be a registered (persistent) buffer of the router `gate`")
+    t.expect(facts["dtypes"].get(bias) == torch.float32, f"{bias} must be float32, got {facts['dtypes'].get(bias)}",
+             bug="B14.bias_low_precision")
+    missing, extra = sorted(set(wanted) - set(got)), sorted(set(got) - set(wanted))
+    t.expect(not missing and not extra, f"state_dict keys: missing {missing[:6]}, unexpected {extra[:6]}")
+    wrong = {k: (got[k], wanted[k]) for k in wanted if got[k] != wanted[k]}
+    t.expect(not wrong, f"state_dict shapes (got, expected): {dict(list(wrong.items())[:4])}")
+    # transformers parity
+    for n, case in enumerate(oracle()["cases"]):
+        ckw, state, x = case["kw"], case["state"], case["x"]
+        t.compare(lambda impl, ckw=ckw, state=state, x=x: _moe(impl, state, ckw)(x), case["y"],
+                  f"output vs transformers' DeepseekV3MoE with the same weights (case {n + 1}: E="
+                  f"{ckw['n_routed_experts']}, S={ckw['n_shared_experts']}, top_k={ckw['top_k']})", atol=1e-5, rtol=1e-4)
+    case = oracle()["cases"][0]
+    state, x = case["state"], case["x"]
+    # independent rows
+    pair = t.run(lambda impl: [_moe(impl, state, kw)(x), _moe(impl, state, kw)(x[:1, 3:4])])
+    t.expect(torch.allclose(pair[1][0, 0], pair[0][0, 3], atol=1e-5),
+             "each token's output must depend on that token only (run alone it must give the same row)")
+
+    # an expert without tokens is not run: one token, hooks count the calls
+    def calls_probe(impl):
+        m = _moe(impl, state, kw)
+        calls = [0] * kw["n_routed_experts"]
+        for e, ex in enumerate(m.experts):
+            ex.register_forward_hook(lambda *_, e=e: calls.__setitem__(e, calls[e] + 1))
+        with torch.no_grad():
+            m(x[:1, :1])
+        return calls
+
+    calls = t.run(calls_probe)
+    r = ref["DeepSeekMoE"](**kw).eval()
+    r.load_state_dict(state)
+    with torch.no_grad():
+        chosen = set(r.gate(x[:1, :1])[2][0].tolist())
+    ran = {e for e, c in enumerate(calls) if c}
+    t.expect(ran == chosen, f"for one token routed to experts {sorted(chosen)} your layer ran experts {sorted(ran)}; "
+             "run each expert only on the tokens routed to it")
+
+    # training mode: last_indices and update_bias
+    def train_probe(impl):
+        m = _moe(impl, state, dict(kw, bias_update_speed=0.01), mode="train")
+        before = m.gate.e_score_correction_bias.detach().clone()
+        m(x)
+        m.update_bias()
+        return [m.last_indices, before, m.gate.e_score_correction_bias.detach().clone()]
+
+    last, before, after = t.run(train_probe)
+    with torch.no_grad():
+        want_idx = r.gate(x)[2].sort(-1).values
+    t.expect(torch.is_tensor(last) and tuple(last.shape) == tuple(want_idx.shape)
+             and torch.equal(last.long().sort(-1).values, want_idx),
+             "in training mode forward must store last_indices (N, top_k): the experts chosen for each token")
+    c = torch.bincount(want_idx.flatten(), minlength=kw["n_routed_experts"]).float()
+    t.expect(after.dtype == torch.float32 and torch.allclose(after, before + 0.01 * torch.sign(c.mean() - c),
+                                                             atol=1e-7),
+             "update_bias() must apply bias + bias_update_speed·sign(mean load − load) to gate.e_score_correction_bias "
+             "using the loads of the last training-mode forward")
