@@ -7,6 +7,8 @@ hand-written per-position loop (every position computed on its own, from the equ
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -298,3 +300,68 @@ def test_block_signature_is_generic():
     mod = MTPModule(8, NormBlock())
     out = mod(torch.randn(1, 3, 8), torch.randn(1, 3, 8), None, None, None)
     assert out.shape == (1, 3, 8) and "mtp_block.norm.weight" in mod.state_dict()
+
+
+# ---------------------------------------------------------------- widgets, pipeline, asset
+
+
+def test_alignment_table_never_lets_a_target_influence_itself():
+    from llmcourse.viz.mtp import alignment_table
+
+    rows = alignment_table(8, 2)
+    assert len(rows) == 8 + 7 + 6
+    for r in rows:
+        assert r["embed"] == r["position"] + r["depth"] and r["target"] == r["embed"] + 1
+        assert r["target"] not in r["influence"] and max(r["influence"]) == r["embed"]
+    with pytest.raises(ValueError):
+        alignment_table(4, 4)
+
+
+def test_widgets_static_fallbacks():
+    from llmcourse.viz import mtp as viz
+    from llmcourse.viz.base import StaticFigure
+
+    assert isinstance(viz.show_alignment_table(static=True), StaticFigure)
+    m = make_model(depth=1, scale=4.0)
+    tr = speculative_trace(m, torch.tensor([[1, 2, 3]]), 25)
+    frames = viz.speculative_steps(tr)
+    last = frames[-1]
+    assert last["generated"] == 25 and last["drafts"] == tr["drafts"] and last["accepted"] == tr["accepted"]
+    assert last["calls"] == tr["calls"]
+    assert isinstance(viz.show_speculative_stepper(frames, static=True), StaticFigure)
+    hist = {"step": [1, 2], "loss_main": [3.0, 2.5], "loss_mtp": [3.1, 2.7], "eval_step": [0, 2],
+            "val_loss": [4.0, 2.6], "val_loss_mtp": [4.0, 2.8]}
+    plain = hist | {"loss_mtp": [math.nan] * 2, "val_loss_mtp": [math.nan] * 2}
+    assert isinstance(viz.show_mtp_loss_curves({"plain": plain, "mtp": hist}, static=True), StaticFigure)
+
+
+def test_compare_mtp_same_start_and_batches():
+    """With and without MTP: the same initial trunk and the same batches, so the first main loss is identical."""
+    from llmcourse.train.mtp_char import compare_mtp
+
+    runs = compare_mtp(steps=3, batch_size=2, context_length=16, warmup_steps=1, eval_every=3, eval_batches=1,
+                       progress=False)
+    assert runs["plain"]["loss_main"][0] == runs["mtp"]["loss_main"][0]
+    assert runs["plain"]["val_loss"][0] == runs["mtp"]["val_loss"][0]
+    assert all(math.isnan(v) for v in runs["plain"]["loss_mtp"]) and not math.isnan(runs["mtp"]["loss_mtp"][0])
+    assert runs["mtp"]["loss"][0] == pytest.approx(runs["mtp"]["loss_main"][0] + 0.3 * runs["mtp"]["loss_mtp"][0])
+
+
+def test_asset():
+    from llmcourse.train.mtp_char import load_mtp_char_tiny, mtp_char_tiny_path
+
+    p = mtp_char_tiny_path()
+    if not p.exists():
+        pytest.skip("assets/mtp_char_tiny.pt not built (python -m llmcourse.train.mtp_char)")
+    assert p.stat().st_size < 5_000_000
+    ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    assert set(ckpt) >= {"model", "config", "tokenizer", "recipe", "val_loss", "val_loss_mtp"}
+    model, tok = load_mtp_char_tiny(retrain=False, verbose=False)
+    assert model.mtp_depth == 1 and len(tok.chars) == model.cfg.vocab_size == 65
+    n = sum(p.numel() for p in model.parameters())
+    assert n == 795_904 + 230_016   # llama3-tiny + one MTP module: about 1M parameters
+    assert ckpt["val_loss"] < 2.2 and ckpt["val_loss_mtp"] > ckpt["val_loss"]
+    prompt = torch.tensor([tok.encode("ROMEO:")])
+    tr = speculative_trace(model, prompt, 40)
+    assert torch.equal(tr["tokens"], generate_uncached(model.model, prompt, 40))
+    assert tr["rate"] > 0.2   # a trained drafter agrees with the main model far more often than chance
