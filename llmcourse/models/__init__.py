@@ -1,6 +1,23 @@
 """Whole models, built from the pieces in :mod:`llmcourse.nn`."""
 
 from .attention_lm import AttentionOnlyLM
+from .deepseek import (
+    DeepSeekAttention,
+    DeepSeekBlock,
+    DeepSeekConfig,
+    DeepSeekLM,
+    cache_elems_per_token,
+    compare_models,
+    deepseek_param_breakdown,
+    deepseek_state_dict_from_hf,
+    fp8_eval,
+    generate_latent_cached,
+    greedy_uncached,
+    hf_deepseek_config,
+    load_hf_deepseek,
+    param_counts,
+    random_hf_deepseek,
+)
 from .deepseek_mla import (
     DEEPSEEK_V3_MLA,
     DeepSeekMLA,
@@ -97,4 +114,7 @@ __all__ = [
     "CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached", "generate_uncached",
     "MTPLanguageModel", "MTPModule", "mtp_inputs_and_targets", "mtp_param_count", "speculative_generate",
     "speculative_trace",
+    "DeepSeekAttention", "DeepSeekBlock", "DeepSeekConfig", "DeepSeekLM", "cache_elems_per_token", "compare_models",
+    "deepseek_param_breakdown", "deepseek_state_dict_from_hf", "fp8_eval", "generate_latent_cached",
+    "greedy_uncached", "hf_deepseek_config", "load_hf_deepseek", "param_counts", "random_hf_deepseek",
 ]
