@@ -295,7 +295,7 @@ class DeepSeekLM(nn.Module):
         alone. The record is consumed, so a second call before the next forward changes nothing."""
         for moe in self.moe_layers():
             moe.update_bias()
-            moe.last_indices = None
+            moe.last_indices = moe.last_router_logits = None    # the logits would keep the step's graph alive
 
 
 def model_logits(model: nn.Module, x: Tensor) -> Tensor:
@@ -518,6 +518,19 @@ def compare_models(models: dict[str, nn.Module], train_data: Tensor, val_data: T
     return rows
 
 
+def _deepcopy_model(model: DeepSeekLM) -> DeepSeekLM:
+    """``copy.deepcopy`` that leaves out each MoE layer's routing record (its logits may be a non-leaf tensor of a
+    training forward, which cannot be deep-copied); the original keeps its record."""
+    saved = [(m, m.last_indices, m.last_router_logits) for m in model.modules() if isinstance(m, DeepSeekMoE)]
+    try:
+        for m, _, _ in saved:
+            m.last_indices = m.last_router_logits = None
+        return copy.deepcopy(model)
+    finally:
+        for m, idx, logits in saved:
+            m.last_indices, m.last_router_logits = idx, logits
+
+
 def fp8_eval(model: DeepSeekLM, val_data: Tensor, n_batches: int, seed: int = 0, *, batch_size: int = 32,
              context_length: int = 64) -> dict:
     """Validation loss of ``model`` and of an FP8 copy: ``{"val_loss_fp32", "val_loss_fp8", "delta"}``
@@ -528,7 +541,7 @@ def fp8_eval(model: DeepSeekLM, val_data: Tensor, n_batches: int, seed: int = 0,
     embedding, the tied head, the norms, the routers and the MTP modules stay float32; ``model`` is unchanged.
     Both losses use the same ``n_batches`` batches (generator ``seed + i``).
     """
-    fp8 = copy.deepcopy(model)
+    fp8 = _deepcopy_model(model)
     convert_linears_to_fp8(fp8.layers, skip=("lm_head", "gate"))
     a = _val_loss(model, val_data, batch_size, context_length, n_batches, seed)
     b = _val_loss(fp8, val_data, batch_size, context_length, n_batches, seed)
