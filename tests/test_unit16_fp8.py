@@ -289,3 +289,27 @@ def test_representability_detector():
     assert is_e4m3_representable(x.to(E4).float()).all()
     fake = x.half().clamp(-448, 448).float()
     assert not is_e4m3_representable(fake).all()
+
+
+def test_converter_on_a_deepseek_moe_model_keeps_the_router():
+    from llmcourse.models.deepseek_moe import DeepSeekMoE, DeepSeekTopkRouter
+
+    m = _tiny_llama(tie=True)
+    for layer in m.layers[1:]:
+        layer.mlp = DeepSeekMoE(128, moe_intermediate_size=128, n_routed_experts=8, n_shared_experts=1, top_k=2,
+                                n_group=4, topk_group=2)
+    gates = {i: m.layers[i].mlp.gate.weight.detach().clone() for i in range(1, 4)}
+    idx = torch.randint(0, 65, (2, 16))
+    with torch.no_grad():
+        before = m.eval()(idx)
+    convert_linears_to_fp8(m)
+    for i in range(1, 4):
+        moe = m.layers[i].mlp
+        assert isinstance(moe.gate, DeepSeekTopkRouter) and torch.equal(moe.gate.weight, gates[i])
+        assert all(isinstance(getattr(e, p), FP8Linear) for e in moe.experts for p in ("gate_proj", "up_proj",
+                                                                                         "down_proj"))
+        assert isinstance(moe.shared_experts.down_proj, FP8Linear)
+    assert isinstance(m.layers[0].mlp.gate_proj, FP8Linear)
+    with torch.no_grad():
+        after = m(idx)
+    assert after.shape == before.shape and torch.isfinite(after).all()

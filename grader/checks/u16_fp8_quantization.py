@@ -437,6 +437,56 @@ PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o
         "mlp.up_proj", "mlp.down_proj")
 
 
+MOE_KW = dict(moe_intermediate_size=128, n_routed_experts=8, n_shared_experts=1, top_k=2, n_group=4, topk_group=2)
+
+
+def _moe_llama(cfg: dict):
+    """Unit 14's MoE model shape: llama3-tiny whose layers 1.. use a DeepSeekMoE feed-forward (router ``mlp.gate``,
+    experts ``mlp.experts.{e}.*_proj``, ``mlp.shared_experts.*``); None when unit 14's library is absent."""
+    try:
+        from llmcourse.models.deepseek_moe import DeepSeekMoE
+    except ImportError:
+        return None
+    from llmcourse.models.llama3 import Llama3Config, Llama3Model
+
+    m = Llama3Model(Llama3Config(**cfg))
+    for layer in m.layers[1:]:
+        layer.mlp = DeepSeekMoE(cfg["d_model"], **MOE_KW)
+    return m
+
+
+def _moe_state(cfg: dict, seed: int):
+    m = _moe_llama(cfg)
+    if m is None:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        for layer in m.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(8, generator=g) * 0.05)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def _moe_probe(cfg, state, idx):
+    def probe(impl):
+        m = _moe_llama(cfg)
+        m.load_state_dict(state)
+        m.eval()
+        out = unwrap(impl.convert_linears_to_fp8(m))
+        kinds = {}
+        for name, mod in out.named_modules():
+            fp8 = [n for n, b in mod.named_buffers(recurse=False) if b.dtype in (E4, E5)]
+            kinds[name] = {"type": type(mod).__name__, "fp8": bool(fp8), "linear": type(mod) is nn.Linear}
+        gate = {f"layers.{i}.mlp.gate.weight": out.layers[i].mlp.gate.weight.detach().clone()
+                for i in range(1, len(out.layers))}
+        with torch.no_grad():
+            logits = out(idx)
+        return {"kinds": kinds, "gate": gate, "logits": logits}
+    return probe
+
+
 @functools.lru_cache(maxsize=1)
 def _asset_model():
     try:
@@ -514,6 +564,33 @@ def check_convert(t):
     err = _rel(got["logits"], base)
     t.expect(err < 0.1, f"logits of the converted llama3-tiny differ from the float32 model's by {err:.3f} "
              "(relative); FP8 with fine-grained scales stays well below 0.1")
+
+    # unit 14's MoE model: experts (routed and shared) converted, the router untouched
+    moe_state = _moe_state(cfg_u, 2)
+    if moe_state is not None:
+        got5 = t.run(_moe_probe(cfg_u, moe_state, idx))
+        k5 = got5["kinds"]
+        for i in range(1, cfg_u["n_layers"]):
+            for p in ("experts.0.gate_proj", "experts.7.down_proj", "shared_experts.up_proj"):
+                k = k5.get(f"layers.{i}.mlp.{p}", {})
+                t.expect(k.get("fp8") and not k.get("linear"), f"in the MoE model, layers.{i}.mlp.{p} (an expert's "
+                         f"projection) must become an FP8Linear; it is a {k.get('type')}")
+            t.expect(not k5[f"layers.{i}.mlp.gate"]["fp8"], f"in the MoE model, the router layers.{i}.mlp.gate must "
+                     "keep full precision")
+        for name, wgt in got5["gate"].items():
+            t.expect(isinstance(wgt, torch.Tensor) and wgt.dtype == torch.float32 and torch.equal(wgt, moe_state[name]),
+                     f"in the MoE model, the router weight {name} must stay the same float32 tensor")
+        moe_ref = _moe_llama(cfg_u)
+        moe_ref.load_state_dict(moe_state)
+        with torch.no_grad():
+            moe_base = moe_ref.eval()(idx)
+        from llmcourse.quant.fp8 import convert_linears_to_fp8
+
+        with torch.no_grad():
+            ref_err = _rel(convert_linears_to_fp8(moe_ref)(idx), moe_base)
+        err5 = _rel(got5["logits"], moe_base)
+        t.expect(err5 <= 1.5 * ref_err + 0.02, f"logits of the converted MoE model differ from the float32 model's by "
+                 f"{err5:.3f} (relative); the course's conversion differs by {ref_err:.3f}")
 
     # the trained character Llama: validation-loss increase
     asset = _asset_model()
