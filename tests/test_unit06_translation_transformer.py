@@ -332,6 +332,39 @@ def test_short_training_reduces_loss_and_pad_ignored():
     assert not m.training
 
 
+def test_early_stopping_keeps_best_validation_weights():
+    """patience: the weights returned are those of the lowest validation loss; stop after `patience` bad evals."""
+    train = [([4 + i % 7, 5 + i % 5], [6 + i % 7, 7 + i % 5]) for i in range(40)]
+    val = [([4 + i % 7, 5 + i % 5], [12 + i % 5, 6 + i % 7]) for i in range(40)]     # same sources, other targets
+    kw = dict(val_encoded=val, eval_every=5, progress=False)
+
+    def run(**extra):
+        torch.manual_seed(0)
+        m = Transformer(20, 20, d_model=32, num_heads=4, d_ff=64, max_len=8, dropout=0.0)
+        return m, train_translation(m, train, 80, 16, 8, warmup=10, factor=noam_factor_for_peak(3e-3, 32, 10),
+                                    **kw, **extra)
+
+    _, full = run()
+    losses, steps = full["val_loss"], full["val_step"]
+    # the rule, replayed on the un-stopped run's evaluations (same seed, no dropout: the same trajectory)
+    best, bad, stop_at = 0, 0, steps[-1]
+    for k in range(1, len(losses)):
+        if losses[k] < losses[best]:
+            best, bad = k, 0
+        else:
+            bad += 1
+            if bad >= 2:
+                stop_at = steps[k]
+                break
+    assert stop_at < steps[-1], "the fixture must make the validation loss turn upwards"
+    m, hist = run(patience=2)
+    assert (hist["best_step"], hist["stopped_step"]) == (steps[best], stop_at)
+    assert hist["best_val_loss"] == pytest.approx(losses[best], rel=1e-5)
+    assert evaluate_loss(m, val, 64, 8) == pytest.approx(losses[best], rel=1e-5)      # the best weights came back
+    with pytest.raises(ValueError, match="patience"):
+        train_translation(m, train, 5, 16, 8, warmup=2, factor=1.0, patience=2, progress=False)
+
+
 # ---------------------------------------------------------------- widgets (compute functions and static fallbacks)
 
 

@@ -21,7 +21,7 @@ from .schedules import make_noam_scheduler
 
 __all__ = [
     "TRANSLATE_TINY_RECIPE", "evaluate_chrf", "evaluate_loss", "load_translate_tiny", "noam_factor_for_peak",
-    "train_translate_tiny", "train_translation", "translate_tiny_path",
+    "save_translate_tiny", "train_translate_tiny", "train_translation", "translate_tiny_path",
 ]
 
 
@@ -78,8 +78,9 @@ def evaluate_chrf(model, pairs: Sequence, src_tok, tgt_tok, max_len: int, batch_
 def train_translation(model, train_encoded: Sequence, steps: int, batch_size: int, max_len: int, warmup: int,
                       factor: float, label_smoothing: float = 0.1, val_encoded: Sequence | None = None,
                       eval_every: int = 50, seed: int = 0, progress: bool = True,
-                      callback: Callable[[dict], None] | None = None, pad_id: int = PAD_ID) -> dict:
-    """Train ``model`` in place for ``steps`` optimizer steps and return the history.
+                      callback: Callable[[dict], None] | None = None, pad_id: int = PAD_ID,
+                      patience: int | None = None) -> dict:
+    """Train ``model`` in place for at most ``steps`` optimizer steps and return the history.
 
     Batches come from :func:`~llmcourse.data.translation.sample_batches` with
     ``torch.Generator().manual_seed(seed)``. Each step: forward (teacher forcing) -> label-smoothed CE with
@@ -87,17 +88,32 @@ def train_translation(model, train_encoded: Sequence, steps: int, batch_size: in
     Every ``eval_every`` steps (and at the end) the validation loss (plain CE per token) is recorded when
     ``val_encoded`` is given, and ``callback(history)`` is called (the W06.2 monitor).
 
+    Early stopping (``patience`` given, needs ``val_encoded``): the weights with the lowest validation loss
+    seen so far are kept (a copy of the state dict); training stops once ``patience`` evaluations in a row
+    did not improve on it, or at ``steps``, and the kept weights are loaded back into ``model``.
+    ``patience=None`` (default) trains all ``steps`` and keeps the last weights.
+
     Returns:
-        ``{"step": [...], "loss": [...], "lr": [...], "val_step": [...], "val_loss": [...], "seconds": float}``.
+        ``{"step": [...], "loss": [...], "lr": [...], "val_step": [...], "val_loss": [...], "seconds": float}``;
+        with ``patience`` also ``"best_step"`` and ``"best_val_loss"`` (the weights returned) and
+        ``"stopped_step"`` (the last step trained).
+
+    Raises:
+        ValueError: ``patience`` given without ``val_encoded``, or ``patience < 1``.
     """
+    import copy
     import time
 
     from tqdm.auto import tqdm
 
+    if patience is not None and (val_encoded is None or patience < 1):
+        raise ValueError(f"early stopping needs val_encoded and patience ≥ 1; got patience={patience}, "
+                         f"val_encoded={'given' if val_encoded is not None else None}")
     optimizer = torch.optim.Adam(model.parameters(), lr=factor, betas=(0.9, 0.98), eps=1e-9)
     scheduler = make_noam_scheduler(optimizer, model.d_model, warmup, factor)
     batches = sample_batches(train_encoded, batch_size, max_len, torch.Generator().manual_seed(seed))
     hist = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "seconds": 0.0}
+    best_state, best_val, best_step, bad_evals = None, math.inf, 0, 0
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(1, steps + 1), desc="training", disable=not progress, mininterval=1.0)
@@ -120,7 +136,18 @@ def train_translation(model, train_encoded: Sequence, steps: int, batch_size: in
             bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}")
             if callback is not None:
                 callback(hist)
+            if patience is not None:
+                if hist["val_loss"][-1] < best_val:
+                    best_val, best_step, bad_evals = hist["val_loss"][-1], step, 0
+                    best_state = copy.deepcopy(model.state_dict())
+                else:
+                    bad_evals += 1
+                    if bad_evals >= patience:
+                        break
     hist["seconds"] = time.perf_counter() - start
+    if patience is not None:
+        model.load_state_dict(best_state)
+        hist.update(best_step=best_step, best_val_loss=best_val, stopped_step=hist["step"][-1])
     model.eval()
     return hist
 
@@ -129,7 +156,7 @@ def train_translation(model, train_encoded: Sequence, steps: int, batch_size: in
 
 TRANSLATE_TINY_RECIPE = dict(num_merges=2000, d_model=128, num_heads=4, d_ff=512, n_enc=2, n_dec=2, max_len=32,
                              dropout=0.1, steps=2500, batch_size=64, warmup=400, peak_lr=1e-3,
-                             label_smoothing=0.1, seed=0)
+                             label_smoothing=0.1, seed=0, eval_every=100, patience=5)
 
 
 def translate_tiny_path():
@@ -143,8 +170,12 @@ def train_translate_tiny(save: bool = False, progress: bool = True, **overrides)
     """Train the course's tiny EN→HI model with :data:`TRANSLATE_TINY_RECIPE` (the laptop recipe of the syllabus).
 
     Seeds ``torch.manual_seed(seed)`` before building the model; batches use ``Generator().manual_seed(seed)``.
-    ``save=True`` writes ``assets/translate_tiny.pt`` (float16 weights, < 5 MB) with the config, the recipe, the
-    history and the validation chrF. Returns ``(model, history, val_chrf)``. About 10–20 minutes on 2 CPU cores.
+    Early-stopped on the validation split: the validation loss is measured every ``eval_every`` steps, the
+    best weights are kept, and training stops after ``patience`` evaluations without improvement (or at
+    ``steps``). ``save=True`` writes ``assets/translate_tiny.pt`` (float16 weights, < 5 MB) with the config,
+    the recipe, the history, ``"best_step"`` / ``"best_val_loss"`` / ``"stopped_step"`` (the chosen weights and
+    where training stopped) and the validation chrF of the chosen weights. Returns ``(model, history, val_chrf)``.
+    About 5–20 minutes on 2 CPU cores.
     """
     from ..data.translation import encode_pairs, load_tatoeba_tokenizers, load_translation_pairs, split_pairs
     from ..models.transformer import Transformer
@@ -157,15 +188,29 @@ def train_translate_tiny(save: bool = False, progress: bool = True, **overrides)
                         r["n_dec"], r["max_len"], r["dropout"])
     hist = train_translation(model, encode_pairs(train, en_tok, hi_tok), r["steps"], r["batch_size"], r["max_len"],
                              r["warmup"], noam_factor_for_peak(r["peak_lr"], r["d_model"], r["warmup"]),
-                             r["label_smoothing"], encode_pairs(val, en_tok, hi_tok), eval_every=100, seed=r["seed"],
-                             progress=progress)
+                             r["label_smoothing"], encode_pairs(val, en_tok, hi_tok), eval_every=r["eval_every"],
+                             seed=r["seed"], progress=progress, patience=r["patience"])
     score, _ = evaluate_chrf(model, val, en_tok, hi_tok, r["max_len"])
     if save:
-        state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
-        torch.save({"model": state, "config": model.config, "recipe": r, "val_chrf": score,
-                    "history": {k: v for k, v in hist.items() if k != "seconds"}, "seconds": hist["seconds"]},
-                   translate_tiny_path())
+        save_translate_tiny(model, hist, r, score)
     return model, hist, score
+
+
+def save_translate_tiny(model, history: dict, recipe: dict, val_chrf: float, path=None):
+    """Write the checkpoint format of ``assets/translate_tiny.pt`` (``path`` defaults to it).
+
+    Keys: ``model`` (state dict, floating tensors in float16), ``config``, ``recipe``, ``val_chrf``,
+    ``best_step`` / ``best_val_loss`` / ``stopped_step`` (from an early-stopped ``history``; ``None``
+    otherwise), ``history`` (per-step and per-evaluation lists) and ``seconds``. Returns the path.
+    """
+    path = translate_tiny_path() if path is None else path
+    state = {k: v.half() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    keep = ("step", "loss", "lr", "val_step", "val_loss")
+    torch.save({"model": state, "config": model.config, "recipe": dict(recipe), "val_chrf": val_chrf,
+                "best_step": history.get("best_step"), "best_val_loss": history.get("best_val_loss"),
+                "stopped_step": history.get("stopped_step"),
+                "history": {k: history[k] for k in keep}, "seconds": history["seconds"]}, path)
+    return path
 
 
 def load_translate_tiny(path=None):
@@ -183,4 +228,5 @@ def load_translate_tiny(path=None):
 
 if __name__ == "__main__":  # python -m llmcourse.train.seq2seq  (re-creates assets/translate_tiny.pt)
     _, _h, _s = train_translate_tiny(save=True)
-    print(f"val chrF {_s:.2f} after {_h['seconds']:.0f} s")
+    print(f"kept step {_h['best_step']} (val loss {_h['best_val_loss']:.4f}), stopped at {_h['stopped_step']}; "
+          f"val chrF {_s:.2f} after {_h['seconds']:.0f} s")
