@@ -44,6 +44,12 @@ def test_scaling_lab_matches_outlier_errors():
 def test_accumulation_curves_promotion_helps():
     c = V.accumulation_curves(11, 128, 2048, rows=8, points=8)
     assert c["k"][-1] == 2048 and len(c["k"]) == len(c["sequential"]) == len(c["promoted"])
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(8, 2048, generator=g), torch.rand(8, 2048, generator=g)
+    exact = (a.double() * b.double()).sum(1)
+    for key, interval in (("sequential", None), ("promoted", 128)):
+        worst = ((Q.accumulate_limited(a, b, 11, interval) - exact).abs() / exact).max().item()
+        assert abs(c[key][-1] - worst) <= 1e-12 + 1e-9 * worst
     assert c["sequential"][-1] > 10 * c["promoted"][-1]
     full = V.accumulation_curves(24, 4096, 256, rows=4, points=4)
     assert max(full["sequential"]) < 1e-6          # float32-sized accumulator on a short sum

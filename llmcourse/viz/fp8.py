@@ -237,8 +237,9 @@ def draw_accumulation(curves: list[tuple[str, dict]]):
     return fig
 
 
-def show_accumulation_lab(rows: int = 16, static: bool | None = None):
-    """W16.3: accumulator bits, promotion interval, K. Static: 11 and 14 bits, promotion every 128, K = 4,096."""
+def show_accumulation_lab(rows: int = 16, static: bool | None = None, curves: dict | None = None):
+    """W16.3: accumulator bits, promotion interval, K. Static: 11 and 14 bits, promotion every 128, K = 4,096
+    (or the precomputed ``curves`` ``{bits: accumulation_curves(bits, 128, K, rows)}``)."""
 
     def build_live():
         import ipywidgets as widgets
@@ -262,6 +263,8 @@ def show_accumulation_lab(rows: int = 16, static: bool | None = None):
         return widgets.VBox([widgets.HBox([bits, interval, K]), out])
 
     def build_static():
+        if curves is not None:
+            return draw_accumulation([(f"{m} bits", c) for m, c in curves.items()])
         return draw_accumulation([(f"{m} bits", accumulation_curves(m, 128, 4096, rows)) for m in (11, 14)])
 
     return live_or_static("W16.3", build_live, build_static, static,

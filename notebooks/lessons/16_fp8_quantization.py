@@ -267,23 +267,19 @@ assert self_check_fp8_matmul(Q.fp8_blockwise_matmul)
 # partly rounded away. Their remedy is **promotion**: after every 128 elements (4 tensor-core instructions) the
 # partial sum is moved into a float32 register on the CUDA cores and the limited accumulator restarts from zero.
 #
-# Emulate it: sum `K = 4,096` products of `U[0, 1)` pairs with a running sum rounded to `m` significant bits after
-# every addition, and compare with float64.
+# Emulate it: sum `K` products of `U[0, 1)` pairs with a running sum rounded to `m` significant bits after every
+# addition, and compare with float64 after every term (`Q.accumulate_limited` is the same emulation for one sum).
 
 # %%
-torch.manual_seed(1)
-a = torch.rand(cfg["accum_rows"], cfg["accum_k"])
-b = torch.rand(cfg["accum_rows"], cfg["accum_k"])
-ref = (a.double() * b.double()).sum(1)
-accum = {}
+K = cfg["accum_k"]
+curves = {}
 for m in tqdm((11, 14), desc="accumulator bits"):
-    seq = Q.accumulate_limited(a, b, m)
-    pro = Q.accumulate_limited(a, b, m, interval=128)
-    accum[m] = (((seq - ref).abs() / ref).max().item(), ((pro - ref).abs() / ref).max().item())
-    print(f"{m} bits: worst relative error {accum[m][0]:.3%} never promoted, {accum[m][1]:.4%} promoted every 128")
+    curves[m] = viz.accumulation_curves(m, 128, K, rows=cfg["accum_rows"])
+    print(f"{m} bits, K = {K:,}: worst relative error {curves[m]['sequential'][-1]:.3%} never promoted, "
+          f"{curves[m]['promoted'][-1]:.4%} promoted every 128")
 
 # %%
-viz.show_accumulation_lab(rows=cfg["accum_rows"])
+viz.show_accumulation_lab(rows=cfg["accum_rows"], curves=curves)
 
 # %% [markdown]
 # ## 6. Which FP8 format, and when to scale
