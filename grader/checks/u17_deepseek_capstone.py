@@ -1,0 +1,490 @@
+"""Checks of unit 17 (the capstone: a tiny DeepSeek-style model).
+
+Independent routes: ``transformers``' ``DeepseekV3ForCausalLM`` on the course's DeepSeek-tiny configuration with
+seeded weights (the ``transformers`` layout — ``model.`` prefix, fused ``gate_up_proj`` / ``down_proj`` expert
+tensors — is built here from a seeded course-layout state dict by plain tensor operations; the logits are a stored
+snapshot, ``assets/oracles/u17_hf_deepseek.pt``, rebuilt and compared by ``tests/test_unit17_deepseek_checks.py`` so
+that ``course check`` never imports transformers); closed-form parameter counts (1,757,696 total, 872,960 active,
+248,512 per MTP module; the baselines 809,856 and 795,904) and cache sizes (320, 512, 1,024 elements per token);
+the sign rule re-derived here from the loads a training step returns; batches re-drawn here with unit 10's
+``get_batch``; the calibrated FP8 delta stored in ``assets/deepseek_char_tiny.pt``.
+
+``17.generate_latent_cached``, ``17.train_step`` and ``17.fp8_inference`` run the learner's function on the course's
+``DeepSeekLM`` (the answer of another exercise), so a wrong model costs its own points only.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from ..core import check, module_facts, unwrap
+
+U = "17"
+ORACLE_ASSET = "oracles/u17_hf_deepseek.pt"
+STATE_SEED = 1700
+TOTAL, ACTIVE, MTP_MODULE = 1_757_696, 872_960, 248_512
+SMALL = dict(d_model=32, n_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+             intermediate_size=64, moe_intermediate_size=16, context_length=64)
+
+
+def _ref_model():
+    from llmcourse.models.deepseek import DeepSeekBlock, DeepSeekConfig, DeepSeekLM, load_hf_deepseek
+
+    return {"DeepSeekConfig": DeepSeekConfig, "DeepSeekBlock": DeepSeekBlock, "DeepSeekLM": DeepSeekLM,
+            "load_hf_deepseek": load_hf_deepseek}
+
+
+def _ref_generate():
+    from llmcourse.models.deepseek import generate_latent_cached
+
+    return {"generate_latent_cached": generate_latent_cached}
+
+
+def _ref_train():
+    from llmcourse.models.deepseek import train_step
+
+    return {"train_step": train_step}
+
+
+def _ref_compare():
+    from llmcourse.models.deepseek import compare_models
+
+    return {"compare_models": compare_models}
+
+
+def _ref_fp8():
+    from llmcourse.models.deepseek import fp8_eval
+
+    return {"fp8_eval": fp8_eval}
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def _tokens(b, t, seed):
+    return torch.randint(0, 65, (b, t), generator=_gen(seed))
+
+
+# ------------------------------------------------------------------ seeded weights in both layouts
+
+
+def course_state(seed: int = STATE_SEED, std: float = 0.05, **cfg) -> dict:
+    """A main-path state dict in the course layout: every key of ``DeepSeekLM(DeepSeekConfig(mtp_depth=0, **cfg))``
+    but ``lm_head.weight`` (tied) drawn in sorted-key order, ``N(0, std²)``, norms ``1 + N(0, std²)``, router
+    biases ``N(0, 0.05²)``; ``lm_head.weight`` is ``embed_tokens.weight``."""
+    from llmcourse.models.deepseek import DeepSeekConfig, DeepSeekLM
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        shapes = {k: tuple(v.shape) for k, v in DeepSeekLM(DeepSeekConfig(mtp_depth=0, **cfg)).state_dict().items()}
+    g = _gen(seed)
+    state = {}
+    for k in sorted(shapes):
+        if k == "lm_head.weight":
+            continue
+        r = torch.randn(shapes[k], generator=g)
+        state[k] = 1.0 + std * r if "norm" in k else (0.05 if k.endswith("e_score_correction_bias") else std) * r
+    state["lm_head.weight"] = state["embed_tokens.weight"]
+    return state
+
+
+def hf_layout(state: dict) -> dict:
+    """The same weights under ``DeepseekV3ForCausalLM``'s keys: ``model.`` prefix, experts fused per layer into
+    ``gate_up_proj (E, 2I, D)`` (gate rows first) and ``down_proj (E, D, I)``."""
+    out, experts = {}, {}
+    for k, v in state.items():
+        if k == "lm_head.weight":
+            out[k] = v.clone()
+        elif ".mlp.experts." in k:
+            layer, rest = k.split(".mlp.experts.")
+            e, proj = rest.split(".")[:2]
+            experts.setdefault(layer, {}).setdefault(int(e), {})[proj] = v
+        else:
+            out["model." + k] = v.clone()
+    for layer, per in experts.items():
+        idx = sorted(per)
+        out[f"model.{layer}.mlp.experts.gate_up_proj"] = torch.stack(
+            [torch.cat([per[e]["gate_proj"], per[e]["up_proj"]], 0) for e in idx])
+        out[f"model.{layer}.mlp.experts.down_proj"] = torch.stack([per[e]["down_proj"] for e in idx])
+    return out
+
+
+def build_hf_oracle() -> dict:
+    """Logits of ``DeepseekV3ForCausalLM`` (F17.1 configuration written out, eager attention) with
+    :func:`hf_layout` ``(course_state())`` on two seeded inputs (needs transformers; a few seconds).
+
+    Write it with ``python -c "from grader.checks.u17_deepseek_capstone import write_hf_oracle; write_hf_oracle()"``.
+    """
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(
+        vocab_size=65, hidden_size=128, intermediate_size=384, moe_intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=1.0,
+        kv_lora_rank=64, q_lora_rank=None, qk_rope_head_dim=16, v_head_dim=32, qk_nope_head_dim=32, n_group=4,
+        topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, tie_word_embeddings=True,
+        max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rope_interleave=True, attn_implementation="eager")
+    hf = DeepseekV3ForCausalLM(cfg).eval()
+    missing, unexpected = hf.load_state_dict(hf_layout(course_state()), strict=False)
+    assert not unexpected and not [k for k in missing if "inv_freq" not in k], (missing, unexpected)
+    idx = _tokens(2, 24, STATE_SEED + 1)
+    with torch.no_grad():
+        logits = hf(idx).logits.clone()
+    return {"idx": idx, "logits": logits}
+
+
+def write_hf_oracle() -> None:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(build_hf_oracle(), path)
+
+
+@functools.lru_cache(maxsize=1)
+def oracle() -> dict:
+    from llmcourse.manifest import course_root
+
+    path = course_root() / "assets" / ORACLE_ASSET
+    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+
+
+def _course_model(state=None, seed=0, **cfg):
+    """The course's DeepSeekLM (another exercise's answer) seeded, optionally with a main-path state."""
+    from llmcourse.models.deepseek import DeepSeekConfig, DeepSeekLM
+
+    torch.manual_seed(seed)
+    m = DeepSeekLM(DeepSeekConfig(**cfg))
+    if state is not None:
+        m.load_state_dict(state, strict=False)
+    return m
+
+
+# ================================================================== 17.DeepSeekLM
+
+
+def _learner_model(impl, hf_state=None, seed=0, **cfg):
+    torch.manual_seed(seed)
+    m = impl.DeepSeekLM(impl.DeepSeekConfig(**cfg))
+    if hf_state is not None:
+        impl.load_hf_deepseek(unwrap(m), {k: v.clone() for k, v in hf_state.items()})
+    return m
+
+
+@check(f"{U}.DeepSeekLM", ["DeepSeekConfig", "DeepSeekBlock", "DeepSeekLM", "load_hf_deepseek"], _ref_model)
+def check_deepseek_lm(t):
+    facts = t.run(lambda impl: module_facts(_learner_model(impl)))
+    t.expect(facts.get("is_module"), f"DeepSeekLM must be an nn.Module subclass, got {facts.get('type')}")
+    sd = facts["state_dict"]
+    params = set(facts.get("parameters", []))
+    if any(k.endswith("e_score_correction_bias") for k in params):
+        t.fail("e_score_correction_bias is a Parameter: an optimizer would change it by gradients; register it as a "
+               "float32 buffer (in the state_dict, not in parameters())", bug="B17.bias_in_optimizer")
+    if "layers.0.mlp.gate.weight" in sd or "layers.0.mlp.experts.0.gate_proj.weight" in sd:
+        t.fail("layer 0 has experts and a router, but first_k_dense_replace=1 makes layer 0 a dense SwiGLU "
+               "(mlp.gate_proj/up_proj/down_proj of width intermediate_size)", bug="B17.dense_layer_moe")
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        want = {k: tuple(v.shape) for k, v in _course_model().state_dict().items()}
+    got = {k: tuple(v) for k, v in sd.items()}
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    t.expect(not missing and not extra, f"DeepSeekLM(DeepSeekConfig()) state_dict keys differ from the contract: "
+             f"missing {missing[:6]}{' …' if len(missing) > 6 else ''}, unexpected {extra[:6]}"
+             f"{' …' if len(extra) > 6 else ''}")
+    bad = {k: (got[k], want[k]) for k in want if got[k] != want[k]}
+    t.expect(not bad, f"shapes differ from the contract (got, expected): {dict(list(bad.items())[:5])}")
+    for i in (1, 2, 3):
+        k = f"layers.{i}.mlp.gate.e_score_correction_bias"
+        t.expect(k in facts.get("buffers", []), f"{k} must be a buffer (persistent, float32)",
+                 bug="B17.bias_in_optimizer")
+
+    # tie and counts (re-derived from returned tensors and shapes)
+    def tie(impl):
+        m = _learner_model(impl)
+        with torch.no_grad():
+            unwrap(m).embed_tokens.weight.add_(1.0)
+        return unwrap(m).embed_tokens.weight, unwrap(m).lm_head.weight
+    emb, head = t.run(tie)
+    t.expect(torch.equal(emb, head), "lm_head.weight must be the same Parameter as embed_tokens.weight (tied)")
+    main = sum(math.prod(s) for k, s in got.items() if k in params and not k.startswith("mtp.") and k != "lm_head.weight")
+    t.expect(main == TOTAL, f"the main path must have 1,757,696 parameters (tied head counted once, MTP excluded); "
+             f"counted {main:,} from your state_dict")
+    mtp = sum(math.prod(s) for k, s in got.items() if k in params and k.startswith("mtp.0."))
+    t.expect(mtp == MTP_MODULE, f"one MTP module with a dense DeepSeek block has 248,512 parameters; counted {mtp:,}")
+
+    # parity with transformers
+    orc = oracle()
+    hf_state = hf_layout(course_state())
+    idx = orc["idx"]
+
+    def logits(impl):
+        m = _learner_model(impl, hf_state)
+        unwrap(m).eval()
+        with torch.no_grad():
+            out = m(idx)
+        return out["logits"] if isinstance(out, dict) else out
+    t.compare(logits, orc["logits"], "logits of DeepseekV3ForCausalLM (the course default configuration) after "
+              "loading its state dict with load_hf_deepseek", atol=1e-4, rtol=0)
+
+    # causality
+    alt = idx.clone()
+    alt[:, 12] = (alt[:, 12] + 1) % 65
+
+    def causal(impl):
+        m = _learner_model(impl, hf_state)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(idx)["logits"], m(alt)["logits"]
+    a, b = t.run(causal)
+    t.expect(torch.allclose(a[:, :12], b[:, :12], atol=1e-6, rtol=0), "changing token 12 changed the logits at "
+             "positions 0…11: a position may only read tokens at or before it")
+
+    # losses and MTP
+    x, y = idx[:, :-1], idx[:, 1:]
+    x2, y2 = x.clone(), y.clone()
+    x2[:, 10] = (x2[:, 10] + 1) % 65
+    y2[:, 9] = x2[:, 10]
+
+    def losses(impl):
+        m = _learner_model(impl, hf_state, seed=3)
+        unwrap(m).eval()
+        with torch.no_grad():
+            o1, o2 = m(x, y), m(x2, y2)
+        return {"logits": o1["logits"], "loss": o1["loss"], "loss_main": o1["loss_main"],
+                "loss_mtp": list(o1["loss_mtp"]), "mtp1": o1["mtp_logits"][0], "mtp2": o2["mtp_logits"][0]}
+    got = t.run(losses)
+    lg = got["logits"]
+    main_loss = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
+    t.expect(torch.allclose(torch.as_tensor(got["loss_main"]), main_loss, atol=1e-5),
+             "loss_main must be the cross-entropy of the returned logits against targets")
+    t.expect(len(got["loss_mtp"]) == 1, f"with mtp_depth=1, loss_mtp must be a list of one loss; got "
+             f"{len(got['loss_mtp'])}")
+    t.expect(abs(float(got["loss"]) - (float(got["loss_main"]) + 0.3 * float(got["loss_mtp"][0]))) < 1e-5,
+             "loss must be loss_main + mtp_lambda/mtp_depth · Σ loss_mtp (λ = 0.3, D = 1)")
+    m1, m2 = got["mtp1"], got["mtp2"]
+    t.expect(tuple(m1.shape) == (2, 22, 65), f"mtp_logits[0] must be (B, T−1, V) = (2, 22, 65); got {tuple(m1.shape)}")
+    t.expect(torch.allclose(m1[:, :9], m2[:, :9], atol=1e-6, rtol=0),
+             "the depth-1 MTP logits at positions 0…8 changed when token 10 changed: position i may read tokens up to "
+             "i+1 only (the embedding of the token the main head predicts)")
+    t.expect(not torch.allclose(m1[:, 9], m2[:, 9]), "the depth-1 MTP logits at position 9 must depend on token 10 "
+             "(its embedded input)")
+
+    # the bias update rule from the training forward's routing
+    def bias_update(impl):
+        m = _learner_model(impl, hf_state)
+        unwrap(m).train()
+        m(x, y)["loss"].backward()
+        before = [unwrap(m).layers[i].mlp.gate.e_score_correction_bias.clone() for i in (1, 2, 3)]
+        m.update_router_biases()
+        return before, [unwrap(m).layers[i].mlp.gate.e_score_correction_bias.clone() for i in (1, 2, 3)]
+    before, after = t.run(bias_update)
+    ref = _course_model(course_state(), seed=0).train()
+    ref(x, y)
+    for i, (b0, b1) in enumerate(zip(before, after)):
+        moe = ref.layers[i + 1].mlp
+        c = torch.bincount(moe.last_indices.flatten(), minlength=8).float()
+        t.expect(torch.allclose(b1 - b0, 0.001 * torch.sign(c.mean() - c), atol=1e-7, rtol=0),
+                 f"update_router_biases: layer {i + 1}'s bias must move by γ·sign(mean(c) − c) with the expert loads c "
+                 "of the last training forward (γ = bias_update_speed = 0.001)")
+
+
+# ================================================================== 17.generate_latent_cached
+
+
+@check(f"{U}.generate_latent_cached", ["generate_latent_cached"], _ref_generate)
+def check_generate(t):
+    from llmcourse.models.deepseek import greedy_uncached
+
+    state = course_state(STATE_SEED + 2, std=0.3)
+    prompt = _tokens(2, 5, STATE_SEED + 3)
+
+    def run(impl):
+        m = _course_model(state).eval()
+        lengths = []
+        hook = m.layers[0].register_forward_pre_hook(lambda mod, args: lengths.append(int(args[0].shape[1])))
+        toks, cache = impl.generate_latent_cached(m, prompt, 12)
+        hook.remove()
+        return {"tokens": toks, "nbytes": int(cache.nbytes()), "lengths": lengths,
+                "c_kv": [list(v.shape) if isinstance(v, torch.Tensor) else None for v in cache.c_kv],
+                "k_pe": [list(v.shape) if isinstance(v, torch.Tensor) else None for v in cache.k_pe]}
+    expected = greedy_uncached(_course_model(state).eval(), prompt, 12)
+    got = t.run(run)
+    t.compare(run, expected, "greedy tokens for a (2, 5) prompt and 12 new tokens (equal to uncached greedy "
+              "decoding with the main head)", atol=0, rtol=0, pick=lambda o: o["tokens"])
+    n = 5 + 12 - 1
+    t.expect(got["c_kv"] == [[2, n, 64]] * 4 and got["k_pe"] == [[2, n, 16]] * 4,
+             f"the cache must hold, per layer, c_kv (B, T, d_c) = (2, {n}, 64) and k_pe (B, T, d_R) = (2, {n}, 16) "
+             f"(the last token is returned, not fed); got c_kv {got['c_kv']} and k_pe {got['k_pe']}",
+             bug="B17.cache_full_kv")
+    want = 4 * (64 + 16) * n * 2 * 4
+    t.expect(got["nbytes"] == want, f"cache.nbytes() must be n_layers·(d_c + d_R)·T·B·4 = {want:,}; got "
+             f"{got['nbytes']:,}", bug="B17.cache_full_kv")
+    t.expect(got["lengths"] == [5] + [1] * 11, f"one prefill call with the 5 prompt tokens, then one call with T = 1 "
+             f"per new token; the model's first layer saw sequence lengths {got['lengths']}")
+
+
+# ================================================================== 17.train_step
+
+
+def _train_probe(state, x, y, sgd=False, max_norm=1.0):
+    def probe(impl):
+        m = _course_model(state, seed=0, **SMALL)
+        opt = torch.optim.SGD(m.parameters(), lr=1.0) if sgd else torch.optim.AdamW(m.parameters(), lr=1e-2)
+        before_p = [p.detach().clone() for p in m.parameters()]
+        before_b = [layer.mlp.gate.e_score_correction_bias.clone() for layer in m.layers[1:]]
+        rec = impl.train_step(m, opt, x, y, max_norm)
+        rec = dict(rec)
+        rec["loss_mtp"] = [float(v) for v in rec.get("loss_mtp", [])]
+        return {"rec": {k: rec.get(k) for k in ("loss", "loss_main", "loss_mtp", "expert_load")},
+                "bias_before": before_b, "bias_after": [layer.mlp.gate.e_score_correction_bias.clone()
+                                                        for layer in m.layers[1:]],
+                "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)]}
+    return probe
+
+
+@check(f"{U}.train_step", ["train_step"], _ref_train)
+def check_train_step(t):
+    state = course_state(STATE_SEED + 4, std=0.1, **SMALL)
+    seq = _tokens(4, 25, STATE_SEED + 5)
+    x, y = seq[:, :-1], seq[:, 1:]
+    got = t.run(_train_probe(state, x, y))
+    rec = got["rec"]
+    loads = rec.get("expert_load")
+    t.expect(isinstance(loads, list) and len(loads) == 3 and all(isinstance(c, torch.Tensor) for c in loads),
+             "expert_load must be a list with one (E,) tensor of counts per MoE layer (3 here)")
+    for i, c in enumerate(loads):
+        t.expect(tuple(c.shape) == (8,) and int(c.sum()) == 4 * 24 * 2,
+                 f"expert_load[{i}] must count the (token, slot) assignments of the step: shape (8,), sum B·T·k = 192; "
+                 f"got shape {tuple(c.shape)}, sum {int(c.sum())}")
+    changed = [not torch.equal(a, b) for a, b in zip(got["bias_before"], got["bias_after"])]
+    t.expect(any(changed), "the router biases did not change: call model.update_router_biases() after "
+             "optimizer.step(), from that step's expert loads", bug="B17.bias_update_missing")
+    for i, (b0, b1, c) in enumerate(zip(got["bias_before"], got["bias_after"], loads)):
+        c = c.float()
+        t.expect(torch.allclose(b1 - b0, 0.001 * torch.sign(c.mean() - c), atol=1e-7, rtol=0),
+                 f"MoE layer {i + 1}: the bias must change by exactly γ·sign(mean(c) − c) with the returned loads c "
+                 "(γ = 0.001), once per step", bug="B17.bias_update_missing")
+    t.expect(abs(float(rec["loss"]) - (float(rec["loss_main"]) + 0.3 * sum(rec["loss_mtp"]))) < 1e-5,
+             "the returned loss must equal loss_main + λ/D·Σ loss_mtp (λ = 0.3, D = 1)")
+    ref = _course_model(state, seed=0, **SMALL).train()
+    out = ref(x, y)
+    t.expect(abs(float(rec["loss"]) - out["loss"].item()) < 1e-5, f"the returned loss must be the model's training "
+             f"loss on (x, y) before the step: expected {out['loss'].item():.6f}, got {float(rec['loss']):.6f}")
+    # clipping before the step: SGD with lr 1 moves the weights by exactly the clipped gradient
+    got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05))
+    norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in got["delta"]))
+    t.expect(norm <= 0.05 * 1.001 and norm > 0.04, f"with plain SGD (lr 1) and max_norm=0.05 the step moved the "
+             f"weights by a global norm of {norm:.4g}: the gradients must be clipped to max_norm before "
+             "optimizer.step()")
+
+
+# ================================================================== 17.compare_models
+
+
+def _compare_probe(data):
+    def probe(impl):
+        from llmcourse.models import GPT2Config, GPT2Model, Llama3Config, Llama3Model
+
+        torch.manual_seed(0)
+        models = {"gpt": GPT2Model(GPT2Config.preset("gpt2-char-tiny")),
+                  "llama": Llama3Model(Llama3Config.preset("llama3-tiny")),
+                  "deepseek": _course_model(seed=0)}
+        seen = {}
+        for name, m in models.items():
+            def fwd(idx, *a, _orig=m.forward, _m=m, _name=name, **k):
+                if _m.training and torch.is_grad_enabled():
+                    seen.setdefault(_name, []).append(idx.clone())
+                return _orig(idx, *a, **k)
+            m.forward = fwd
+        rows = impl.compare_models(models, data[:2500], data[2500:], 3, 4, 16, lambda s: 1e-3, 5)
+        return {"rows": [dict(r) for r in rows], "seen": seen}
+    return probe
+
+
+@check(f"{U}.compare_models", ["compare_models"], _ref_compare)
+def check_compare(t):
+    from llmcourse.data.corpus import get_batch
+
+    data = torch.randint(0, 65, (3000,), generator=_gen(STATE_SEED + 6))
+    got = t.run(_compare_probe(data))
+    rows = got["rows"]
+    t.expect([r.get("name") for r in rows] == ["gpt", "llama", "deepseek"],
+             f"one row per model, in input order, with its name; got {[r.get('name') for r in rows]}")
+    want = [get_batch(data[:2500], 4, 16, _gen(5 + s))[0] for s in range(3)]
+    for name in ("gpt", "llama", "deepseek"):
+        batches = got["seen"].get(name, [])
+        ok = len(batches) == 3 and all(torch.equal(b, w) for b, w in zip(batches, want))
+        t.expect(ok, f"model {name!r} must train on exactly 3 batches, step s drawn with get_batch(train_data, 4, 16, "
+                 f"torch.Generator().manual_seed(seed + s)); it saw {len(batches)} training batches"
+                 + ("" if len(batches) != 3 else " that differ from those"), bug="B17.unequal_budget")
+    expected = {"gpt": (809_856, 809_856, 1024), "llama": (795_904, 795_904, 512), "deepseek": (TOTAL, ACTIVE, 320)}
+    for r in rows:
+        tot, act, cache = expected[r["name"]]
+        if r["name"] == "deepseek" and r.get("active_params") == r.get("total_params"):
+            t.fail(f"deepseek: active_params equals total_params ({r.get('total_params')!r}); a token uses the shared "
+                   "expert, k routed experts and everything dense: 872,960", bug="B17.active_counts_total")
+        t.expect(r.get("total_params") == tot and r.get("active_params") == act,
+                 f"{r['name']}: total/active parameters must be {tot:,}/{act:,} (main path, tied head once, MTP "
+                 f"excluded); got {r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
+        t.expect(r.get("cache_elems_per_token") == cache, f"{r['name']}: cache elements per token must be {cache}; got "
+                 f"{r.get('cache_elems_per_token')!r}")
+        v, ms = r.get("val_loss"), r.get("ms_per_step")
+        t.expect(isinstance(v, (int, float)) and math.isfinite(v) and 0 < v < 10,
+                 f"{r['name']}: val_loss must be a finite positive float (nats); got {v!r}")
+        t.expect(isinstance(ms, (int, float)) and ms > 0, f"{r['name']}: ms_per_step must be positive; got {ms!r}")
+
+
+# ================================================================== 17.fp8_inference
+
+
+@functools.lru_cache(maxsize=1)
+def _asset_info():
+    from llmcourse.train.deepseek_char import deepseek_char_tiny_path
+
+    p = deepseek_char_tiny_path()
+    if not p.exists():
+        return None
+    ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    return {"fp8_check": ckpt.get("fp8_check"), "sums": {k: float(v.float().abs().sum()) for k, v in ckpt["model"].items()}}
+
+
+FP8_BATCHES = 3
+
+
+@check(f"{U}.fp8_inference", ["fp8_eval"], _ref_fp8)
+def check_fp8(t):
+    info = _asset_info()
+    if info is None or info["fp8_check"] is None:
+        t.fail("assets/deepseek_char_tiny.pt (with its FP8 calibration) is missing; re-create it with "
+               "`python -m llmcourse.train.deepseek_char`")
+
+    def probe(impl):
+        from llmcourse.data.corpus import char_corpus
+        from llmcourse.train.deepseek_char import load_deepseek_char_tiny
+
+        model, _ = load_deepseek_char_tiny(retrain=False, verbose=False)
+        res = impl.fp8_eval(model, char_corpus("tinyshakespeare").val, FP8_BATCHES, 10_000)
+        return {"res": {k: float(v) for k, v in dict(res).items()},
+                "sums": {k: float(v.float().abs().sum()) for k, v in model.state_dict().items()},
+                "types": sorted({type(m).__name__ for m in model.modules()})}
+    got = t.run(probe)
+    res, cal = got["res"], info["fp8_check"]
+    t.expect(set(res) >= {"val_loss_fp32", "val_loss_fp8", "delta"},
+             f"fp8_eval must return val_loss_fp32, val_loss_fp8 and delta; got {sorted(res)}")
+    t.expect(abs(res["delta"] - (res["val_loss_fp8"] - res["val_loss_fp32"])) < 1e-6,
+             "delta must be val_loss_fp8 − val_loss_fp32")
+    t.expect(abs(res["val_loss_fp32"] - cal["val_loss_fp32"]) < 1e-4,
+             f"val_loss_fp32 of the course's trained DeepSeek on {FP8_BATCHES} validation batches "
+             f"(get_batch(val_data, 32, 64, Generator(seed + i))) must be {cal['val_loss_fp32']:.5f}; got "
+             f"{res['val_loss_fp32']:.5f}")
+    t.expect(res["delta"] != 0.0, "val_loss_fp8 equals val_loss_fp32 exactly: the copy was not converted to FP8")
+    t.expect(res["delta"] <= cal["delta"] + 0.02, f"the FP8 copy loses {res['delta']:+.4f} nats; the reference "
+             f"conversion (main-path linear maps only; routers, head, embeddings and MTP in float32) loses "
+             f"{cal['delta']:+.4f}")
+    t.expect("FP8Linear" not in got["types"], "the original model now contains FP8Linear modules: convert a deep copy")
+    diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
+    t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
