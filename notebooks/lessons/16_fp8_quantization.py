@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 import llmcourse
 from llmcourse.data.corpus import char_corpus
+from llmcourse.models.deepseek_moe import DeepSeekMoE
 from llmcourse.models.gpt2 import GPT2Config, gpt2_param_count
 from llmcourse.quant import fp8 as Q
 from llmcourse.train.llama_char import load_llama_char_tiny
@@ -355,6 +356,21 @@ worst = max(layer_rows, key=lambda r: r["rel_error"])
 print(f"per-layer relative output error: median {sorted(r['rel_error'] for r in layer_rows)[len(layer_rows) // 2]:.4f}, "
       f"largest {worst['rel_error']:.4f} ({worst['name']})")
 viz.show_model_report(layer_rows, losses)
+
+# %% [markdown]
+# The same converter on a DeepSeek-style MoE feed-forward layer (unit 14): the routed and shared experts are ordinary
+# linear layers and become FP8; the router, named `gate` as in DeepSeek-V3's checkpoints, keeps full precision.
+
+# %%
+moe = DeepSeekMoE(128, moe_intermediate_size=128, n_routed_experts=8, n_shared_experts=1, top_k=2, n_group=4,
+                  topk_group=2)
+Q.convert_linears_to_fp8(moe)
+moe_kinds = {}
+for name, mod in moe.named_modules():
+    if name.count(".") <= 2 and name:
+        moe_kinds.setdefault(type(mod).__name__, []).append(name)
+print(f"router: {type(moe.gate).__name__} with a {moe.gate.weight.dtype} weight; "
+      f"{len(moe_kinds.get('FP8Linear', []))} expert projections in FP8, e.g. {moe_kinds['FP8Linear'][:3]}")
 
 # %% [markdown]
 # Each converted layer is off by a few percent on its own, yet the loss barely moves: the errors are unbiased
