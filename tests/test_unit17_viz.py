@@ -1,0 +1,51 @@
+"""Unit 17 widgets: the compute helpers and the static fallbacks of W17.1–W17.3."""
+
+from __future__ import annotations
+
+import torch
+
+from llmcourse.models import GPT2Config, GPT2Model
+from llmcourse.models.deepseek import DeepSeekConfig, DeepSeekLM
+from llmcourse.viz import capstone as viz
+
+SMALL = dict(d_model=32, n_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+             intermediate_size=64, moe_intermediate_size=16)
+
+
+class _Tok:
+    def encode(self, s):
+        return [ord(c) % 65 for c in s]
+
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def test_smooth():
+    assert viz.smooth([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    assert viz.smooth([1.0, 2.0], 1) == [1.0, 2.0]
+
+
+def test_generation_record_reads_the_latent_cache():
+    torch.manual_seed(0)
+    ds = DeepSeekLM(DeepSeekConfig(**SMALL)).eval()
+    gpt = GPT2Model(GPT2Config(vocab_size=65, context_length=64, d_model=32, n_heads=2, n_layers=2, dropout=0.0)).eval()
+    rec = viz.generation_record({"ds": ds, "gpt": gpt}, _Tok(), "ROMEO:", 5)
+    assert rec["measured"] == "ds"
+    assert rec["bytes_per_token"]["ds"] == 4 * (16 + 4) * 4          # L·(d_c + d_R)·4 bytes
+    assert rec["bytes_per_token"]["gpt"] == 2 * 2 * 2 * 16 * 4        # L·H·2·hd·4 bytes
+    assert len(rec["text"]["ds"]) == 5
+
+
+def test_static_fallbacks():
+    rows = [{"name": n, "total_params": t, "active_params": a, "ms_per_step": 10.0, "val_loss": 2.5,
+             "cache_elems_per_token": c} for n, t, a, c in [("a", 10, 10, 1024), ("b", 20, 8, 320)]]
+    curves = {"a": [3.0, 2.5, 2.0], "b": [3.1, 2.4, 2.1], "mtp": [3.3, 2.9, 2.6]}
+    loads = {"bias update on": [1.5, 1.3, 1.2], "bias update off": [1.6, 1.7, 1.8]}
+    rec = {"prompt": "ROMEO:", "text": {"a": "xyz", "b": "abc"}, "bytes_per_token": {"a": 4096, "b": 1280},
+           "measured": "b"}
+    figs = [viz.show_capstone_dashboard(curves, loads, {"a": 10.0, "b": 20.0}, 2048, static=True),
+            viz.show_generation_panel({}, _Tok(), rec, static=True),
+            viz.show_comparison_table(rows, 0.01, static=True)]
+    for fig, wid in zip(figs, ["W17.1", "W17.2", "W17.3"]):
+        assert fig.widget_id == wid
+        assert fig._repr_png_()[:4] == b"\x89PNG"
