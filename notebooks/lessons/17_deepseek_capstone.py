@@ -195,12 +195,12 @@ print("bias change        :", (model.layers[1].mlp.gate.e_score_correction_bias 
 # bias update switched off shows what the update buys.
 
 # %%
-torch.set_num_threads(cfg.torch_threads)
-steps, B, T = cfg.compare_steps, cfg.batch_size, cfg.context_length
+torch.set_num_threads(cfg["torch_threads"])
+steps, B, T = cfg["compare_steps"], cfg["batch_size"], cfg["context_length"]
 
 
 def lr_fn(s):
-    return warmup_cosine_lr(s, cfg.max_lr, cfg.min_lr, cfg.warmup_steps, steps)
+    return warmup_cosine_lr(s, cfg["max_lr"], cfg["min_lr"], cfg["warmup_steps"], steps)
 
 
 torch.manual_seed(0)
@@ -220,7 +220,7 @@ def record(name, step, r):
 
 
 t0 = time.perf_counter()
-rows = compare_models(models, corpus.train, corpus.val, steps, B, T, lr_fn, seed=0, eval_batches=cfg.eval_batches,
+rows = compare_models(models, corpus.train, corpus.val, steps, B, T, lr_fn, seed=0, eval_batches=cfg["eval_batches"],
                       on_step=record, progress=True)
 print(f"{steps} steps × 3 models in {time.perf_counter() - t0:.0f} s")
 
@@ -233,9 +233,9 @@ def record_off(name, step, r):
     imbalance["bias update off"].append(float((loads.max(1).values / loads.mean(1)).mean()))
 
 
-compare_models({"deepseek, no bias update": no_bias}, corpus.train, corpus.val, cfg.nobias_steps, B, T, lr_fn, seed=0,
+compare_models({"deepseek, no bias update": no_bias}, corpus.train, corpus.val, cfg["nobias_steps"], B, T, lr_fn, seed=0,
                eval_batches=1, on_step=record_off)
-k = cfg.nobias_steps
+k = cfg["nobias_steps"]
 on, off = imbalance["bias update on"][:k], imbalance["bias update off"][:k]
 print(f"expert load max/mean over the first {k} steps: {sum(on) / k:.2f} with the bias update, "
       f"{sum(off) / k:.2f} without")
@@ -273,18 +273,18 @@ print(f"spread of the validation losses: {spread:.3f} nats; slowest per step: {s
 trained, tok = load_deepseek_char_tiny()
 prompt = torch.tensor([tok.encode("ROMEO:")])
 t0 = time.perf_counter()
-tokens, cache = generate_latent_cached(trained, prompt, cfg.gen_tokens)
+tokens, cache = generate_latent_cached(trained, prompt, cfg["gen_tokens"])
 dt = time.perf_counter() - t0
-same = torch.equal(tokens, greedy_uncached(trained, prompt, cfg.gen_tokens))
+same = torch.equal(tokens, greedy_uncached(trained, prompt, cfg["gen_tokens"]))
 print(tok.decode(tokens[0].tolist()))
-print(f"\nequal to uncached greedy decoding: {same}; {cfg.gen_tokens} tokens in {dt:.2f} s")
+print(f"\nequal to uncached greedy decoding: {same}; {cfg['gen_tokens']} tokens in {dt:.2f} s")
 print(f"cache: {cache}; {cache.nbytes():,} bytes = {cache.nbytes() // cache.seq_len} bytes per position")
 
 # %%
 record = viz.generation_record({"deepseek-tiny": trained, "llama3-tiny": models["llama3-tiny"].eval(),
-                                "gpt2-char-tiny": models["gpt2-char-tiny"].eval()}, tok, "ROMEO:", cfg.panel_tokens)
+                                "gpt2-char-tiny": models["gpt2-char-tiny"].eval()}, tok, "ROMEO:", cfg["panel_tokens"])
 viz.show_generation_panel({"deepseek-tiny": trained, "llama3-tiny": models["llama3-tiny"],
-                           "gpt2-char-tiny": models["gpt2-char-tiny"]}, tok, record, cfg.panel_tokens)
+                           "gpt2-char-tiny": models["gpt2-char-tiny"]}, tok, record, cfg["panel_tokens"])
 
 # %% [markdown]
 # (The two baselines in the panel are the short comparison runs above, so their text is rougher than the trained
@@ -296,7 +296,7 @@ viz.show_generation_panel({"deepseek-tiny": trained, "llama3-tiny": models["llam
 # module stay in float32) and compare validation losses on the same batches.
 
 # %%
-res = fp8_eval(trained, corpus.val, cfg.fp8_batches, seed=10_000)
+res = fp8_eval(trained, corpus.val, cfg["fp8_batches"], seed=10_000)
 print(f"validation loss {res['val_loss_fp32']:.4f} in float32, {res['val_loss_fp8']:.4f} with FP8 weights and "
       f"activations: delta {res['delta']:+.4f} nats")
 info = trained.checkpoint_info
