@@ -20,3 +20,15 @@ def test_reference_delta_of_the_checks_is_current():
     r = fp8_loss_delta(model, char_corpus("tinyshakespeare").val, C.LOSS_BATCHES, C.LOSS_BATCH, C.LOSS_T)
     assert r["delta"] == pytest.approx(C.REF_DELTA, abs=2e-6)
     assert 0 < r["delta"] < 0.02
+
+
+def test_the_checks_validation_batches_are_char_corpus_batches():
+    from grader.checks import u16_fp8_quantization as C
+    from llmcourse.data.corpus import char_corpus, get_batch
+
+    val = char_corpus("tinyshakespeare").val
+    xs, ys = C._val_batches()
+    for i in range(C.LOSS_BATCHES):
+        x, y = get_batch(val, C.LOSS_BATCH, C.LOSS_T, torch.Generator().manual_seed(i))
+        assert torch.equal(xs[i * C.LOSS_BATCH:(i + 1) * C.LOSS_BATCH], x)
+        assert torch.equal(ys[i * C.LOSS_BATCH:(i + 1) * C.LOSS_BATCH], y)
