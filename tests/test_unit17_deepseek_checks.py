@@ -21,7 +21,12 @@ def test_the_stored_transformers_oracle_of_the_checks_is_current():
 
 def test_library_matches_the_stored_oracle_through_the_converter():
     from grader.checks.u17_deepseek_capstone import course_state, hf_layout, oracle
-    from llmcourse.models.deepseek import DeepSeekConfig, DeepSeekLM, deepseek_state_dict_from_hf, load_hf_deepseek
+    from llmcourse.models.deepseek import (
+        DeepSeekConfig,
+        DeepSeekLM,
+        deepseek_state_dict_from_hf,
+        load_hf_deepseek,
+    )
 
     hf_state = hf_layout(course_state())
     assert "model.layers.1.mlp.experts.gate_up_proj" in hf_state
