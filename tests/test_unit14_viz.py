@@ -59,3 +59,14 @@ def test_live_widgets_build():
     for w in (show_expert_loads(runs, static=False), show_combinatorics(static=False),
               show_routing_explorer(torch.randn(5, 8), list("abcde"), static=False)):
         assert any(c.startswith("llmcourse-w14-") for c in w._dom_classes)
+
+
+def test_shared_equivalence_sum_not_mean():
+    from llmcourse.viz.moe import shared_equivalence, show_shared_equivalence
+
+    r = shared_equivalence(3)
+    assert r["sum"] < 1e-5 < r["mean"] and r["params_narrow"] == r["params_wide"] == 3 * 3 * 32 * 16
+    assert shared_equivalence(1)["mean"] < 1e-5
+    w = show_shared_equivalence(static=True)
+    assert w.widget_id == "W14.4" and w._repr_png_()[:4] == b"\x89PNG"
+    assert any(c == "llmcourse-w14-4" for c in show_shared_equivalence(static=False)._dom_classes)

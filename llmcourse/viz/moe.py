@@ -19,7 +19,8 @@ from ..models.deepseek_moe import deepseek_route, moe_param_counts
 from .base import figure, live_or_static, redrawing_output
 
 __all__ = ["routing_table", "load_ratio_curves", "expert_combinatorics", "draw_routing", "draw_load_runs",
-           "draw_combinatorics", "show_routing_explorer", "show_expert_loads", "show_combinatorics"]
+           "draw_combinatorics", "show_routing_explorer", "show_expert_loads", "show_combinatorics",
+           "shared_equivalence", "draw_shared_equivalence", "show_shared_equivalence"]
 
 RUN_LABELS = {"none": "no balancing", "aux": "auxiliary loss α=0.01", "g1e-4": "bias update γ=1e-4",
               "g1e-3": "bias update γ=1e-3", "g1e-2": "bias update γ=1e-2", "live-none": "live run: no update",
@@ -242,3 +243,67 @@ def show_combinatorics(static: bool | None = None):
 
     return live_or_static("W14.3", build_live, draw_combinatorics, static,
                           caption="16 experts, top-2, each split m = 1…8 ways (m = 4 gives 64 experts, top-8).")
+
+
+# ============================================================================ W14.4 shared experts = one wide MLP
+
+
+def shared_equivalence(n_shared: int = 2, d_model: int = 32, width: int = 16, n_tokens: int = 64, seed: int = 0) -> dict:
+    """``n_shared`` SwiGLU experts of width ``width`` vs one of width ``n_shared·width`` holding their stacked
+    weights: ``{"sum": max |Σ experts − wide|, "mean": max |mean of experts − wide|, "params_narrow",
+    "params_wide"}`` on ``n_tokens`` random tokens (the sum agrees to float32 rounding, the mean does not)."""
+    from ..models.llama3 import SwiGLUFeedForward
+
+    g = torch.Generator().manual_seed(seed)
+    narrow = [SwiGLUFeedForward(d_model, width) for _ in range(n_shared)]
+    wide = SwiGLUFeedForward(d_model, n_shared * width)
+    with torch.no_grad():
+        for e in narrow:
+            for p in e.parameters():
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        wide.gate_proj.weight.copy_(torch.cat([e.gate_proj.weight for e in narrow], 0))
+        wide.up_proj.weight.copy_(torch.cat([e.up_proj.weight for e in narrow], 0))
+        wide.down_proj.weight.copy_(torch.cat([e.down_proj.weight for e in narrow], 1))
+        x = torch.randn(n_tokens, d_model, generator=g)
+        outs = torch.stack([e(x) for e in narrow])
+        ref = wide(x)
+    return {"sum": (outs.sum(0) - ref).abs().max().item(), "mean": (outs.mean(0) - ref).abs().max().item(),
+            "params_narrow": sum(p.numel() for e in narrow for p in e.parameters()),
+            "params_wide": sum(p.numel() for p in wide.parameters())}
+
+
+def draw_shared_equivalence(max_shared: int = 4, d_model: int = 32, width: int = 16) -> Figure:
+    rows = [(s, shared_equivalence(s, d_model, width)) for s in range(1, max_shared + 1)]
+    fig, ax = figure(1, 1, figsize=(7, 0.45 * len(rows) + 1.2))
+    ax.axis("off")
+    cells = [[str(s), f"{r['params_narrow']:,}", f"{r['params_wide']:,}", f"{r['sum']:.1e}", f"{r['mean']:.3f}"]
+             for s, r in rows]
+    table = ax.table(cellText=cells, colLabels=["S", "params, S narrow", "params, one wide", "max |Σ − wide|",
+                                                "max |mean − wide|"], loc="center")
+    table.scale(1, 1.4)
+    ax.set_title(f"S shared experts of width {width} vs one SwiGLU of width S·{width} (D = {d_model})")
+    return fig
+
+
+def show_shared_equivalence(static: bool | None = None):
+    """W14.4: S narrow shared experts vs one wide MLP with their stacked weights: parameters and max |Δ| of the
+    sum (float32 rounding) and of the mean (wrong). Live: sliders for the largest S and the expert width.
+    Static fallback: the table for S = 1…4."""
+
+    def build_live():
+        import ipywidgets as widgets
+
+        s = widgets.IntSlider(value=4, min=1, max=8, description="largest S")
+        w = widgets.IntSlider(value=16, min=4, max=64, step=4, description="expert width")
+        out, update = redrawing_output(draw_shared_equivalence)
+
+        def refresh(_change=None):
+            update(max_shared=s.value, width=w.value)
+
+        for c in (s, w):
+            c.observe(refresh, names="value")
+        refresh()
+        return widgets.VBox([widgets.HBox([s, w]), out])
+
+    return live_or_static("W14.4", build_live, draw_shared_equivalence, static,
+                          caption="S = 1…4 shared experts of width 16, D = 32.")
