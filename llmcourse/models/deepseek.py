@@ -307,12 +307,15 @@ def model_logits(model: nn.Module, x: Tensor) -> Tensor:
 @torch.no_grad()
 def greedy_uncached(model: nn.Module, idx: Tensor, max_new_tokens: int) -> Tensor:
     """Greedy decoding that re-runs the whole sequence every step (the reference for the cached path); eval mode,
-    previous mode restored. Returns ``(B, T0 + max_new_tokens)`` long."""
+    previous mode restored. A model with a ``cfg.context_length`` sees at most its last ``context_length`` tokens (a
+    sliding window; within the context nothing is cropped). Returns ``(B, T0 + max_new_tokens)`` long."""
     was = model.training
     model.eval()
+    window = getattr(getattr(model, "cfg", None), "context_length", None)
     try:
         for _ in range(max_new_tokens):
-            nxt = model_logits(model, idx)[:, -1].argmax(-1, keepdim=True)
+            ctx = idx if window is None else idx[:, -window:]
+            nxt = model_logits(model, ctx)[:, -1].argmax(-1, keepdim=True)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
     finally:
