@@ -334,8 +334,8 @@ viz.show_speculative_stepper(frames)
 # ## 8. Training with and without MTP at an equal budget
 #
 # Train `llama3-tiny` twice from the same initial weights on identical batches: once with one MTP module
-# (`L_main + 0.3·L_1`) and once without. The main model sees the same tokens either way; the MTP run spends about
-# a third more compute per step on its extra module.
+# (`L_main + 0.3·L_1`) and once without. The main model sees the same tokens either way; the MTP run spends more
+# compute per step on its extra module (the ratio is measured below).
 
 # %%
 runs = compare_mtp(steps=cfg["compare_steps"], batch_size=cfg["batch_size"], context_length=cfg["context_length"],
