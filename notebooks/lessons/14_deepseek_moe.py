@@ -278,6 +278,19 @@ def shared_output_reference(x, experts):
 assert self_check_shared(shared_output_reference) < 1e-5
 
 # %% [markdown]
+# The same comparison for one to four shared experts: the parameters are identical, the sum agrees with the
+# wide network to float32 rounding and the mean does not (except for a single expert).
+
+# %%
+for s_count in (1, 2, 4):
+    eq = vmoe.shared_equivalence(s_count)
+    print(f"S = {s_count}: max |sum − wide| = {eq['sum']:.1e}, max |mean − wide| = {eq['mean']:.3f}, "
+          f"parameters {eq['params_narrow']:,} vs {eq['params_wide']:,}")
+
+# %% tags=["nbval-ignore-output"]
+vmoe.show_shared_equivalence()
+
+# %% [markdown]
 # ## 8. Fine-grained experts
 #
 # DeepSeekMoE also makes experts **smaller and more numerous**: split each of `E` experts of width `I` into `m`
