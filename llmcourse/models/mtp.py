@@ -185,12 +185,43 @@ def mtp_param_count(cfg: Llama3Config) -> int:
     return 3 * d + 2 * d * d + block
 
 
-@torch.no_grad()
 def speculative_trace(model: MTPLanguageModel, idx: Tensor, max_new_tokens: int) -> dict:
     """:func:`speculative_generate` with its record: a dict with ``tokens`` ``(1, T0+n)``, ``rate``, ``calls``
     (main-model calls), ``drafts``, ``accepted`` and ``events``: one ``(kind, token)`` per step in order,
     kind ``"main"`` (a token from the main model), ``"accept"`` (a verified draft) or ``"reject"`` (a draft that
     was thrown away; ``token`` is the draft)."""
+    record: dict = {}
+    speculative_generate(model, idx, max_new_tokens, record=record)
+    return record
+
+
+@torch.no_grad()
+def speculative_generate(model: MTPLanguageModel, idx: Tensor, max_new_tokens: int,
+                         record: dict | None = None) -> tuple[Tensor, float]:
+    """Greedy self-speculative decoding with the depth-1 MTP module as the drafter (batch 1).
+
+    Each round the main model's next token ``a`` is appended; depth 1 then drafts the token after it from the
+    trunk state at ``a``'s predecessor and the embedding of ``a``; one main-model call on ``sequence + draft``
+    verifies it: the draft is accepted iff it equals the main model's argmax there, and then the same call's
+    last position yields the following token for free. A rejected draft is replaced by the main model's own
+    token. The output therefore equals plain greedy decoding of ``model.model`` token for token (up to float
+    rounding ties); every accepted draft saves one main-model call.
+
+    Args:
+        model: an :class:`MTPLanguageModel` with ``mtp_depth ≥ 1``.
+        idx: ``(1, T0)`` long prompt; ``T0 + max_new_tokens ≤ context_length``.
+        max_new_tokens: ``≥ 0``.
+        record: optional dict, filled with the run's record (see :func:`speculative_trace`).
+
+    Returns:
+        ``(tokens (1, T0 + max_new_tokens), rate)`` with ``rate = accepted drafts / drafts`` (0.0 without drafts).
+        Main-model calls = generated tokens − accepted drafts (+1 when the last accepted draft ends the run).
+
+    Raises:
+        ValueError: a batch other than 1, ``max_new_tokens < 0``, a model without MTP modules, a result longer
+        than the context.
+    """
+    record = {} if record is None else record
     if not isinstance(idx, Tensor) or idx.dim() != 2 or idx.shape[0] != 1 or idx.shape[1] < 1 \
             or idx.is_floating_point():
         raise ValueError(f"idx must be a (1, T0) tensor of token ids with T0 ≥ 1, got {tuple(getattr(idx, 'shape', ()))}")
@@ -207,7 +238,8 @@ def speculative_trace(model: MTPLanguageModel, idx: Tensor, max_new_tokens: int)
         seq, events = idx, []
         calls = drafts = accepted = 0
         if max_new_tokens == 0:
-            return {"tokens": seq, "rate": 0.0, "calls": 0, "drafts": 0, "accepted": 0, "events": events}
+            record.update(tokens=seq, rate=0.0, calls=0, drafts=0, accepted=0, events=events)
+            return seq, 0.0
         h0 = model.trunk(seq)
         calls += 1
         nxt = model.model.lm_head(model.model.norm(h0[:, -1:])).argmax(-1)       # (1, 1)
@@ -238,35 +270,7 @@ def speculative_trace(model: MTPLanguageModel, idx: Tensor, max_new_tokens: int)
                 events.append(("reject", int(draft)))
                 h0, nxt = h_all[:, :-1], verify
         rate = accepted / drafts if drafts else 0.0
-        return {"tokens": seq, "rate": rate, "calls": calls, "drafts": drafts, "accepted": accepted,
-                "events": events}
+        record.update(tokens=seq, rate=rate, calls=calls, drafts=drafts, accepted=accepted, events=events)
+        return seq, rate
     finally:
         model.train(was_training)
-
-
-@torch.no_grad()
-def speculative_generate(model: MTPLanguageModel, idx: Tensor, max_new_tokens: int) -> tuple[Tensor, float]:
-    """Greedy self-speculative decoding with the depth-1 MTP module as the drafter (batch 1).
-
-    Each round the main model's next token ``a`` is appended; depth 1 then drafts the token after it from the
-    trunk state at ``a``'s predecessor and the embedding of ``a``; one main-model call on ``sequence + draft``
-    verifies it: the draft is accepted iff it equals the main model's argmax there, and then the same call's
-    last position yields the following token for free. A rejected draft is replaced by the main model's own
-    token. The output therefore equals plain greedy decoding of ``model.model`` token for token (up to float
-    rounding ties); every accepted draft saves one main-model call.
-
-    Args:
-        model: an :class:`MTPLanguageModel` with ``mtp_depth ≥ 1``.
-        idx: ``(1, T0)`` long prompt; ``T0 + max_new_tokens ≤ context_length``.
-        max_new_tokens: ``≥ 0``.
-
-    Returns:
-        ``(tokens (1, T0 + max_new_tokens), rate)`` with ``rate = accepted drafts / drafts`` (0.0 without drafts).
-        Main-model calls = generated tokens − accepted drafts (+1 when the last accepted draft ends the run).
-
-    Raises:
-        ValueError: a batch other than 1, ``max_new_tokens < 0``, a model without MTP modules, a result longer
-        than the context.
-    """
-    out = speculative_trace(model, idx, max_new_tokens)
-    return out["tokens"], out["rate"]
