@@ -255,8 +255,9 @@ print(f"spread of the validation losses: {spread:.3f} nats; slowest per step: {s
 # %% [markdown]
 # How to read this table, honestly:
 #
-# * At this size and budget the three models land close together; which one is ahead changes with the seed and
-#   the number of steps. A gap of a few hundredths of a nat here says nothing about large models.
+# * At this size and budget the spread printed above is not evidence about architectures: the runs are short,
+#   early in training the ranking can change with the seed and the number of steps, and one seed is one sample.
+#   Nothing here predicts how large models compare.
 # * The MoE model is **not** faster on a CPU at this scale: every routed expert is a separate small matrix
 #   multiplication dispatched from Python, and the router, the gather and the scatter add work that a dense layer
 #   does not have. MoE pays off when the experts are large and spread over many accelerators.
