@@ -365,3 +365,12 @@ def test_asset():
     tr = speculative_trace(model, prompt, 40)
     assert torch.equal(tr["tokens"], generate_uncached(model.model, prompt, 40))
     assert tr["rate"] > 0.2   # a trained drafter agrees with the main model far more often than chance
+
+
+def test_speculative_demo_fits_the_trained_models_context_in_every_profile():
+    """The lesson decodes spec_tokens after the 7-character prompt "ROMEO:\\n" with the shipped model (context 128)."""
+    from llmcourse.runtime import profile
+    from llmcourse.train.mtp_char import MTP_CHAR_TINY_RECIPE
+
+    for name in ("ci", "laptop", "gpu"):
+        assert len("ROMEO:\n") + profile("15", name)["spec_tokens"] <= MTP_CHAR_TINY_RECIPE["context_length"], name
