@@ -109,6 +109,23 @@ def redrawing_output(draw: Callable[..., Figure]):
     return out, update
 
 
+
+def linked_controls(controls: dict, draw: Callable[..., Figure], rows: list[list[str]] | None = None):
+    """A live panel: rows of ``controls`` (an ``{argument: ipywidget}`` dict; one row by default) above an Output
+    that ``draw(**{argument: widget.value})`` redraws on every change."""
+    import ipywidgets as widgets
+
+    out, update = redrawing_output(draw)
+
+    def refresh(_change=None):
+        update(**{k: c.value for k, c in controls.items()})
+
+    for c in controls.values():
+        c.observe(refresh, names="value")
+    refresh()
+    rows = rows or [list(controls)]
+    return widgets.VBox([widgets.HBox([controls[k] for k in row]) for row in rows] + [out])
+
 class StaticPNG:
     """A bare PNG display object (used inside live widgets' Output areas)."""
 

@@ -18,7 +18,7 @@ import time
 import torch
 
 from ..nn.kv_cache import KV_PRESETS, KVCache, kv_cache_bytes
-from .base import figure, live_or_static, redrawing_output
+from .base import figure, linked_controls, live_or_static, redrawing_output
 
 __all__ = ["DTYPE_BYTES", "cache_animation_frames", "cache_memory", "draw_cache_frame", "draw_memory",
            "draw_speed", "measure_decode_speed", "show_cache_animation", "show_memory_calculator",
@@ -213,17 +213,8 @@ def show_memory_calculator(preset: str = "Llama-3.2-3B", static: bool | None = N
             "attention": widgets.Dropdown(options=["model", "MHA", "GQA", "MQA"], value="model",
                                           description="attention"),
         }
-        out, update = redrawing_output(draw_memory)
-
-        def refresh(_=None):
-            update(**{k: c.value for k, c in controls.items()})
-
-        for c in controls.values():
-            c.observe(refresh, names="value")
-        refresh()
         names = list(controls)
-        return widgets.VBox([widgets.HBox([controls[k] for k in names[:3]]),
-                             widgets.HBox([controls[k] for k in names[3:]]), out])
+        return linked_controls(controls, draw_memory, rows=[names[:3], names[3:]])
 
     return live_or_static("W12.2", build_live, lambda: draw_memory(preset), static,
                           caption=f"{preset}, bf16, batch 1, 8,192 tokens.")

@@ -18,7 +18,7 @@ from matplotlib.patches import FancyBboxPatch
 from ..models.deepseek_mla import DEEPSEEK_V3_MLA, SimpleMLA, absorbed_forward
 from ..models.llama3 import rope_cos_sin, rope_inv_freq
 from ..nn.kv_cache import attn_cache_elems_per_token
-from .base import figure, live_or_static, redrawing_output
+from .base import figure, linked_controls, live_or_static, redrawing_output
 
 __all__ = [
     "CACHE_PRESETS", "absorption_errors", "cache_comparison", "decode_macs", "mla_flow_shapes", "rope_absorption",
@@ -106,17 +106,8 @@ def show_mla_flow(static: bool | None = None):
             "v_head_dim": widgets.SelectionSlider(options=[16, 32, 64, 128, 256], value=v3["v_head_dim"],
                                                   description="d_v"),
         }
-        out, update = redrawing_output(draw_mla_flow)
-
-        def refresh(_=None):
-            update(**{k: c.value for k, c in controls.items()})
-
-        for c in controls.values():
-            c.observe(refresh, names="value")
-        refresh()
         names = list(controls)
-        return widgets.VBox([widgets.HBox([controls[k] for k in names[:3]]),
-                             widgets.HBox([controls[k] for k in names[3:]]), out])
+        return linked_controls(controls, draw_mla_flow, rows=[names[:3], names[3:]])
 
     return live_or_static("W13.1", build_live, draw_mla_flow, static, caption="DeepSeek-V3's attention sizes.")
 

@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..nn.positions import inverse_frequencies, shift_matrix, sinusoidal_pe
-from .base import figure, live_or_static, redrawing_output
+from .base import figure, linked_controls, live_or_static, redrawing_output
 
 __all__ = [
     "CANDIDATES", "REQUIREMENTS", "candidate_encodings", "draw_candidates", "draw_frequency_curves",
@@ -51,22 +51,6 @@ def sinusoidal_pe_float64(n_positions: int, d_model: int) -> Tensor:
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2], pe[:, 1::2] = angles.sin(), angles.cos()
     return pe
-
-
-def _live(controls: dict, draw, rows: list[list[str]] | None = None):
-    """VBox of control rows and an Output redrawn by ``draw(**values)`` on every change."""
-    import ipywidgets as widgets
-
-    out, update = redrawing_output(draw)
-
-    def refresh(_change=None):
-        update(**{k: c.value for k, c in controls.items()})
-
-    for c in controls.values():
-        c.observe(refresh, names="value")
-    refresh()
-    rows = rows or [list(controls)]
-    return widgets.VBox([widgets.HBox([controls[k] for k in row]) for row in rows] + [out])
 
 
 def _even(d_model: int) -> int:
@@ -145,7 +129,7 @@ def show_pe_heatmap(max_len: int = 100, d_model: int = 64, static: bool | None =
             "d_model": widgets.IntSlider(value=d_model, min=8, max=512, step=2, description="d_model"),
             "dim": widgets.IntSlider(value=2, min=0, max=511, description="extra dim"),
         }
-        return _live(controls, draw_pe_heatmap)
+        return linked_controls(controls, draw_pe_heatmap)
 
     return live_or_static("W02.1", build_live, lambda: draw_pe_heatmap(max_len, d_model), static,
                           caption=f"{max_len} positions × {d_model} dims.")
@@ -227,7 +211,7 @@ def show_frequency_explorer(i: int = 0, d_model: int = 768, n_positions: int = 1
         def draw(i, d_model, n_positions):
             return draw_frequency_curves((min(i, d_model // 2 - 1),), d_model, n_positions)
 
-        return _live(controls, draw)
+        return linked_controls(controls, draw)
 
     return live_or_static("W02.2", build_live, lambda: draw_frequency_curves((0, 1, 50, 150, 250), d_model, n_positions),
                           static, caption=f"Pairs 0, 1, 50, 150 and 250 of a D={d_model} table.")
@@ -308,7 +292,7 @@ def show_shift_rotation(p: int = 3, k: int = 5, i: int = 0, d_model: int = 16, s
         def draw(p, k, i):
             return draw_shift_rotation(p, k, (i,), d_model)
 
-        return _live(controls, draw)
+        return linked_controls(controls, draw)
 
     return live_or_static("W02.3", build_live, lambda: draw_shift_rotation(p, k, (0, 4), d_model), static,
                           caption=f"p={p}, k={k}, pairs 0 and 4 at D={d_model}.")
@@ -565,7 +549,7 @@ def show_position_similarity(n_positions: int = 64, d_model: int = 128, static: 
         def draw(n_positions, d_model, p):
             return draw_position_similarity(n_positions, d_model, (0, min(p, n_positions - 1)))
 
-        return _live(controls, draw)
+        return linked_controls(controls, draw)
 
     return live_or_static("W02.5", build_live, lambda: draw_position_similarity(n_positions, d_model), static,
                           caption=f"{n_positions} positions, D={d_model}.")
