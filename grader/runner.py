@@ -35,7 +35,8 @@ from .core import (
 )
 from .extract import Extracted, code_cells_of_notebook, restore_locked_cells
 
-__all__ = ["GradeFailed", "check_notebook", "grade", "load_unit", "run_check", "run_unit"]
+__all__ = ["ALSO_BLOCKED", "GradeFailed", "also_blocked", "check_notebook", "grade", "load_unit", "run_check",
+           "run_unit"]
 
 DEBUG_ENV = "LLMCOURSE_GRADER_DEBUG"
 DEFER_ENV = "LLMCOURSE_DEFER_CHECKS"  # set by course grade for nbgrader's kernels (see grade())
@@ -59,18 +60,46 @@ def _points(exercise_id: str) -> int:
         return 0
 
 
+# exercise id -> ("module:qualname", ...): library siblings of the exercise's reference (see also_blocked)
+ALSO_BLOCKED: dict[str, tuple[str, ...]] = {}
+
+
+def also_blocked(exercise_id: str, *targets: str) -> None:
+    """Declare course objects that give this exercise's answer under another name (its *siblings*).
+
+    ``targets`` are ``"module:qualname"`` strings (``"llmcourse.train.optim:parameter_groups"``,
+    ``"llmcourse.models.llama3_cached:CachedLlama3Model"``, or a method such as
+    ``"llmcourse.nn.multihead:MultiHeadAttention._fused_qkv"``), resolved only in the worker, so declaring
+    them imports nothing. They are blocked there exactly like the reference while the learner's code runs.
+    Use it for a library function that returns the same answer without going through the reference (a
+    helper the reference is built on, a fast path, an uncached twin, a later unit's copy); when the sibling
+    can simply call the reference, prefer that. Never list an earlier unit's finished piece that the
+    exercise builds on, nor anything the check's own probes use inside the worker.
+    """
+    for target in targets:
+        module, sep, qualname = target.partition(":")
+        if not (sep and module.startswith("llmcourse") and qualname):
+            raise ValueError(f"also_blocked wants 'llmcourse.module:qualname', got {target!r}")
+    ALSO_BLOCKED[exercise_id] = ALSO_BLOCKED.get(exercise_id, ()) + tuple(targets)
+
+
 def blocked_references(spec) -> list[tuple[str, str]]:
-    """``(module, qualname)`` of the course objects that answer this exercise (off limits in the worker)."""
+    """``(module, qualname)`` of the course objects that answer this exercise (off limits in the worker):
+    the reference objects named in the check's ``names``, then the siblings declared by :func:`also_blocked`."""
+    out = []
     try:
         refs = spec.reference()
     except Exception:  # noqa: BLE001 - a broken reference is reported by the check itself
-        return []
-    out = []
+        refs = {}
     for name in spec.names:
         obj = refs.get(name)
         module = getattr(obj, "__module__", "") or ""
         qualname = getattr(obj, "__qualname__", "") or ""
         if module.startswith("llmcourse") and qualname and "<locals>" not in qualname:
+            out.append((module, qualname))
+    for target in ALSO_BLOCKED.get(spec.exercise_id, ()):
+        module, _, qualname = target.partition(":")
+        if (module, qualname) not in out:
             out.append((module, qualname))
     return out
 

@@ -23,7 +23,6 @@ fail: every pass is decided by the checker on returned data.
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import sys
@@ -250,21 +249,7 @@ def _block_function(fn, label: str) -> None:
         fn.__code__ = _raiser_code(len(fn.__code__.co_freevars), label)
 
 
-def block_reference(module_name: str, qualname: str) -> None:
-    """Make the course object ``module_name.qualname`` unusable in this process, under every alias.
-
-    Functions get a code object that raises; a class gets every function in its body replaced the
-    same way and an ``__init_subclass__`` that raises, so calling it, instantiating it, wrapping it,
-    subclassing it or fetching it from ``sys.modules`` or ``gc`` all end in the same error, which
-    :func:`grader.core.run_learner` reports as "uses the course library's own answer".
-    """
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return
-    label = f"{module_name}.{qualname}"
+def _block_object(obj, label: str) -> None:
     if isinstance(obj, type):
         for value in list(vars(obj).values()):
             if isinstance(value, (staticmethod, classmethod)):
@@ -282,6 +267,81 @@ def block_reference(module_name: str, qualname: str) -> None:
     else:
         _block_function(getattr(obj, "__wrapped__", None), label)
         _block_function(obj, label)
+
+
+def _block_in(module, module_name: str, qualname: str) -> None:
+    obj = module
+    try:
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        return
+    _block_object(obj, f"{module_name}.{qualname}")
+
+
+class _BlockOnImport:
+    """A meta-path finder that blocks course objects of a module not imported yet, as soon as it is.
+
+    Blocking a sibling in a module the forkserver did not preload (``llmcourse.viz.*`` pulls in
+    matplotlib) would otherwise cost every worker that import; this way only a learner who imports
+    the module pays for it, and gets the blocked objects.
+    """
+
+    def __init__(self):
+        self.pending: dict[str, list[str]] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.pending:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _BlockingLoader(spec.loader, self.pending.pop(fullname))
+                return spec
+        return None
+
+
+class _BlockingLoader:
+    """Wraps a module's loader: runs the module, then blocks the pending objects in it."""
+
+    def __init__(self, loader, qualnames: list[str]):
+        self._loader, self._qualnames = loader, qualnames
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        for qualname in self._qualnames:
+            _block_in(module, module.__name__, qualname)
+
+
+_BLOCK_ON_IMPORT = _BlockOnImport()
+
+
+def block_reference(module_name: str, qualname: str) -> None:
+    """Make the course object ``module_name.qualname`` unusable in this process, under every alias.
+
+    Functions get a code object that raises; a class gets every function in its body replaced the
+    same way and an ``__init_subclass__`` that raises, so calling it, instantiating it, wrapping it,
+    subclassing it or fetching it from ``sys.modules`` or ``gc`` all end in the same error, which
+    :func:`grader.core.run_learner` reports as "uses the course library's own answer". A module that
+    is not imported yet is not imported here: its objects are blocked when something imports it
+    (:class:`_BlockOnImport`). ``qualname`` may name a method (``"Class.method"``).
+    """
+    module = sys.modules.get(module_name)
+    if module is None:
+        if _BLOCK_ON_IMPORT not in sys.meta_path:
+            sys.meta_path.insert(0, _BLOCK_ON_IMPORT)
+        _BLOCK_ON_IMPORT.pending.setdefault(module_name, []).append(qualname)
+        return
+    _block_in(module, module_name, qualname)
 
 
 def _run_probe(probe, impl) -> dict:

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..core import CheckFailure, LearnerError, check, forbid, unwrap
 from ..plain import Opaque
+from ..runner import also_blocked
 
 U = "00"
 T = torch.tensor
@@ -512,3 +513,10 @@ def check_residual_stack(t):
     t.expect(len(changed) == 6 and not stuck,
              f"an optimizer over model.parameters() must update all 6 tensors of ResidualStack(16, 3); "
              f"found {len(changed)}, not updated: {stuck}")
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# noam_schedule: the schedule widget's curve is the Noam multiplier at steps 1 … n
+also_blocked(f"{U}.noam_schedule", "llmcourse.viz.essentials:noam_curve")

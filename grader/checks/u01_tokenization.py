@@ -36,6 +36,7 @@ from ..core import (
     unwrap,
 )
 from ..plain import Opaque
+from ..runner import also_blocked
 
 U = "01"
 EOW = "</w>"
@@ -659,3 +660,14 @@ def check_gpt_window_dataset(t):
     t.expect(len(full) == 1286 // 8 + 1 and full[-1][0].shape[0] == 1286 % 8,
              f"with drop_last=False the last batch holds the {1286 % 8} remaining windows; got {len(full)} batches, "
              f"the last of {full[-1][0].shape[0] if full else 0}")
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# bpe_train: bpe_trace runs the same merge loop (its last state's merges are bpe_train's)
+also_blocked(f"{U}.bpe_train", "llmcourse.data.tokenizers:bpe_trace", "llmcourse.data.tokenizers:_bpe_iter")
+# load_gpt2_encoding: llmcourse.gpt2_encoding() builds the same tiktoken.Encoding from the same ranks file
+also_blocked(f"{U}.load_gpt2_encoding",
+             "llmcourse.data.gpt2_tokenizer:gpt2_encoding",
+             "llmcourse.data.gpt2_tokenizer:_read_ranks")

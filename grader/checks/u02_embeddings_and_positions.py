@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import CheckFailure, check, forbid, module_facts, unwrap
+from ..runner import also_blocked
 
 U = "02"
 T = torch.tensor
@@ -444,3 +445,12 @@ def check_gpt_embedding(t):
     got = t.raised(lambda impl: impl.GPTEmbedding(V, C, D)(_ids(V, 1, C + 1, seed=9)))
     t.expect(got == "ValueError", f"a sequence longer than context_length (T={C + 1} > {C}) must raise ValueError; "
              f"got {got}")
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# sinusoidal_pe: the widgets' float64 table, and the frequencies the table is built from
+also_blocked(f"{U}.sinusoidal_pe",
+             "llmcourse.viz.positions:sinusoidal_pe_float64",
+             "llmcourse.nn.positions:inverse_frequencies")

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core import check, forbid, module_facts, unwrap
 from ..dropout import weight_dropout_problem
+from ..runner import also_blocked
 
 U = "03"
 # train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
@@ -462,3 +463,13 @@ def check_causal_self_attention(t):
         t.fail("in train mode with dropout p=0.5 the mean over 400 passes is not within 4 standard errors of the "
                "eval output: dropout must act on the attention weights with inverted scaling 1/(1−p)", bug=bug_id)
 
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+also_blocked(f"{U}.simple_attention", "llmcourse.viz.attention:masked_attention")
+also_blocked(f"{U}.scaled_dot_product_attention", "llmcourse.viz.attention:masked_attention")
+also_blocked(f"{U}.SelfAttention", "llmcourse.viz.attention:masked_attention")
+# CausalSelfAttention: the attention lab's masked_attention(q, k, v, method, scale, causal) is (context,
+# weights) of plain, scaled and causal attention
+also_blocked(f"{U}.CausalSelfAttention", "llmcourse.viz.attention:masked_attention")

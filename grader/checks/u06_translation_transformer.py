@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..runner import also_blocked
 
 U = "06"
 T = torch.tensor
@@ -399,3 +400,10 @@ def check_chrf(t):
               "chrf must not depend on whitespace in the references", atol=1e-4, rtol=0)
     t.compare(lambda impl: float(impl.chrf(hyp, corpus, n=3, beta=1.0)), t.reference.chrf(hyp, corpus, n=3, beta=1.0),
               "chrf with n=3, beta=1", atol=1e-4, rtol=0)
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# chrf: the per-order n-gram matches and counts chrf is computed from (the F-score is the rest)
+also_blocked(f"{U}.chrf", "llmcourse.train.metrics:chrf_statistics", "llmcourse.train.metrics:_ngrams")

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..core import check, module_facts, run_learner, unwrap
+from ..runner import also_blocked
 
 U = "08"
 
@@ -423,3 +424,9 @@ def check_load_hf_gpt2(t):
     err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=bad))
     t.expect(err == "ValueError", f"a c_fc weight of shape (64, 252) instead of (64, 256) must raise ValueError; "
              f"got {err}")
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# GPT2Model: the capstone benchmark's GPT-2 forward over a KVCache (an empty cache gives the whole forward)
+also_blocked(f"{U}.GPT2Model", "llmcourse.bench.capstone:_gpt2_cached_logits")

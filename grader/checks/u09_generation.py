@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..core import check, describe_difference
+from ..runner import also_blocked
 
 U = "09"
 T = torch.tensor
@@ -590,3 +591,10 @@ def check_generate(t):
     t.expect(torch.equal(a, free[:, : t0 + 12]), "greedy generation of a dropout model must equal the eval-mode result")
     _, _, training, _ = t.run(dropout_runs(False, 2))
     t.expect(training is False, "the model was in eval mode before generate and must stay in eval mode")
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# sample_next_token: temperature, top-k, top-p and softmax in one call: sample_next_token minus the draw
+also_blocked(f"{U}.sample_next_token", "llmcourse.train.sampling:filtered_probs")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import check, forbid
+from ..runner import also_blocked
 
 U = "10"
 T = torch.tensor
@@ -528,3 +529,12 @@ def check_train_steps(t):
     t.expect(mode_after is True, "after estimate_loss a model that was training must be back in train mode",
              bug="B10.eval_not_restored")
     t.expect(abs(c - want) < 1e-5 and mode_eval is False, "a model in eval mode must stay in eval mode")
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# configure_optimizer: the decay/no-decay split
+also_blocked(f"{U}.configure_optimizer", "llmcourse.train.optim:parameter_groups")
+# train_steps: one step of train_steps, and unit 17's copy of estimate_loss
+also_blocked(f"{U}.train_steps", "llmcourse.train.pretraining:train_step", "llmcourse.models.deepseek:_val_loss")

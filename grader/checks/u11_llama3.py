@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import CheckFailure, check, forbid, module_facts, run_learner, unwrap
+from ..runner import also_blocked
 
 U = "11"
 ORACLE_ASSET = "oracles/u11_hf_llama.pt"
@@ -552,3 +553,13 @@ def check_llama3_model(t):
              "the logits before position 12: the model looks ahead")
     err = t.raised(lambda impl: impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 33, dtype=torch.long)))
     t.expect(err == "ValueError", f"T = 33 > context_length = 32 must raise ValueError; got {err}")
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# Llama3Model: unit 12's subclasses define their own forward, which runs on any self with the same attributes;
+# unit 15's trunk is Llama3Model's forward before the norm
+also_blocked(f"{U}.Llama3Model",
+             "llmcourse.models.llama3_cached:CachedLlama3Model",
+             "llmcourse.models.llama3_cached:CachedLlama3Block",
+             "llmcourse.models.mtp:MTPLanguageModel.trunk")

@@ -21,6 +21,7 @@ import functools
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..runner import also_blocked
 
 U = "12"
 T = torch.tensor
@@ -471,3 +472,15 @@ def check_mha_to_gqa(t):
         probe = lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, 2)  # noqa: E731
         t.fail("a llama3-tiny built with 4 KV heads, converted to 2 by your mha_to_gqa, gives other logits than the "
                "mean-pooled model", bug=t.diagnose(probe, t.run(probe)))
+
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# generate_cached: the benchmark's prefill-then-one-token loop
+also_blocked(f"{U}.generate_cached", "llmcourse.bench.capstone:_greedy_with_cache")
+# kv_cache_bytes: the per-token element counts (times seq_len, batch and bytes is the answer)
+also_blocked(f"{U}.kv_cache_bytes",
+             "llmcourse.nn.kv_cache:kv_elements_per_token",
+             "llmcourse.nn.kv_cache:attn_cache_elems_per_token",
+             "llmcourse.viz.llama:kv_bytes_per_token")

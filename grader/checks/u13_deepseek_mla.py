@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..runner import also_blocked
 
 U = "13"
 ORACLE_ASSET = "oracles/u13_hf_mla.pt"
@@ -476,3 +477,11 @@ def check_mla_memory(t):
     got = t.run(call(kind="mla", n_layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
     t.expect(isinstance(got, int) and not isinstance(got, bool), f"the count must be a Python int; got "
              f"{type(got).__name__}")
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# SimpleMLA: the absorbed attention equals SimpleMLA's forward given its latents
+also_blocked(f"{U}.SimpleMLA",
+             "llmcourse.models.deepseek_mla:absorbed_forward",
+             "llmcourse.models.deepseek_mla:absorb_mla_weights")

@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..runner import also_blocked
 
 U = "17"
 ORACLE_ASSET = "oracles/u17_hf_deepseek.pt"
@@ -488,3 +489,14 @@ def check_fp8(t):
     t.expect("FP8Linear" not in got["types"], "the original model now contains FP8Linear modules: convert a deep copy")
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
+
+# ================================================================== siblings
+# Library objects that give these exercises' answers without going through the reference: blocked in
+# the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+# DeepSeekLM: load_hf_deepseek's key mapping
+also_blocked(f"{U}.DeepSeekLM", "llmcourse.models.deepseek:deepseek_state_dict_from_hf")
+# generate_latent_cached: the benchmark's cached greedy loop
+also_blocked(f"{U}.generate_latent_cached", "llmcourse.bench.capstone:_greedy_with_cache")
+also_blocked(f"{U}.compare_models", "llmcourse.models.deepseek:_val_loss")
+# fp8_inference: the validation loss of compare_models and fp8_eval
+also_blocked(f"{U}.fp8_inference", "llmcourse.models.deepseek:_val_loss")
