@@ -9,28 +9,12 @@ from __future__ import annotations
 import torch
 
 
-def _assert_same(a, b, path="oracle"):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, path
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=path)
-    else:
-        assert a == b, path
-
-
 def test_the_stored_transformers_oracle_of_the_checks_is_current():
     from grader.checks.u11_llama3 import ORACLE_ASSET, build_hf_oracle
-    from llmcourse.manifest import course_root
+    from grader.oracles import assert_oracle_is_current
 
-    stored = torch.load(course_root() / "assets" / ORACLE_ASSET, weights_only=True)
-    _assert_same(stored, build_hf_oracle())
+    stored = assert_oracle_is_current(ORACLE_ASSET, build_hf_oracle)
+    assert stored
 
 
 def test_library_matches_the_stored_oracle():

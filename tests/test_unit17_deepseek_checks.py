@@ -11,12 +11,10 @@ import torch
 
 def test_the_stored_transformers_oracle_of_the_checks_is_current():
     from grader.checks.u17_deepseek_capstone import ORACLE_ASSET, build_hf_oracle
-    from llmcourse.manifest import course_root
+    from grader.oracles import assert_oracle_is_current
 
-    stored = torch.load(course_root() / "assets" / ORACLE_ASSET, weights_only=True)
-    fresh = build_hf_oracle()
-    assert torch.equal(stored["idx"], fresh["idx"])
-    torch.testing.assert_close(stored["logits"], fresh["logits"], atol=1e-6, rtol=1e-6)
+    stored = assert_oracle_is_current(ORACLE_ASSET, build_hf_oracle)
+    assert stored["idx"].numel() > 0
 
 
 def test_library_matches_the_stored_oracle_through_the_converter():

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..core import check, module_facts, run_learner, unwrap
+from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
 U = "08"
@@ -98,23 +99,19 @@ def build_hf_oracle() -> dict:
 
 
 def write_hf_oracle() -> None:
-    from llmcourse.manifest import course_root
+    write_oracle(ORACLE_ASSET, build_hf_oracle)
 
-    path = course_root() / "assets" / ORACLE_ASSET
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(build_hf_oracle(), path)
+
+oracle = stored_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
 @functools.lru_cache(maxsize=1)
 def _hf_cases() -> tuple:
     """Per F08.4 config: (course config, HF state dict, course state dict (reference loader), HF logits)."""
-    from llmcourse.manifest import course_root
     from llmcourse.models.gpt2 import GPT2Model, load_hf_gpt2
 
-    path = course_root() / "assets" / ORACLE_ASSET
-    oracle = torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
     cases = []
-    for case in oracle["cases"]:
+    for case in oracle()["cases"]:
         cfg = _parity_cfg(case["d_model"], case["n_heads"], case["n_layers"])
         hf_sd = case["hf_state_dict"]
         course = load_hf_gpt2(GPT2Model(cfg).eval(), {k: v.clone() for k, v in hf_sd.items()})
@@ -424,6 +421,7 @@ def check_load_hf_gpt2(t):
     err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=bad))
     t.expect(err == "ValueError", f"a c_fc weight of shape (64, 252) instead of (64, 256) must raise ValueError; "
              f"got {err}")
+
 
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import CheckFailure, check, forbid, module_facts, run_learner, unwrap
+from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
 U = "11"
@@ -156,19 +157,10 @@ def build_hf_oracle() -> dict:
 
 
 def write_hf_oracle() -> None:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(build_hf_oracle(), path)
+    write_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
-@functools.lru_cache(maxsize=1)
-def oracle() -> dict:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+oracle = stored_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
 # ================================================================== 11.RMSNorm
@@ -553,6 +545,7 @@ def check_llama3_model(t):
              "the logits before position 12: the model looks ahead")
     err = t.raised(lambda impl: impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 33, dtype=torch.long)))
     t.expect(err == "ValueError", f"T = 33 > context_length = 32 must raise ValueError; got {err}")
+
 
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in

@@ -15,12 +15,12 @@ references of the exercise being checked), so a wrong cache or ``SimpleMLA`` cos
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
 U = "13"
@@ -97,19 +97,10 @@ def build_hf_oracle() -> dict:
 
 
 def write_hf_oracle() -> None:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(build_hf_oracle(), path)
+    write_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
-@functools.lru_cache(maxsize=1)
-def oracle() -> dict:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+oracle = stored_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
 # ================================================================== 13.SimpleMLA
@@ -477,6 +468,7 @@ def check_mla_memory(t):
     got = t.run(call(kind="mla", n_layers=61, kv_lora_rank=512, qk_rope_head_dim=64))
     t.expect(isinstance(got, int) and not isinstance(got, bool), f"the count must be a Python int; got "
              f"{type(got).__name__}")
+
 
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in

@@ -14,11 +14,10 @@ without tokens not run, independent rows.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..oracles import stored_oracle, write_oracle
 
 U = "14"
 ORACLE_ASSET = "oracles/u14_hf_deepseek_moe.pt"
@@ -84,19 +83,10 @@ def build_hf_oracle() -> dict:
 
 
 def write_hf_oracle() -> None:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(build_hf_oracle(), path)
+    write_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
-@functools.lru_cache(maxsize=1)
-def oracle() -> dict:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+oracle = stored_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
 def _sorted_by_expert(out):

@@ -21,6 +21,7 @@ import math
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
 U = "17"
@@ -139,19 +140,10 @@ def build_hf_oracle() -> dict:
 
 
 def write_hf_oracle() -> None:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(build_hf_oracle(), path)
+    write_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
-@functools.lru_cache(maxsize=1)
-def oracle() -> dict:
-    from llmcourse.manifest import course_root
-
-    path = course_root() / "assets" / ORACLE_ASSET
-    return torch.load(path, weights_only=True) if path.exists() else build_hf_oracle()
+oracle = stored_oracle(ORACLE_ASSET, build_hf_oracle)
 
 
 def _course_model(state=None, seed=0, **cfg):
@@ -489,6 +481,7 @@ def check_fp8(t):
     t.expect("FP8Linear" not in got["types"], "the original model now contains FP8Linear modules: convert a deep copy")
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
+
 
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in
