@@ -21,6 +21,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,10 +72,15 @@ def generate_exercises(units: list[Unit] | None = None, course=None) -> dict[str
         for u in units:
             src = course.root / Path(u.solution).parent
             shutil.copytree(src, work / "solutions" / u.name, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-            proc = _nbgrader(["generate_assignment", u.name, "--force"], work, course.root)
+        # one nbgrader run for every unit (its assignment id is a glob over solutions/); a unit whose release
+        # is missing afterwards is generated again alone, so that the error names it
+        batch = _nbgrader(["generate_assignment", "*", "--force"], work, course.root) if len(units) > 1 else None
+        for u in units:
             produced = work / "exercises" / u.name / Path(u.exercise).name
-            if proc.returncode != 0 or not produced.exists():
-                raise RuntimeError(f"nbgrader generate_assignment {u.name} failed:\n{proc.stdout}\n{proc.stderr}")
+            if batch is None or batch.returncode != 0 or not produced.exists():
+                proc = _nbgrader(["generate_assignment", u.name, "--force"], work, course.root)
+                if proc.returncode != 0 or not produced.exists():
+                    raise RuntimeError(f"nbgrader generate_assignment {u.name} failed:\n{proc.stdout}\n{proc.stderr}")
             text = produced.read_text(encoding="utf-8")
             out[u.exercise] = text if text.endswith("\n") else text + "\n"
     return out
@@ -334,10 +340,13 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     2. Every submission is read into memory; its locked cells are restored from the release.
     3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
        per exercise; learner definitions run only in its worker processes.
-    4. nbgrader autogrades each submission (execution, gradebook entries, formgrader); the hidden
-       cells' in-kernel output there is instant feedback only, never a score.
-    5. The originals and the copy are verified after every submission (:class:`GradingTampered`
-       stops the run: nothing is written). Then each grade cell's score in the gradebook is set
+    4. nbgrader autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment
+       (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
+       feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
+       without execution.
+    5. The originals and the copy are verified after the checker's every submission and after every
+       nbgrader run (:class:`GradingTampered` stops the run: nothing is written; a tamperer inside a batch
+       is named with the batch). Then each grade cell's score in the gradebook is set
        from the verdicts held in this process (manual scores cleared, max scores from course.toml),
        each grade cell's outputs in the autograded notebook are replaced by the rendered verdict,
        and nbgrader generates the feedback.
@@ -419,7 +428,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 snapshot.verify(f"while the checker ran {student}/{assignment}")
         finally:
             checker.close()
-        # 4. nbgrader: release into the work root, autograde (execution + gradebook rows)
+        # 4. nbgrader: release into the work root, autograde (execution + gradebook rows). One `nbgrader
+        #    autograde <assignment>` run per assignment executes all of its submissions (one nbgrader start
+        #    instead of one per student); the grading files are verified after each such batch. A submission
+        #    nbgrader could not run (its autograded notebook is missing) is recorded again on its own without
+        #    execution, and its note names the cause read from its part of the batch's log.
         report = GradeReport(out_dir=work)
         for assignment in sorted({a for _, a in pairs}):
             u = known[assignment]
@@ -428,28 +441,31 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             if proc.returncode != 0:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
         nb_notes: dict[tuple[str, str], list[str]] = {}
-        for student, assignment in pairs:
-            notes = list(jobs[(student, assignment)][1])
-            proc = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force"], work,
-                             course.root, env_extra=env_extra)
-            snapshot.verify(f"while nbgrader ran {student}/{assignment}")
-            graded_nb = work / ".grading" / "autograded" / student / assignment / Path(known[assignment].exercise).name
-            if (student, assignment) in unreadable:
-                nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
-                continue
-            if proc.returncode != 0 or not graded_nb.exists():
-                if not graded_nb.exists():
-                    # record it without running it (the verdicts never depended on the run)
-                    again = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force",
-                                       "--Execute.enabled=False"], work, course.root, env_extra=env_extra)
-                    snapshot.verify(f"while nbgrader recorded {student}/{assignment}")
-                    ran = "could not be run" if again.returncode == 0 else "could not be recorded"
-                else:
-                    ran = "ran with errors"
-                notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(proc)}); its answers were graded "
-                             "by the checker all the same")
-            notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
-            nb_notes[(student, assignment)] = notes
+        for assignment in sorted({a for _, a in pairs}):
+            students = [s for s, a in pairs if a == assignment]
+            proc = _nbgrader(["autograde", assignment, "--create", "--force"], work, course.root, env_extra=env_extra)
+            snapshot.verify(f"while nbgrader ran {_batch_name(students, assignment)}")
+            logs, failed = _split_autograde_log(proc, students)
+            for student in students:
+                notes = list(jobs[(student, assignment)][1])
+                graded_nb = (work / ".grading" / "autograded" / student / assignment
+                             / Path(known[assignment].exercise).name)
+                if (student, assignment) in unreadable:
+                    nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
+                    continue
+                if not graded_nb.exists() or student in failed:
+                    if not graded_nb.exists():
+                        # record it without running it (the verdicts never depended on the run)
+                        again = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force",
+                                           "--Execute.enabled=False"], work, course.root, env_extra=env_extra)
+                        snapshot.verify(f"while nbgrader recorded {student}/{assignment}")
+                        ran = "could not be run" if again.returncode == 0 else "could not be recorded"
+                    else:
+                        ran = "ran with errors"
+                    notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(logs[student])}); its answers "
+                                 "were graded by the checker all the same")
+                notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
+                nb_notes[(student, assignment)] = notes
         # 5. scores and verdicts from this process, then feedback
         snapshot.verify("before the scores were written")
         for key in pairs:
@@ -461,11 +477,19 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                    names.get(student))
             report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
                                 "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
-        for student, assignment in pairs:
-            fb = _nbgrader(["generate_feedback", assignment, f"--student={student}", "--force"], work, course.root)
-            if fb.returncode != 0:
-                row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
-                row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(fb)]))
+        # feedback: one `nbgrader generate_feedback <assignment>` run per assignment; a student whose feedback
+        # is missing after it is run again alone, so that the note gives that student's own error
+        for assignment in sorted({a for _, a in pairs}):
+            fb = _nbgrader(["generate_feedback", assignment, "--force"], work, course.root)
+            html = Path(known[assignment].exercise).with_suffix(".html").name
+            for student in [s for s, a in pairs if a == assignment]:
+                if fb.returncode == 0 and (work / ".grading" / "feedback" / student / assignment / html).exists():
+                    continue
+                one = _nbgrader(["generate_feedback", assignment, f"--student={student}", "--force"], work,
+                                course.root)
+                if one.returncode != 0:
+                    row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
+                    row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
         snapshot.verify("while the feedback was generated")
     except GradingTampered:
         db = work / ".grading" / "gradebook.db"
@@ -584,17 +608,58 @@ def _prepare_for_nbgrader(path: Path, nb, unit, course) -> None:
         nbformat.write(nb, path)
 
 
-def _autograde_cause(proc: subprocess.CompletedProcess) -> str:
+def _batch_name(students: list[str], assignment: str, shown: int = 6) -> str:
+    """``a/NN_x, b/NN_x`` (the first ``shown``, then how many more): the submissions of one nbgrader run."""
+    names = [f"{s}/{assignment}" for s in students]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+_STUDENT_LINE = re.compile(r"Creating/updating student with ID '(?P<id>[^']*)'")
+_FAILED_LINE = re.compile(r"There was an error processing assignment '[^']*' for student '(?P<id>[^']*)'")
+
+
+def _split_autograde_log(proc: subprocess.CompletedProcess, students: list[str]) -> tuple[dict[str, str], set[str]]:
+    """One ``nbgrader autograde <assignment>`` run's log cut into each student's part, and who failed.
+
+    nbgrader logs ``Creating/updating student with ID '<id>'`` when it starts a student and ends a run that
+    had failures with ``There was an error processing assignment '<a>' for student '<id>'`` lines. The parts
+    only shape the notes (the cause of a failure), never a score: a kernel that writes to nbgrader's stderr
+    could at worst blur its own note.
+    """
     text = (proc.stderr or "") + (proc.stdout or "")
+    parts: dict[str, list[str]] = {s: [] for s in students}
+    failed: set[str] = set()
+    current: str | None = None
+    for line in text.splitlines():
+        m = _FAILED_LINE.search(line)
+        if m:
+            failed.add(m.group("id"))
+            current = None  # the run's closing summary belongs to nobody's part
+            continue
+        m = _STUDENT_LINE.search(line)
+        if m:
+            current = m.group("id") if m.group("id") in parts else None
+        if current is not None:
+            parts[current].append(line)
+    return {s: "\n".join(lines) for s, lines in parts.items()}, failed & set(students)
+
+
+def _autograde_cause(text: str) -> str:
+    """One line naming why nbgrader could not run a notebook, from that notebook's part of the log."""
     if "DeadKernelError" in text or "Kernel died" in text:
         return "the kernel died: os._exit, a crash in native code, or out of memory"
     if "Timeout" in text:
         return "a cell timed out"
-    return _last_error(proc)
+    return _last_line_with_error(text)
 
 
 def _last_error(proc: subprocess.CompletedProcess) -> str:
-    text = (proc.stderr or "").strip().splitlines()
+    return _last_line_with_error(proc.stderr or "")
+
+
+def _last_line_with_error(text: str) -> str:
+    text = text.strip().splitlines()
     lines = [ln for ln in text if "ERROR" in ln or "Error" in ln] or text or ["unknown error"]
     return lines[-1][:200]
 
