@@ -4,6 +4,9 @@
   course list              units and exercises from course.toml, with availability
   course check [--json] NOTEBOOK
                            self-check an exercise notebook: passed / failed (+ diagnosis) / not attempted
+                           (answered by a warm per-user check server when it can: llmcourse/checkserver.py)
+  course check --stop-server
+                           stop this user's warm check servers
   course progress [FOLDER] [--json]
                            points, passed / failed / not attempted and the most common bug per unit
                            over a folder of exercise notebooks (default exercises/)
@@ -166,7 +169,9 @@ def render_check_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def cmd_check(args) -> int:
+def check_command(notebook: str, as_json: bool) -> int:
+    """``course check`` in this process (the cold path, and what the warm check server runs): prints the
+    report (text or JSON) and returns the exit code."""
     import json
 
     from grader.forkserver import start_forkserver
@@ -175,15 +180,37 @@ def cmd_check(args) -> int:
     from grader.runner import check_notebook
 
     try:
-        unit, verdicts = check_notebook(args.notebook)
+        unit, verdicts = check_notebook(notebook)
     except (FileNotFoundError, ValueError) as exc:
-        if args.json:
+        if as_json:
             print(json.dumps({"error": str(exc)}))
         print(f"course check: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    report = check_report(unit, verdicts, args.notebook)
-    print(json.dumps(report, indent=1) if args.json else render_check_report(report))
+    report = check_report(unit, verdicts, notebook)
+    print(json.dumps(report, indent=1) if as_json else render_check_report(report))
     return EXIT_OK if report["passed"] else EXIT_FAIL
+
+
+def cmd_check(args) -> int:
+    from .checkserver import client_check, stop_servers
+
+    if args.stop_server:
+        n = stop_servers()
+        print(f"stopped {n} check server{'s' if n != 1 else ''}")
+        if args.notebook is None:
+            return EXIT_OK
+    if args.notebook is None:
+        print("course check: give a notebook (or --stop-server)", file=sys.stderr)
+        return EXIT_USAGE
+    # a warm check server answers when it can (llmcourse/checkserver.py; LLMCOURSE_CHECK_SERVER=0: never)
+    answer = client_check(args.notebook, args.json)
+    if answer is not None:
+        out, err, code = answer
+        sys.stdout.write(out)
+        sys.stderr.write(err)
+        sys.stdout.flush()
+        return code
+    return check_command(args.notebook, args.json)
 
 
 def find_unit_notebook(folder: Path, unit) -> Path | None:
@@ -326,8 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="units and exercises").set_defaults(func=cmd_list)
     sub.add_parser("map", help="the course map as Markdown").set_defaults(func=cmd_map)
     p = sub.add_parser("check", help="self-check an exercise notebook")
-    p.add_argument("notebook")
+    p.add_argument("notebook", nargs="?", default=None)
     p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")
+    p.add_argument("--stop-server", action="store_true",
+                   help="stop this user's warm check servers (see LLMCOURSE_CHECK_SERVER in the README)")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("progress", help="points per unit over a folder of exercise notebooks")
     p.add_argument("folder", nargs="?", default=None, help="default: the course's exercises/")
@@ -345,9 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roster", default=None, help="nbgrader student-import CSV (id,first_name,last_name,email): "
                    "names in the gradebook")
     p.set_defaults(func=cmd_grade)
-    from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (llmcourse/bench/)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
+        from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (llmcourse/bench/)
 
-    add_bench_parser(sub)
+        add_bench_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -12,6 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("LLMCOURSE_PROFILE", "ci")
+# `course check` runs cold in the tests (and leaves no warm check server behind); only
+# tests/test_check_server.py switches the server on, in a private socket folder, and stops it
+os.environ["LLMCOURSE_CHECK_SERVER"] = "0"
 _shared = ROOT.parent / "shared" / "data"
 if "LLMCOURSE_DATA_MIRROR" not in os.environ and (_shared / "MANIFEST.md").exists():
     os.environ["LLMCOURSE_DATA_MIRROR"] = str(_shared)
