@@ -90,11 +90,11 @@ release-check: setup
 	$(VENV)/bin/course release --check
 
 # Speed benchmarks (not tests; run them on an idle machine): installs the peer implementations with --no-deps
-# (requirements-bench.txt says why), then `course bench train` and `course bench decode`; results in test-artifacts/bench/.
+# (requirements-bench.txt says why), then `course bench all` (train, decode with one uncached run, capstone: about
+# 12 min on an idle 2-core machine); results and one report in test-artifacts/bench/ (report.md).
 bench: setup
 	$(PY) -m pip install --quiet --no-deps -r requirements-bench.txt
-	$(VENV)/bin/course bench train
-	$(VENV)/bin/course bench decode
+	$(VENV)/bin/course bench all
 
 doctor: setup
 	$(VENV)/bin/course doctor

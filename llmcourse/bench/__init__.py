@@ -7,7 +7,8 @@ they measure speed, which depends on the machine and on what else runs on it; me
 Results are printed as a Markdown table and written, with a JSON copy, under ``test-artifacts/bench/``.
 
 ``make bench`` installs the peer implementations they compare against (``requirements-bench.txt``,
-installed with ``--no-deps``) and runs every benchmark.
+installed with ``--no-deps``) and runs every benchmark in one process with ``course bench all``
+(:mod:`llmcourse.bench.report`), which writes one report, ``test-artifacts/bench/report.md``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import importlib
 
 __all__ = ["MODULES", "add_bench_parser", "artifacts_dir"]
 
-MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode"}  # name -> module with add_arguments(parser) and run(args) -> int
+MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode",
+           "capstone": "llmcourse.bench.capstone", "all": "llmcourse.bench.report"}  # name -> module with add_arguments(parser) and run(args) -> int
 
 
 def artifacts_dir():

@@ -24,7 +24,9 @@ at batch 1 by a full uncached run, at batch > 1 by one teacher-forced uncached f
 sequence (every argmax must be the next token). The uncached batch > 1 time is integrated over the
 generated lengths from ``--uncached-samples`` (5) timed forwards at evenly spaced lengths (a full run
 takes minutes). Every time is the median of ``--repeats`` (3) runs, the cached paths interleaved in a
-rotating order. Per-step times come from a forward hook on each model (the time between consecutive model
+rotating order; ``--uncached-repeats`` (default: ``--repeats``) sets the uncached runs at batch 1 and the timings
+per sampled length at batch > 1 separately (``course bench all`` uses 1 there to fit its time budget; the single
+uncached batch-1 run is still the token reference). Per-step times come from a forward hook on each model (the time between consecutive model
 calls).
 
 Output: a Markdown table (wall time for all new tokens, ms per step, tokens/s, speedup = uncached ÷ cached
@@ -66,6 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--repeats", type=int, default=3, help="runs per implementation; the median is reported")
+    p.add_argument("--uncached-repeats", type=int, default=None,
+                   help="runs (B=1) and timings per sampled length (B>1) of the uncached path (default: --repeats)")
     p.add_argument("--uncached-samples", type=int, default=5,
                    help="timed lengths for the uncached time at batch sizes > 1")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -217,7 +221,7 @@ def _uncached_integrated(model, idx, n, samples: int, repeats: int) -> tuple[flo
 
 
 def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_tokens=512, repeats=3,
-                     uncached_samples=5, seed=0, with_peer=None, progress=print) -> dict:
+                     uncached_samples=5, seed=0, with_peer=None, progress=print, uncached_repeats=None) -> dict:
     """Run the protocol of the module docstring; returns the results dict (see ``decode.json``).
 
     Raises:
@@ -230,9 +234,11 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
     if prompt_len + new_tokens > cfg.context_length:
         raise ValueError(f"prompt {prompt_len} + new tokens {new_tokens} exceed the context {cfg.context_length}")
     cached = [name for name in CACHED if name in models]
+    uncached_repeats = repeats if uncached_repeats is None else uncached_repeats
     results = {"config": {"name": cfg_name, **cfg.to_dict(),
                           "n_params": sum(p.numel() for p in models["llmcourse"].parameters())},
-               "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats, "rows": [], "curves": {},
+               "prompt_len": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
+               "uncached_repeats": uncached_repeats, "uncached_samples": uncached_samples, "rows": [], "curves": {},
                "notes": [], "env": _environment()}
     if "llms-from-scratch" not in models:
         results["notes"].append("llms-from-scratch not installed (make bench installs it): its row is skipped")
@@ -263,7 +269,7 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
                 progress(f"B={B} {name}: {wall:.2f} s")
         if B == 1:
             u_walls, u_steps = [], []
-            for _ in range(repeats):
+            for _ in range(uncached_repeats):
                 out, wall, step_ms = _timed_generate("uncached", models["uncached"], idx, new_tokens)
                 u_walls.append(wall)
                 u_steps.append(step_ms)
@@ -280,7 +286,7 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
                 bad_positions = _teacher_forced_mismatches(models["uncached"], tokens[name], prompt_len)
                 assert bad_positions == 0, f"B={B}: {name}'s tokens differ from llmcourse uncached greedy choices " \
                     f"at {bad_positions} positions (teacher-forced check)"
-            u_wall, points = _uncached_integrated(models["uncached"], idx, new_tokens, uncached_samples, repeats)
+            u_wall, points = _uncached_integrated(models["uncached"], idx, new_tokens, uncached_samples, uncached_repeats)
             u_curve = [[length, ms] for length, ms in points]
             u_how = f"integrated from {len(points)} sampled lengths"
             progress(f"B={B} uncached (estimated): {u_wall:.2f} s")
@@ -328,8 +334,10 @@ def markdown(results: dict) -> str:
     env = results["env"]
     lines += ["", f"torch {env['torch']}, transformers {env['transformers']}, llms-from-scratch "
               f"{env['llms_from_scratch']}; {env['cpu_count']} CPUs ({env['machine']}), {torch.get_num_threads()} "
-              f"threads. Median of {results['repeats']} runs; the uncached time at batch > 1 is integrated from "
-              "sampled lengths. Every cached path's tokens equal llmcourse's uncached greedy tokens."]
+              f"threads. Cached rows: median of {results['repeats']} runs; uncached: median of "
+              f"{results.get('uncached_repeats', results['repeats'])} (at batch > 1 integrated from "
+              f"{results.get('uncached_samples', '?')} sampled lengths, each timed that many times). Every cached "
+              "path's tokens equal llmcourse's uncached greedy tokens."]
     lines += [f"Note: {n}" for n in results["notes"]]
     lines += ["", summary_line(results)]
     return "\n".join(lines)
@@ -366,7 +374,8 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     try:
         results = run_decode_bench(args.config, tuple(args.batch_sizes), args.prompt_len, args.new_tokens,
-                                   args.repeats, args.uncached_samples, args.seed)
+                                   args.repeats, args.uncached_samples, args.seed,
+                                   uncached_repeats=args.uncached_repeats)
     except AssertionError as err:
         print(f"course bench decode: {err}")
         return 1
