@@ -59,18 +59,25 @@ browser-deps:
 	@bash .ci/install-browser.sh
 
 # The whole suite under the `ci` profile (what .ci/run calls): lint, tests/ (library, grader self-tests,
-# release consistency, CLI, nbgrader round trip, browser), then every lesson and solution notebook (nbval).
+# release consistency, CLI, nbgrader round trip, browser), then the notebooks (nbval). One execution per
+# lesson: the browser suite runs every lesson in JupyterLab and lists those that ran clean in
+# $(BROWSER_LESSONS); the nbval step leaves exactly those out (root conftest.py, which prints what it did) and
+# executes the solutions, the labs, and every lesson when the browser tests were skipped (no Chromium).
+BROWSER_LESSONS := test-artifacts/browser-lessons.json
 test: setup browser-deps
 	$(VENV)/bin/ruff check llmcourse grader tests
+	rm -f $(BROWSER_LESSONS)
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
-	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
+	LLMCOURSE_PROFILE=ci LLMCOURSE_BROWSER_LESSONS=$(BROWSER_LESSONS) $(PY) -m pytest --nbval-lax --nbval-current-env \
+		-p no:cacheprovider -q lessons solutions
 
 # Quick loop while developing: no notebooks, no nbgrader round trip, no browser.
 test-fast: setup
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m "not notebooks and not roundtrip and not browser" $(PYTEST_ARGS)
 
+# Every lesson, lab and solution by nbval, one after the other (the per-unit budget measurement; never skips lessons).
 test-notebooks: setup
-	LLMCOURSE_PROFILE=ci $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
+	LLMCOURSE_PROFILE=ci LLMCOURSE_BROWSER_LESSONS= $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
 test-browser: setup browser-deps
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)
