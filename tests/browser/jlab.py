@@ -37,8 +37,9 @@ LAB_SETTINGS = {
     # no "Would you like to receive official Jupyter news?" toast, no update check
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
                                                                           "checkForUpdates": False},
-    # every cell rendered (the default windowing renders only the cells in view)
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    # every cell rendered (the default windowing renders only the cells in view); each code cell's execution
+    # timestamps in its metadata (``execution``: the kernel's start and reply times), read by :func:`execution_time`
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none", "recordTiming": True},
 }
 
 
@@ -347,6 +348,28 @@ def wait_until_done(page, path: str, timeout: float, settle: float = 1.0) -> dic
         stable = 0
         page.wait_for_timeout(500)
     raise TimeoutError(f"{path}: cells still running after {timeout:.0f} s: {state}")
+
+
+def execution_time(page, path: str) -> dict:
+    """How long the kernel spent on the notebook's code cells, from JupyterLab's ``recordTiming`` metadata.
+
+    Returns ``{"kernel_s": sum over cells of (shell.execute_reply - shell.execute_reply.started), "cells":
+    cells timed, "untimed": code cells with no timing}``; the start falls back to ``iopub.execute_input`` when
+    the kernel did not send its own start time. Both ends of each difference come from the kernel's clock.
+    """
+    return page.evaluate(js("""
+      const p = findPanel(arg);
+      let total = 0, cells = 0, untimed = 0;
+      p.content.widgets.forEach((c) => {
+        if (c.model.type !== 'code' || !c.model.sharedModel.getSource().trim()) return;
+        const e = c.model.getMetadata('execution') || {};
+        const start = Date.parse(e['shell.execute_reply.started'] || e['iopub.execute_input'] || '');
+        const end = Date.parse(e['shell.execute_reply'] || '');
+        if (Number.isFinite(start) && Number.isFinite(end) && end >= start) { total += (end - start) / 1000; cells += 1; }
+        else untimed += 1;
+      });
+      return {kernel_s: total, cells: cells, untimed: untimed};
+    """), path)
 
 
 def save(page, path: str) -> None:

@@ -8,17 +8,35 @@
 2. ``test_attention_map_reacts_to_its_controls``: in unit 03's lesson, untick W03.6's causal mask and move
    its temperature; each change must redraw the attention map (the PNG shown changes). W03.1's causal
    toggle likewise.
+
+These runs are the lessons' execution test in ``make test``: each notebook that passed here is listed, with the
+kernel time JupyterLab recorded for its cells, in ``test-artifacts/browser-lessons.json`` (:func:`record_run`),
+and the nbval step of ``make test`` then leaves it out (the root ``conftest.py``). Lessons run ``PARALLEL`` at
+a time, so their times here are inflated; the ci cap is checked on sequential runs (see conftest.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import pytest
-from jlab import ARTIFACTS, ROOT, Tab, mark_cells, menu, open_notebook, open_tab, save, wait_until_done
+from jlab import (
+    ARTIFACTS,
+    ROOT,
+    Tab,
+    execution_time,
+    mark_cells,
+    menu,
+    open_notebook,
+    open_tab,
+    save,
+    wait_until_done,
+)
 from widget_ids import css_class, declared_widgets
 
 from llmcourse.manifest import load_course
@@ -38,6 +56,8 @@ class LessonRun:
     tab: Tab
     state: dict
     cells: list[dict]
+    started: float = 0.0  # time.monotonic() when Run All Cells was clicked
+    wall_s: float = 0.0  # from then until the run was seen done (other lessons ran meanwhile)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +81,27 @@ def _start_lesson(browser, lab, unit, runs: dict) -> LessonRun:
     runs[unit.id] = run  # closed by the fixture even when something below fails
     open_notebook(tab.page, lab, unit.lesson, workspace=f"lesson{unit.id}")
     run.cells = mark_cells(tab.page, unit.lesson)
+    run.started = time.monotonic()
     menu(tab.page, "Run", "Run All Cells")
     return run
+
+
+# Notebooks that ran clean in this session's browser, with their times: read by the root conftest.py, whose
+# nbval step in `make test` then does not execute them a second time (the Makefile removes the file first).
+LESSON_RECORD = ARTIFACTS / "browser-lessons.json"
+_RECORDED: dict[str, dict] = {}
+
+
+def record_run(run: LessonRun) -> None:
+    """List ``run.path`` in :data:`LESSON_RECORD` as executed here (call it only once every assertion passed)."""
+    timing = execution_time(run.tab.page, run.path)
+    # no cell timed (recordTiming not honoured?): the run's wall time stands in, and the record says so
+    seconds, source = (timing["kernel_s"], "kernel") if timing["cells"] else (run.wall_s, "wall")
+    _RECORDED[run.path] = {"kernel_s": round(seconds, 2), "source": source, "wall_s": round(run.wall_s, 2),
+                           "cells": timing["cells"], "untimed_cells": timing["untimed"]}
+    ARTIFACTS.mkdir(exist_ok=True)
+    LESSON_RECORD.write_text(json.dumps(
+        {"profile": "ci", "parallel": PARALLEL, "cpus": os.cpu_count(), "notebooks": _RECORDED}, indent=1))
 
 
 def run_lesson(browser, lab, unit, runs: dict, shots) -> LessonRun:
@@ -87,7 +126,17 @@ def run_lesson(browser, lab, unit, runs: dict, shots) -> LessonRun:
     shots.watch(run.tab.page, unit.name)  # photographed if anything below fails
     budget = max(240.0, 8 * 60 * float(unit.minutes.get("ci", 1)))
     run.state = wait_until_done(run.tab.page, run.path, timeout=budget * PARALLEL)
+    run.wall_s = time.monotonic() - run.started
     return run
+
+
+def assert_ran_clean(run: LessonRun) -> None:
+    """Every non-empty code cell ran, and none raised (unless tagged raises-exception)."""
+    errors = [e for e in run.state["errors"] if "raises-exception" not in e["tags"]]
+    assert not errors, f"{run.path}: cells raised errors:\n" + "\n".join(
+        f"  cell {e['index']}: {e['ename']}: {e['evalue']}\n    {e['source'][:200]!r}" for e in errors)
+    assert not run.state["unexecuted"], (f"{run.path}: code cells {run.state['unexecuted']} were not executed by "
+                                         f"Run All Cells (an earlier cell stopped the run?)")
 
 
 def live_widgets_in_page(page) -> dict[str, int]:
@@ -113,12 +162,7 @@ def test_lesson_runs_and_its_widgets_render(browser, lab, lesson_runs, shots, un
     page = run.tab.page
 
     # 1. every non-empty code cell ran, and none raised (unless tagged raises-exception)
-    state = run.state
-    errors = [e for e in state["errors"] if "raises-exception" not in e["tags"]]
-    assert not errors, f"{unit.lesson}: cells raised errors:\n" + "\n".join(
-        f"  cell {e['index']}: {e['ename']}: {e['evalue']}\n    {e['source'][:200]!r}" for e in errors)
-    assert not state["unexecuted"], (f"{unit.lesson}: code cells {state['unexecuted']} were not executed by "
-                                     f"Run All Cells (an earlier cell stopped the run?)")
+    assert_ran_clean(run)
 
     # 2. every declared widget rendered live; no static fallback
     for wid, calls in sorted(declared.items()):
@@ -152,6 +196,7 @@ def test_lesson_runs_and_its_widgets_render(browser, lab, lesson_runs, shots, un
     for wid in sorted(live):
         page.locator(f".llmcourse-widget.{css_class(wid)}").first.screenshot(
             path=str(ARTIFACTS / f"lesson-{unit.name}-{wid}.png"))
+    record_run(run)
 
     if unit.id not in INTERACTIVE:  # free the kernel's memory and CPU for the next lesson
         lesson_runs.pop(unit.id).tab.close()
@@ -189,6 +234,7 @@ def test_attention_map_reacts_to_its_controls(browser, lab, lesson_runs, shots):
     if target != unit.lesson:
         unit = dataclasses.replace(unit, id=f"{unit.id}-lab", lesson=target)
     run = run_lesson(browser, lab, unit, lesson_runs, shots)
+    assert_ran_clean(run)
     page = run.tab.page
     errors_before = len(run.tab.errors())
 
@@ -240,3 +286,4 @@ def test_attention_map_reacts_to_its_controls(browser, lab, lesson_runs, shots):
 
     new_errors = run.tab.errors()[errors_before:]
     assert not new_errors, "JavaScript console errors while using the widgets:\n" + "\n".join(new_errors)
+    record_run(run)
