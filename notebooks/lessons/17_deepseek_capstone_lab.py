@@ -3,7 +3,9 @@
 #
 # **Expected time**: about 15–20 minutes on an idle 2-core laptop under the `laptop` profile (three models, two
 # seeds, plus a shorter DeepSeek run without the bias update); under `ci` a smoke run of a few steps of the same
-# code (well under a minute).
+# code (well under a minute). A step here costs more than in the lesson (a vocabulary of thousands of tokens, a
+# longer context), and a token is several characters: the number of characters of text each run reads is printed
+# below, to compare with the lesson's character-level runs.
 #
 # The lesson compared a GPT-2-style, a Llama-style and a DeepSeek-style model on Shakespeare's characters. This
 # lab repeats the comparison on **subword tokens**: the TinyStories sample of unit 10's lab, tokenized with GPT-2's
@@ -68,8 +70,10 @@ print(f"compact vocabulary V = {V:,} (of GPT-2's {tok.enc.n_vocab:,}); validatio
       f"{(ts.val == tok.UNK).float().mean():.2%}")
 tokens_per_step = B * T
 passes = STEPS * tokens_per_step / ts.train.numel()
-print(f"each model sees {STEPS:,} steps × {B} × {T} = {STEPS * tokens_per_step:,} tokens "
-      f"= {passes:.2f} passes over the training stories")
+chars_per_token = ts.n_chars / ts.n_tokens
+print(f"each model sees {STEPS:,} steps × {B} × {T} = {STEPS * tokens_per_step:,} tokens per seed "
+      f"= {passes:.2f} passes over the training stories; at {chars_per_token:.2f} characters per token that is about "
+      f"{STEPS * tokens_per_step * chars_per_token:,.0f} characters of text")
 
 # %% [markdown]
 # ## The three models, and where their parameters are
@@ -114,8 +118,9 @@ print(f"active counts: largest / smallest = {max(act) / min(act):.2f}; without t
 # %% [markdown]
 # What this means for the comparison:
 #
-# * the models are matched on **active** parameters, as they should be; DeepSeek's **total** is larger because it
-#   stores `E` routed experts per MoE layer and uses `k` of them per token;
+# * the models have similar **active** counts (the ratio of the largest to the smallest is printed), which is the
+#   fair match; DeepSeek's **total** is larger because it stores `E` routed experts per MoE layer and uses `k` of
+#   them per token;
 # * the embedding is the same `V × D` matrix in all three and a large share of every active count (printed above):
 #   the part in which the architectures differ — attention, feed-forward or experts, norms — is the rest, so the
 #   matching is really a matching of the non-embedding parts, whose ratio is printed on the last line;
@@ -131,8 +136,9 @@ for name, a in accounting.items():
     print(f"{name:>14}: output head(s) ≈ {head_share:.0%} of the weight multiply-adds of a forward pass")
 
 # %% [markdown]
-# A large fixed cost shared by every model makes the *relative* differences of ms/step smaller than in the
-# character-level lesson, where the head was tiny; the measured ms/step below is the real answer.
+# In the character-level lesson the head was a tiny matrix; here it is a large cost that every model pays at every
+# position, and DeepSeek pays it twice while training (its MTP module has its own pass through the head). These are
+# rough counts; the measured ms/step in the table below is the real answer.
 #
 # ## Training on identical batches
 #
