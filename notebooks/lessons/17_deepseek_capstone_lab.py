@@ -16,8 +16,8 @@
 # * **identical batches and token budgets**: the library's `compare_models` draws step `s`'s batch with a generator
 #   seeded `seed + s` for every model, uses the same schedule, optimizer and clipping, and trains DeepSeek with its
 #   `train_step` (MTP loss, then the router-bias update after the optimizer step);
-# * **longer runs** than the lesson's, and **a second seed**, so that we can see how much of a gap between two
-#   models is just the run-to-run noise;
+# * **longer runs** than the lesson's (in time and in characters of text read), and **a second seed**, so that we
+#   can see how much of a gap between two models is just the run-to-run noise;
 # * one thing is new: with a vocabulary of thousands of tokens the **embedding** (tied to the output head) becomes
 #   the largest single matrix of every model. We count it, and say what it does to the comparison.
 #
