@@ -103,7 +103,9 @@ class DeepSeekAttention(DeepSeekMLA):
 
     ``forward(x, cos, sin, mask, cache=None, layer_idx=0, absorb=False)``: ``x (B, T, D)``; ``cos, sin`` float32
     ``(T, d_R)``, the half-split tables of the new tokens' absolute positions (``rope_cos_sin``); ``mask`` bool,
-    True = may attend. Returns ``(B, T, D)``, equal to ``DeepSeekMLA.forward(x, positions, mask, …)``.
+    True = may attend. Returns ``(B, T, D)``, equal to ``DeepSeekMLA.forward(x, positions, mask, …)`` (float32
+    round-off: the naive path runs its attention in ``F.scaled_dot_product_attention`` on the concatenated
+    ``[nope, rope]`` query and key, as ``transformers``' sdpa path does; ``absorb=True`` is unit 13's code).
     (A thin wrapper: unit 13's module takes positions and builds its tables itself; it is not edited here.)
     """
 
@@ -121,7 +123,23 @@ class DeepSeekAttention(DeepSeekMLA):
             raise ValueError(f"RoPE tables {tuple(cos.shape)} do not match the {t} tokens of x")
         self._tables = (cos, sin)
         try:
-            return super().forward(x, torch.arange(t, device=x.device), mask, cache, layer_idx, absorb)
+            positions = torch.arange(t, device=x.device)
+            if absorb:
+                return super().forward(x, positions, mask, cache, layer_idx, absorb)
+            # The naive path of DeepSeekMLA.forward with the attention in one fused kernel: the per-head query
+            # [q_nope, q_pe] against the key [k_nope, k_pe] (k_pe shared by every head) gives the same scores
+            # q_nope·k_nopeᵀ + q_pe·k_peᵀ, scaled by (d_nope + d_R)^−½, as transformers' sdpa path.
+            b = x.shape[0]
+            q_nope, q_pe, c_kv, k_pe = self.project(x, positions)
+            if cache is not None:
+                c_kv, k_pe = cache.update(layer_idx, c_kv, k_pe)
+            s, h = c_kv.shape[1], self.n_heads
+            kv = self.kv_b_proj(c_kv).view(b, s, h, self.qk_nope_head_dim + self.v_head_dim).transpose(1, 2)
+            k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+            q = torch.cat([q_nope, q_pe], dim=-1)
+            k = torch.cat([k_nope, k_pe[:, None].expand(b, h, s, self.qk_rope_head_dim)], dim=-1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.v_head_dim))
         finally:
             self._tables = None
 

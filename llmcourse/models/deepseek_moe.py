@@ -227,12 +227,21 @@ class DeepSeekMoE(nn.Module):
         logits, weights, indices = self.gate(flat)
         if self.training:
             self.last_indices, self.last_router_logits = indices.detach(), logits
+        # Dispatch once: sort the N·k (token, slot) assignments by expert (stable: token order inside an expert),
+        # gather their inputs in one index, run each expert on its contiguous block (split, whose backward is one
+        # cat), weight, and scatter-add back. Per expert the rows and their order are those of a
+        # ``torch.where(indices == e)`` loop, so the sums are the same.
+        k = indices.shape[1]
+        flat_e = indices.reshape(-1)
+        order = torch.argsort(flat_e, stable=True)
+        counts = torch.bincount(flat_e, minlength=self.n_routed_experts).tolist()
+        token = order // k
+        parts = flat[token].split(counts)
+        ys = [self.experts[e](part) for e, part in enumerate(parts) if counts[e]]
         out = torch.zeros_like(flat)
-        counts = expert_counts(indices, self.n_routed_experts)
-        for e in counts.nonzero().flatten().tolist():
-            token, slot = torch.where(indices == e)
-            y = self.experts[e](flat[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+        if ys:
+            ys = torch.cat(ys) * weights.reshape(-1)[order, None]
+            out = out.index_add_(0, token, ys.to(flat.dtype))
         out = out.view_as(x)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..nn.kv_cache import KVCache
-from .llama3 import GroupedQueryAttention, Llama3Block, Llama3Model
+from .llama3 import GroupedQueryAttention, Llama3Block, Llama3Model, RMSNorm
 
 __all__ = ["CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached",
            "generate_uncached"]
@@ -75,6 +75,15 @@ class CachedGroupedQueryAttention(GroupedQueryAttention):
         return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * hd))
 
 
+def _rms_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """``norm(x)`` for unit 11's :class:`~llmcourse.models.llama3.RMSNorm` in one ``F.rms_norm`` call (the same
+    ``x·rsqrt(mean(x²) + eps)·weight`` in float32 without a Python-level op per step; a decoding step runs 2·L + 1
+    norms); any other module is called as it is."""
+    if type(norm) is RMSNorm and x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, (norm.d,), norm.weight, norm.eps)
+    return norm(x)
+
+
 class CachedLlama3Block(Llama3Block):
     """Unit 11's Llama block with :class:`CachedGroupedQueryAttention` (same keys); passes the cache through."""
 
@@ -82,8 +91,8 @@ class CachedLlama3Block(Llama3Block):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
                 cache: KVCache | None = None, layer_idx: int | None = None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer_idx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(_rms_norm(self.input_layernorm, x), cos, sin, mask, cache, layer_idx)
+        return x + self.mlp(_rms_norm(self.post_attention_layernorm, x))
 
 
 class CachedLlama3Model(Llama3Model):
@@ -122,7 +131,50 @@ class CachedLlama3Model(Llama3Model):
         x = self.embed_tokens(idx)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i)
-        return self.lm_head(self.norm(x))
+        return self.lm_head(_rms_norm(self.norm, x))
+
+
+class _PreallocatedKVCache(KVCache):
+    """A :class:`~llmcourse.nn.kv_cache.KVCache` for a known final length (what :func:`generate_cached` uses).
+
+    Each layer's keys and values are written into ``(B, KV, capacity, hd)`` buffers allocated at its first update;
+    ``keys[i]`` / ``values[i]`` are views of the filled part, ``(B, KV, T, hd)``, with the contents, shapes,
+    ``seq_len`` and ``nbytes()`` of a plain ``KVCache``. Each step copies only its new entries instead of the
+    whole cache (``torch.cat`` copies ``O(T)`` per layer and step). An update past ``capacity`` falls back to
+    ``torch.cat`` for that layer. Errors as :class:`~llmcourse.nn.kv_cache.KVCache`.
+    """
+
+    def __init__(self, n_layers: int, capacity: int):
+        super().__init__(n_layers)
+        self.capacity = int(capacity)
+        self._buffers: list[tuple[Tensor, Tensor] | None] = [None] * self.n_layers
+
+    def update(self, layer_idx: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if not 0 <= layer_idx < self.n_layers:
+            raise IndexError(f"layer_idx {layer_idx} outside 0..{self.n_layers - 1}")
+        if k.dim() != 4 or k.shape != v.shape:
+            raise ValueError(f"k and v must both be (B, KV, T_new, hd); got {tuple(k.shape)} and {tuple(v.shape)}")
+        old = self.keys[layer_idx]
+        start = 0 if old is None else old.shape[2]
+        buf = self._buffers[layer_idx]
+        if old is not None and (old.shape[:2] != k.shape[:2] or old.shape[3] != k.shape[3]):
+            raise ValueError(f"layer {layer_idx} holds {tuple(old.shape)}; cannot append {tuple(k.shape)}")
+        if start + k.shape[2] > self.capacity or (old is not None and buf is None):
+            self._buffers[layer_idx] = None
+            return super().update(layer_idx, k, v)
+        if buf is None:
+            b, kv, _, hd = k.shape
+            buf = (k.new_empty(b, kv, self.capacity, hd), v.new_empty(b, kv, self.capacity, hd))
+            self._buffers[layer_idx] = buf
+        end = start + k.shape[2]
+        buf[0][:, :, start:end] = k
+        buf[1][:, :, start:end] = v
+        self.keys[layer_idx], self.values[layer_idx] = buf[0][:, :, :end], buf[1][:, :, :end]
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def reset(self) -> None:
+        super().reset()
+        self._buffers = [None] * self.n_layers
 
 
 def _check_prompt(idx: Tensor, max_new_tokens: int) -> None:
@@ -155,7 +207,8 @@ def generate_cached(model: nn.Module, idx: Tensor, max_new_tokens: int, eos_id: 
     was_training = model.training
     model.eval()
     try:
-        cache = KVCache(len(model.layers))
+        # the final length is known: one buffer per layer instead of a torch.cat of the whole cache every step
+        cache = _PreallocatedKVCache(len(model.layers), idx.shape[1] + max_new_tokens)
         out = [idx]
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
         if max_new_tokens == 0:
