@@ -446,20 +446,23 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             proc = _nbgrader(["autograde", assignment, "--create", "--force"], work, course.root, env_extra=env_extra)
             snapshot.verify(f"while nbgrader ran {_batch_name(students, assignment)}")
             logs, failed = _split_autograde_log(proc, students)
+            name = Path(known[assignment].exercise).name
+            missing = [s for s in students if not (work / ".grading" / "autograded" / s / assignment / name).exists()]
+            if missing:
+                # record them without running them (the verdicts never depended on the run): without --force,
+                # nbgrader takes only the submissions that have no autograded folder
+                _nbgrader(["autograde", assignment, "--create", "--Execute.enabled=False"], work, course.root,
+                          env_extra=env_extra)
+                snapshot.verify(f"while nbgrader recorded {_batch_name(missing, assignment)}")
             for student in students:
                 notes = list(jobs[(student, assignment)][1])
-                graded_nb = (work / ".grading" / "autograded" / student / assignment
-                             / Path(known[assignment].exercise).name)
+                graded_nb = work / ".grading" / "autograded" / student / assignment / name
                 if (student, assignment) in unreadable:
                     nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
                     continue
-                if not graded_nb.exists() or student in failed:
-                    if not graded_nb.exists():
-                        # record it without running it (the verdicts never depended on the run)
-                        again = _nbgrader(["autograde", assignment, f"--student={student}", "--create", "--force",
-                                           "--Execute.enabled=False"], work, course.root, env_extra=env_extra)
-                        snapshot.verify(f"while nbgrader recorded {student}/{assignment}")
-                        ran = "could not be run" if again.returncode == 0 else "could not be recorded"
+                if student in missing or student in failed:
+                    if student in missing:
+                        ran = "could not be run" if graded_nb.exists() else "could not be recorded"
                     else:
                         ran = "ran with errors"
                     notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(logs[student])}); its answers "
