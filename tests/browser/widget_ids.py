@@ -27,8 +27,21 @@ def _call_name(node: ast.Call) -> str | None:
     return None
 
 
+_PARSED: dict[tuple, dict[str, str]] = {}
+
+
 def widget_registry(viz_dir: Path = VIZ) -> dict[str, str]:
-    """``{"show_attention_lab": "W03.1", ...}`` from the ``live_or_static`` call in each ``show_*``."""
+    """``{"show_attention_lab": "W03.1", ...}`` from the ``live_or_static`` call in each ``show_*``.
+
+    Parsed once per state of the files (their names, sizes and modification times): every lesson asks for it.
+    """
+    key = (str(viz_dir), *((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(viz_dir.glob("*.py"))))
+    if key not in _PARSED:
+        _PARSED[key] = _parse_registry(viz_dir)
+    return dict(_PARSED[key])
+
+
+def _parse_registry(viz_dir: Path) -> dict[str, str]:
     registry: dict[str, str] = {}
     for path in sorted(viz_dir.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
