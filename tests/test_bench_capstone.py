@@ -74,3 +74,25 @@ def test_a_cache_size_off_its_formula_fails():
         bench._row("m", cache, 1, tokens, tokens, 2 * 8 * 4, "2·hd·4")
     with pytest.raises(AssertionError, match="tokens differ"):
         bench._row("m", cache, 1, tokens, tokens + 1, 128, "")
+
+
+def test_deepseek_moe_grouped_path_equals_the_per_expert_loop(monkeypatch):
+    from llmcourse.models.deepseek_moe import DeepSeekMoE
+
+    torch.manual_seed(0)
+    moe = DeepSeekMoE(16, 8, 8, 1, 2, n_group=4, topk_group=2).train()
+    x = torch.randn(3, 5, 16)
+    results = []
+    for grouped in (False, True):
+        monkeypatch.setattr(DeepSeekMoE, "use_grouped_mm", grouped)
+        assert moe._grouped_ok(x.reshape(-1, 16)) == (grouped and hasattr(torch.nn.functional, "grouped_mm"))
+        moe.zero_grad(set_to_none=True)
+        y = moe(x)
+        y.pow(2).sum().backward()
+        results.append((y.detach(), [p.grad.clone() for p in moe.parameters()]))
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y1, y0, atol=1e-6, rtol=1e-5)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    moe.experts[2].up_proj.register_forward_hook(lambda *_: None)   # a hooked expert is called as a module
+    assert not moe._grouped_ok(x.reshape(-1, 16))

@@ -190,8 +190,10 @@ class DeepSeekMoE(nn.Module):
 
     ``forward(x)``: ``(B, T, D)`` (any ``(..., D)``) -> same shape,
     ``Σ_j w_j·expert_{i_j}(x) + shared_experts(x)`` per token (no residual), with ``(w, i)`` from
-    :func:`deepseek_route`. Experts run only on the tokens routed to them (an expert with no tokens is not
-    called). In training mode the layer keeps ``last_indices`` ``(N, top_k)`` and ``last_router_logits``
+    :func:`deepseek_route`. Experts run only on the tokens routed to them: the assignments are sorted by expert
+    once, then either one grouped GEMM per projection runs over the blocks (``F.grouped_mm``, when every expert is a
+    plain bias-free SwiGLU without hooks) or each expert with tokens is called on its block (an expert with no tokens
+    is not called; FP8-converted or hooked experts take this path). Both give the same sums. In training mode the layer keeps ``last_indices`` ``(N, top_k)`` and ``last_router_logits``
     ``(N, E)`` of the last call for the caller's :meth:`update_bias` (or an auxiliary loss).
 
     ``state_dict`` keys (``transformers``' ``DeepseekV3MoE`` with experts unfused, :func:`moe_state_dict_from_hf`)::
@@ -236,8 +238,17 @@ class DeepSeekMoE(nn.Module):
         order = torch.argsort(flat_e, stable=True)
         counts = torch.bincount(flat_e, minlength=self.n_routed_experts).tolist()
         token = order // k
-        parts = flat[token].split(counts)
-        ys = [self.experts[e](part) for e, part in enumerate(parts) if counts[e]]
+        xs = flat[token]
+        if self._grouped_ok(xs):
+            # one grouped GEMM per projection over the expert-sorted rows (torch's grouped_mm: the rows of expert e
+            # are the e-th block of the offsets); the same SwiGLU as calling each expert on its block
+            offs = torch.cumsum(torch.tensor(counts, device=xs.device), 0).to(torch.int32)
+            w = [torch.stack([getattr(ex, n).weight for ex in self.experts]).transpose(1, 2)
+                 for n in ("gate_proj", "up_proj", "down_proj")]
+            h = F.silu(F.grouped_mm(xs, w[0], offs=offs)) * F.grouped_mm(xs, w[1], offs=offs)
+            ys = [F.grouped_mm(h, w[2], offs=offs)]
+        else:
+            ys = [self.experts[e](part) for e, part in enumerate(xs.split(counts)) if counts[e]]
         out = torch.zeros_like(flat)
         if ys:
             ys = torch.cat(ys) * weights.reshape(-1)[order, None]
@@ -246,6 +257,22 @@ class DeepSeekMoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+    use_grouped_mm = True   # class switch (tests compare both paths)
+
+    def _grouped_ok(self, xs: Tensor) -> bool:
+        """The grouped path applies when torch has ``F.grouped_mm``, the rows are float32 and every expert is unit 11's
+        plain SwiGLU of bias-free ``nn.Linear`` maps without hooks (an FP8-converted or hooked expert is called as a
+        module instead)."""
+        if not (self.use_grouped_mm and hasattr(F, "grouped_mm") and xs.dtype == torch.float32 and xs.shape[0]):
+            return False
+        for ex in self.experts:
+            if type(ex) is not SwiGLUFeedForward or ex._forward_hooks or ex._forward_pre_hooks:
+                return False
+            for lin in (ex.gate_proj, ex.up_proj, ex.down_proj):
+                if type(lin) is not nn.Linear or lin.bias is not None or lin._forward_hooks or lin._forward_pre_hooks:
+                    return False
+        return True
 
     @torch.no_grad()
     def update_bias(self) -> None:
