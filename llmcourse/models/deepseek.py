@@ -96,6 +96,13 @@ class DeepSeekConfig:
         return dataclasses.asdict(self)
 
 
+def _is_square_causal(mask: Tensor | None) -> bool:
+    """True for a 2-D boolean lower-triangular ``(T, T)`` mask (what the model passes without a cache)."""
+    if mask is None or mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        return False
+    return torch.equal(mask, torch.ones_like(mask).tril())
+
+
 class DeepSeekAttention(DeepSeekMLA):
     """:class:`~llmcourse.models.deepseek_mla.DeepSeekMLA` (same parameters and keys) called with precomputed RoPE
     tables instead of positions, so that a DeepSeek block has the call signature ``block(x, cos, sin, mask)`` of
@@ -138,7 +145,10 @@ class DeepSeekAttention(DeepSeekMLA):
             k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
             q = torch.cat([q_nope, q_pe], dim=-1)
             k = torch.cat([k_nope, k_pe[:, None].expand(b, h, s, self.qk_rope_head_dim)], dim=-1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            if s == t and _is_square_causal(mask):     # the kernel's own causal mode (skips the masked blocks)
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
             return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.v_head_dim))
         finally:
             self._tables = None
