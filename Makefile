@@ -63,13 +63,24 @@ browser-deps:
 # lesson: the browser suite runs every lesson in JupyterLab and lists those that ran clean in
 # $(BROWSER_LESSONS); the nbval step leaves exactly those out (root conftest.py, which prints what it did) and
 # executes the solutions, the labs, and every lesson when the browser tests were skipped (no Chromium).
+# The nbgrader round trip (tests/test_grading_attacks.py, marker `roundtrip`: `course grade` of the hostile corpus,
+# about 5 minutes, mostly one core starting nbgrader and kernels) runs beside the nbval step, which has the other
+# core; its log is printed when both are done, and either failing fails the target.
 BROWSER_LESSONS := test-artifacts/browser-lessons.json
+ROUNDTRIP_LOG := test-artifacts/roundtrip.log
 test: setup browser-deps
 	$(VENV)/bin/ruff check llmcourse grader tests
-	rm -f $(BROWSER_LESSONS)
-	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 $(PYTEST_ARGS)
+	rm -f $(BROWSER_LESSONS) $(ROUNDTRIP_LOG)
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 -m "not roundtrip" $(PYTEST_ARGS)
+	mkdir -p test-artifacts; \
+	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=5 -m roundtrip -p no:cacheprovider $(PYTEST_ARGS) \
+		>$(ROUNDTRIP_LOG) 2>&1 & roundtrip=$$!; \
 	LLMCOURSE_PROFILE=ci LLMCOURSE_BROWSER_LESSONS=$(BROWSER_LESSONS) $(PY) -m pytest --nbval-lax --nbval-current-env \
-		-p no:cacheprovider -q lessons solutions
+		-p no:cacheprovider -q lessons solutions; notebooks=$$?; \
+	wait $$roundtrip; rt=$$?; \
+	echo "---- nbgrader round trip (ran beside the notebooks; exit $$rt) ----"; cat $(ROUNDTRIP_LOG); \
+	echo "notebooks (nbval) exit $$notebooks, round trip exit $$rt"; \
+	test $$notebooks -eq 0 && test $$rt -eq 0
 
 # Quick loop while developing: no notebooks, no nbgrader round trip, no browser.
 test-fast: setup

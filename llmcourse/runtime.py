@@ -15,10 +15,15 @@ import random
 
 from .manifest import load_course
 
-__all__ = ["profile", "profile_name", "seed_everything", "setup_notebook", "widgets_live", "PROFILE_ENV"]
+__all__ = ["MAX_THREADS_ENV", "PROFILE_ENV", "profile", "profile_name", "seed_everything", "setup_notebook",
+           "widgets_live"]
 
 PROFILE_ENV = "LLMCOURSE_PROFILE"
 DEFAULT_PROFILE = "laptop"
+# At most this many torch threads for every ``*torch_threads`` key of the profile (unset: the profile's own). The
+# browser tests set it to 1: they run several lessons at once on 2 cores, and two threads per kernel there make the
+# kernels wait on each other (lessons measured 3-6x slower than when run alone).
+MAX_THREADS_ENV = "LLMCOURSE_MAX_TORCH_THREADS"
 
 
 def profile_name() -> str:
@@ -44,6 +49,10 @@ def profile(unit: str | None = None, name: str | None = None) -> dict:
     Returns:
         dict with at least ``name``, ``device`` (``"cpu"`` or ``"cuda"``; ``"cuda"`` falls back to
         ``"cpu"`` when no GPU is present), ``torch_threads``, ``widgets`` (``"live"``/``"static"``), ``seed``.
+        ``$LLMCOURSE_MAX_TORCH_THREADS`` caps every ``*torch_threads`` value.
+
+    Raises:
+        ValueError: an unknown profile, or a cap that is not a positive whole number.
     """
     name = name or profile_name()
     table = load_course().profiles[name]
@@ -51,6 +60,12 @@ def profile(unit: str | None = None, name: str | None = None) -> dict:
     if unit is not None:
         cfg.update(table.get(unit, {}))
     cfg["name"] = name
+    cap = os.environ.get(MAX_THREADS_ENV, "").strip()
+    if cap:
+        if not cap.isdigit() or int(cap) < 1:
+            raise ValueError(f"{MAX_THREADS_ENV}={cap!r}: expected a positive whole number of threads")
+        for key in [k for k in cfg if k.endswith("torch_threads")]:
+            cfg[key] = min(int(cfg[key]), int(cap))
     if cfg.get("device") == "cuda":
         import torch
 

@@ -16,7 +16,7 @@ and the rest of the hostile-submission corpus (``CORPUS`` below: every tamper no
 wrong or stub answers, so any point it earns is a free point; controls show that nothing present is
 lost). All of it, with the round trip's cases (``mutant``: scaled_dot_product_attention without 1/√d_k,
 which SelfAttention and CausalSelfAttention call, 20 − 5 − 3 − 6 = 6; ``syntax``: a syntax error in
-the softmax_stable cell, 17), is graded in one ``course grade`` run with a 12 s cell timeout: this
+the softmax_stable cell, 17), is graded in one ``course grade`` run with a 20 s cell timeout: this
 file is the nbgrader round-trip test (release, autograde, gradebook, feedback, grades.csv).
 
 The two views must agree exercise by exercise, and the gradebook must hold the checker's scores.
@@ -350,7 +350,7 @@ def attacked(tmp_path_factory, course_copy):
     paths["invalid_json"].write_text(damaged[:5000] + damaged[5010:], encoding="utf-8")
     out = tmp_path_factory.mktemp("grading")
     started = time.monotonic()
-    report = grade(submitted.parent, out_dir=out, cell_timeout=12, course=course)
+    report = grade(submitted.parent, out_dir=out, cell_timeout=20, course=course)  # make test runs it beside nbval
     print(f"corpus: {len(paths)} notebooks graded by course grade in {time.monotonic() - started:.0f} s")
     checked = {}
     for student, path in paths.items():

@@ -104,6 +104,9 @@ class LabServer:
             "IPYTHONDIR": str(tmp / "ipython"),
             "LLMCOURSE_WIDGETS": "live",
             "LLMCOURSE_PROFILE": "ci",
+            # one torch thread per kernel: several lessons run at once on 2 cores, and 2 threads per kernel made
+            # the heavy lessons 3-6x slower than alone (llmcourse.runtime.MAX_THREADS_ENV)
+            "LLMCOURSE_MAX_TORCH_THREADS": os.environ.get("LLMCOURSE_MAX_TORCH_THREADS", "1"),
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "PYTHONUNBUFFERED": "1",
