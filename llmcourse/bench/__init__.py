@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-__all__ = ["MODULES", "add_bench_parser", "artifacts_dir"]
+__all__ = ["MODULES", "add_bench_parser", "artifacts_dir", "write_outputs"]
 
 MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode",
            "capstone": "llmcourse.bench.capstone", "all": "llmcourse.bench.report"}  # name -> module with add_arguments(parser) and run(args) -> int
@@ -29,6 +29,22 @@ def artifacts_dir():
     out = course_root() / "test-artifacts" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def write_outputs(name: str, results: dict, text: str, out=None, plot=None) -> None:
+    """Write ``<name>.md`` (``text``), ``<name>.json`` (``results``) and, when ``plot`` is given, ``<name>.png``
+    (``plot(results, path)``) into ``out`` (default :func:`artifacts_dir`), then print the table."""
+    import json
+    from pathlib import Path
+
+    folder = Path(out) if out else artifacts_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.md").write_text(text + "\n", encoding="utf-8")
+    (folder / f"{name}.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    if plot is not None:
+        plot(results, folder / f"{name}.png")
+    print()
+    print(text)
 
 
 def add_bench_parser(sub) -> None:

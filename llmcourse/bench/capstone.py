@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import time
 
@@ -437,11 +436,10 @@ def plot(results: dict, path) -> None:
 
 def run(args) -> int:
     """``course bench capstone``."""
-    from pathlib import Path
 
     import torch
 
-    from . import artifacts_dir
+    from . import write_outputs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -452,13 +450,5 @@ def run(args) -> int:
     except AssertionError as err:
         print(f"course bench capstone: {err}")
         return 1
-    text = markdown(results)
-    out = Path(args.out) if args.out else artifacts_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "capstone.md").write_text(text + "\n", encoding="utf-8")
-    (out / "capstone.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if not args.no_plot:
-        plot(results, out / "capstone.png")
-    print()
-    print(text)
+    write_outputs("capstone", results, markdown(results), args.out, None if args.no_plot else plot)
     return 0

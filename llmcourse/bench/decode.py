@@ -40,7 +40,6 @@ test: measure on an idle machine.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -366,9 +365,8 @@ def plot(results: dict, path) -> None:
 
 def run(args) -> int:
     """``course bench decode``."""
-    from pathlib import Path
 
-    from . import artifacts_dir
+    from . import write_outputs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -379,13 +377,5 @@ def run(args) -> int:
     except AssertionError as err:
         print(f"course bench decode: {err}")
         return 1
-    text = markdown(results)
-    out = Path(args.out) if args.out else artifacts_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "decode.md").write_text(text + "\n", encoding="utf-8")
-    (out / "decode.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    if not args.no_plot:
-        plot(results, out / "decode.png")
-    print()
-    print(text)
+    write_outputs("decode", results, markdown(results), args.out, None if args.no_plot else plot)
     return 0
