@@ -15,7 +15,8 @@ every implementation:
   is reported, not timed). ``use_cache=False`` (no ``DynamicCache`` is built during training).
 
 One **training step** = forward on ``x (B, T)``, ``F.cross_entropy`` of the logits (computed outside every model),
-backward, an AdamW step (:func:`llmcourse.train.optim.configure_optimizer`'s two groups), ``zero_grad``. The
+backward, an AdamW step (:func:`llmcourse.train.optim.configure_optimizer`'s two groups in torch's fused AdamW:
+:func:`llmcourse.bench.bench_optimizer`), ``zero_grad``. The
 router-bias update ``b ← b + γ·sign(c̄ − c)`` follows every step **outside** the timed part, for every
 implementation (transformers' routing is read by a forward hook on each router). Batches: ``B = 32``, ``T = 64``,
 seeded random token ids, the same for every implementation. Before timing, the command checks equal logits
@@ -162,9 +163,9 @@ def _make_step(name: str, model, gamma: float):
     router-bias update."""
     import torch.nn.functional as F
 
-    from ..train.optim import configure_optimizer
+    from . import bench_optimizer
 
-    opt = configure_optimizer(model, 1e-4)
+    opt = bench_optimizer(model, 1e-4)
     routing = None if name == "llmcourse" else _HFRouting(model, gamma)
 
     def step(x, y) -> float:

@@ -1,7 +1,8 @@
-"""Every benchmark in one process and one Markdown report (``course bench all``; what ``make bench`` runs).
+"""Every benchmark and one Markdown report (``course bench all``; what ``make bench`` runs).
 
 Runs ``course bench train`` (its defaults), ``course bench decode`` and ``course bench capstone`` (its defaults) one
-after the other, each writing its own files under ``test-artifacts/bench/`` as when run alone, then writes
+after the other, each in a fresh Python process exactly as when run alone (no part inherits another's allocator,
+thread-pool or import state), each writing its own files under ``test-artifacts/bench/``, then writes
 ``report.md``: the settings, each part's wall time, the three tables and the plots (``decode.png``,
 ``capstone.png``). The decode part keeps the median of ``--decode-repeats`` (3) runs for every cached row but runs
 the uncached path ``--uncached-repeats`` (1) time(s) (at batch 1 that single full run is also the token reference;
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import time
 from pathlib import Path
@@ -63,15 +63,19 @@ def summary_line(train: dict | None, decode: dict | None, capstone: dict | None)
 
 
 def _run_part(part: str, argv: list[str], out: Path) -> tuple[int, float]:
-    module = importlib.import_module(f"llmcourse.bench.{part}")
-    p = argparse.ArgumentParser(prog=f"course bench {part}")
-    module.add_arguments(p)
-    part_args = p.parse_args([*argv, "--out", str(out)])
+    """Run ``course bench <part> <argv> --out <out>`` in a fresh Python process (its output goes straight to ours);
+    returns its exit code and wall time."""
+    import subprocess
+    import sys
+
+    from ..manifest import course_root
+
     print(f"\n===== course bench {part} {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
     try:
-        code = module.run(part_args)
-    except Exception as err:   # noqa: BLE001 - one failing part must not stop the others
+        code = subprocess.run([sys.executable, "-m", "llmcourse", "bench", part, *argv, "--out", str(out)],
+                              cwd=course_root(), check=False).returncode
+    except OSError as err:   # one failing part must not stop the others
         print(f"course bench {part}: {type(err).__name__}: {err}")
         code = 1
     return code, time.perf_counter() - t0

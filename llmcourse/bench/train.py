@@ -2,7 +2,8 @@
 
 One **training step** = forward, ``F.cross_entropy`` on the flattened logits (computed outside every
 model), backward, and an AdamW step with the same parameter groups (matrices decayed, vectors not:
-:func:`llmcourse.train.optim.configure_optimizer`), then ``zero_grad(set_to_none=True)``.
+:func:`llmcourse.train.optim.configure_optimizer`, run by torch's fused AdamW for every implementation:
+:func:`llmcourse.bench.bench_optimizer`), then ``zero_grad(set_to_none=True)``.
 
 Implementations, all built from **the same weights** (copied from one seeded ``GPT2LMHeadModel``), dropout
 0, float32 on the CPU:
@@ -190,7 +191,7 @@ def run_train_bench(configs=tuple(BENCH_CONFIGS), threads=(1, 2), rounds: int = 
     """
     import torch
 
-    from ..train.optim import configure_optimizer
+    from . import bench_optimizer
 
     results = {"cells": [], "notes": [], "env": _environment()}
     peer = _peer_available()
@@ -212,7 +213,7 @@ def run_train_bench(configs=tuple(BENCH_CONFIGS), threads=(1, 2), rounds: int = 
                 torch.set_num_threads(n_threads)
                 # fresh models per thread count so the weights (and the optimizer states) start equal
                 models = build_models(bc, seed, with_peer=peer)
-                opts = {k: configure_optimizer(m, 1e-4) for k, (m, _) in models.items()}
+                opts = {k: bench_optimizer(m, 1e-4) for k, (m, _) in models.items()}
                 order = list(models)
                 for k in order:
                     for _ in range(warmup):

@@ -242,11 +242,13 @@ class DeepSeekMoE(nn.Module):
         if self._grouped_ok(xs):
             # one grouped GEMM per projection over the expert-sorted rows (torch's grouped_mm: the rows of expert e
             # are the e-th block of the offsets); the same SwiGLU as calling each expert on its block
+            # (gate and up of each expert side by side: one GEMM for both, as transformers' fused gate_up_proj)
             offs = torch.cumsum(torch.tensor(counts, device=xs.device), 0).to(torch.int32)
-            w = [torch.stack([getattr(ex, n).weight for ex in self.experts]).transpose(1, 2)
-                 for n in ("gate_proj", "up_proj", "down_proj")]
-            h = F.silu(F.grouped_mm(xs, w[0], offs=offs)) * F.grouped_mm(xs, w[1], offs=offs)
-            ys = [F.grouped_mm(h, w[2], offs=offs)]
+            n_e, width = len(self.experts), self.experts[0].gate_proj.out_features
+            w_gate_up = torch.cat([w for ex in self.experts for w in (ex.gate_proj.weight, ex.up_proj.weight)])
+            gate, up = F.grouped_mm(xs, w_gate_up.view(n_e, 2 * width, -1).transpose(1, 2), offs=offs).chunk(2, dim=-1)
+            w_down = torch.stack([ex.down_proj.weight for ex in self.experts]).transpose(1, 2)
+            ys = [F.grouped_mm(F.silu(gate) * up, w_down, offs=offs)]
         else:
             ys = [self.experts[e](part) for e, part in enumerate(xs.split(counts)) if counts[e]]
         out = torch.zeros_like(flat)
