@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Unit 17 lab — the three-way comparison on TinyStories
 #
-# **Expected time**: about 15–20 minutes on an idle 2-core laptop under the `laptop` profile (three models, two
+# **Expected time**: about 15 minutes on an idle 2-core laptop under the `laptop` profile (three models, two
 # seeds, plus a shorter DeepSeek run without the bias update); under `ci` a smoke run of a few steps of the same
 # code (well under a minute). A step here costs more than in the lesson (a vocabulary of thousands of tokens, a
 # longer context), and a token is several characters: the number of characters of text each run reads is printed
