@@ -16,7 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib
 
-__all__ = ["MODULES", "add_bench_parser", "artifacts_dir", "bench_optimizer", "write_outputs"]
+__all__ = ["ALLOCATOR_ENV", "MODULES", "add_bench_parser", "artifacts_dir", "bench_optimizer", "write_outputs"]
+
+# glibc malloc settings of every part that ``course bench all`` starts: no mmap for large blocks and no trimming, so a
+# freed 200 MB logits buffer is reused by the next step instead of being unmapped and page-faulted in again (on the
+# gpt2-vocab-6l train config that kernel work was ~30 % of a step and its run-to-run spread; measured here with 2
+# threads: 1,250-1,474 ms per step and 19-21 s of system time per run by default, 955-1,045 ms and 2.3 s with these).
+# The same for every implementation; other C libraries ignore them. Set them in the shell to reproduce a part alone.
+ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 << 30), "MALLOC_TOP_PAD_": str(512 << 20)}
 
 MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode",
            "capstone": "llmcourse.bench.capstone", "all": "llmcourse.bench.report"}  # name -> module with add_arguments(parser) and run(args) -> int

@@ -23,7 +23,8 @@ seeded random token ids, the same for every implementation. Before timing, the c
 (max |Δ| ≤ 1e-4) and equal losses (≤ 1e-5) for every implementation and stops otherwise. Protocol: warm-up steps,
 then ``--rounds`` (3) interleaved rounds (rotating order) of ``--steps`` timed steps each; an implementation's time
 is the median of its timed steps. A variant whose first step takes over 4× llmcourse's (``batched_mm`` in training:
-it gathers one ``(2I, D)`` weight matrix per token-expert pair) gets 1 warm-up and 1 timed step per round. **Ratio** = the fastest transformers variant's ms ÷ llmcourse's ms (above 1:
+it gathers one ``(2I, D)`` weight matrix per token-expert pair) is timed after the rounds, ``--rounds`` single steps
+(its gigabyte allocations would otherwise slow whichever implementation follows it). **Ratio** = the fastest transformers variant's ms ÷ llmcourse's ms (above 1:
 llmcourse is faster).
 
 **Part 2, cache bytes per generated token** of the three course models (the trained assets ``gpt_char_tiny``,
@@ -238,7 +239,7 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
     steps_fn = {name: _make_step(name, m, cfg.bias_update_speed) for name, m in models.items()}
     # a variant that cannot run a training step here (e.g. a kernel without a CPU backward) is reported, not timed;
     # one whose first step takes over SLOW_FACTOR× llmcourse's (batched_mm gathers a (2I, D) weight matrix per
-    # token-expert pair: 0.5 GB per projection at B=32, T=64) runs 1 warm-up and 1 timed step per round
+    # token-expert pair: 0.5 GB per projection at B=32, T=64) gets 1 warm-up step and is timed after the rounds
     first, slow = {}, []
     for name in list(steps_fn):
         try:
@@ -254,13 +255,19 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
                 raise
             failed[name] = f"{type(err).__name__}: {err}"
             del steps_fn[name], models[name]
-    order = list(steps_fn)
-    times = {k: [] for k in order}
+    # the slow variants run after the interleaved rounds of the others: a batched_mm step maps and frees gigabytes,
+    # which would slow whichever implementation happens to follow it in a round
+    order = [k for k in steps_fn if k not in slow]
+    times = {k: [] for k in steps_fn}
     for r in range(rounds):
         for k in order[r % len(order):] + order[:r % len(order)]:
-            for _ in range(1 if k in slow else steps):
+            for _ in range(steps):
                 times[k].append(steps_fn[k](x, y))
-        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {1000 * statistics.median(v):.1f} ms" for k, v in times.items()))
+        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {1000 * statistics.median(times[k]):.1f} ms" for k in order))
+    for k in slow:
+        for _ in range(rounds):
+            times[k].append(steps_fn[k](x, y))
+        log(f"{k} (slow): {1000 * statistics.median(times[k]):.1f} ms")
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
     hf = {k: v for k, v in ms.items() if k != "llmcourse"}
     if not hf:
@@ -398,7 +405,7 @@ def markdown(results: dict) -> str:
         label = "llmcourse DeepSeekLM" if k == "llmcourse" else \
             "transformers DeepseekV3ForCausalLM (attention {}, experts {})".format(*k.split("-", 2)[1:])
         if k in results.get("slow", ()):
-            label += f" (over {SLOW_FACTOR:g}× slower at warm-up: 1 timed step per round)"
+            label += f" (over {SLOW_FACTOR:g}× slower at warm-up: timed after the rounds, one step per round)"
         lines.append(f"| {label} | {v:.1f} | {results['tokens_per_s'][k]:,.0f} | "
                      f"{results['max_abs_logits_diff'][k]:.1e} |")
     for k, why in results["unavailable"].items():

@@ -1,8 +1,10 @@
 """Every benchmark and one Markdown report (``course bench all``; what ``make bench`` runs).
 
 Runs ``course bench train`` (its defaults), ``course bench decode`` and ``course bench capstone`` (its defaults) one
-after the other, each in a fresh Python process exactly as when run alone (no part inherits another's allocator,
-thread-pool or import state), each writing its own files under ``test-artifacts/bench/``, then writes
+after the other, each in a fresh Python process (no part inherits another's allocator, thread-pool or import state)
+with glibc's large-block reuse settings :data:`llmcourse.bench.ALLOCATOR_ENV` (the same for every implementation;
+without them page faults on the fresh 200 MB logits buffers took ~30 % of a gpt2-vocab-6l step), each writing its
+own files under ``test-artifacts/bench/``, then writes
 ``report.md``: the settings, each part's wall time, the three tables and the plots (``decode.png``,
 ``capstone.png``). The decode part keeps the median of ``--decode-repeats`` (3) runs for every cached row but runs
 the uncached path ``--uncached-repeats`` (1) time(s) (at batch 1 that single full run is also the token reference;
@@ -65,16 +67,18 @@ def summary_line(train: dict | None, decode: dict | None, capstone: dict | None)
 def _run_part(part: str, argv: list[str], out: Path) -> tuple[int, float]:
     """Run ``course bench <part> <argv> --out <out>`` in a fresh Python process (its output goes straight to ours);
     returns its exit code and wall time."""
+    import os
     import subprocess
     import sys
 
     from ..manifest import course_root
+    from . import ALLOCATOR_ENV
 
     print(f"\n===== course bench {part} {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
     try:
         code = subprocess.run([sys.executable, "-m", "llmcourse", "bench", part, *argv, "--out", str(out)],
-                              cwd=course_root(), check=False).returncode
+                              cwd=course_root(), env={**os.environ, **ALLOCATOR_ENV}, check=False).returncode
     except OSError as err:   # one failing part must not stop the others
         print(f"course bench {part}: {type(err).__name__}: {err}")
         code = 1
