@@ -30,7 +30,6 @@ transformers variant's ms ÷ llmcourse's ms; above 1 means llmcourse is faster),
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -279,9 +278,7 @@ def _environment() -> dict:
 
 def run(args) -> int:
     """``course bench train``."""
-    from pathlib import Path
-
-    from . import artifacts_dir
+    from . import write_outputs
 
     try:
         results = run_train_bench(args.configs, args.threads, args.rounds, args.steps, args.warmup, args.seed)
@@ -289,11 +286,5 @@ def run(args) -> int:
         print(f"course bench train: {err}")
         return 1
     results["env"]["timed_steps"] = args.rounds * args.steps
-    text = markdown(results)
-    out = Path(args.out) if args.out else artifacts_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "train.md").write_text(text + "\n", encoding="utf-8")
-    (out / "train.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    print()
-    print(text)
+    write_outputs("train", results, markdown(results), args.out)
     return 0
