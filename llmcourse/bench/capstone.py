@@ -21,8 +21,9 @@ router-bias update ``b ← b + γ·sign(c̄ − c)`` follows every step **outsid
 implementation (transformers' routing is read by a forward hook on each router). Batches: ``B = 32``, ``T = 64``,
 seeded random token ids, the same for every implementation. Before timing, the command checks equal logits
 (max |Δ| ≤ 1e-4) and equal losses (≤ 1e-5) for every implementation and stops otherwise. Protocol: warm-up steps,
-then ``--rounds`` (3) interleaved rounds (rotating order) of ``--steps`` timed steps each; an implementation's time
-is the median of its timed steps. A variant whose first step takes over 4× llmcourse's (``batched_mm`` in training:
+then ``--rounds`` (3) interleaved rounds of ``--steps`` timed steps per implementation; inside a round the
+implementations take turns **step by step** (the first one rotates from round to round), so a slower spell of the
+machine falls on all of them alike; an implementation's time is the median of its timed steps. A variant whose first step takes over 4× llmcourse's (``batched_mm`` in training:
 it gathers one ``(2I, D)`` weight matrix per token-expert pair) is timed after the rounds, ``--rounds`` single steps
 (its gigabyte allocations would otherwise slow whichever implementation follows it). **Ratio** = the fastest transformers variant's ms ÷ llmcourse's ms (above 1:
 llmcourse is faster).
@@ -260,8 +261,11 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
     order = [k for k in steps_fn if k not in slow]
     times = {k: [] for k in steps_fn}
     for r in range(rounds):
-        for k in order[r % len(order):] + order[:r % len(order)]:
-            for _ in range(steps):
+        # step by step in turn (the first implementation rotates per round): a slower spell of a shared machine then
+        # falls on every implementation alike instead of on whichever block of steps it hit
+        rotation = order[r % len(order):] + order[:r % len(order)]
+        for _ in range(steps):
+            for k in rotation:
                 times[k].append(steps_fn[k](x, y))
         log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {1000 * statistics.median(times[k]):.1f} ms" for k in order))
     for k in slow:
@@ -412,7 +416,7 @@ def markdown(results: dict) -> str:
         lines.append(f"| {k} | not available here | | {why[:120]} |")
     lines += ["", f"Fastest transformers variant: {results['fastest_transformers']}; ratio = its ms ÷ llmcourse's ms. "
               f"Median of {results['rounds']}×{results['steps_per_round']} timed steps per implementation after "
-              f"{results['warmup']} warm-up steps, interleaved over {results['rounds']} rounds. "
+              f"{results['warmup']} warm-up steps, interleaved step by step over {results['rounds']} rounds. "
               f"torch {results['env']['torch']}, transformers {results['env']['transformers']}; "
               f"{results['env']['cpu_count']} CPUs ({results['env']['machine']})."]
     if results.get("cache_bytes"):

@@ -96,13 +96,6 @@ class DeepSeekConfig:
         return dataclasses.asdict(self)
 
 
-def _is_square_causal(mask: Tensor | None) -> bool:
-    """True for a 2-D boolean lower-triangular ``(T, T)`` mask (what the model passes without a cache)."""
-    if mask is None or mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
-        return False
-    return torch.equal(mask, torch.ones_like(mask).tril())
-
-
 class DeepSeekAttention(DeepSeekMLA):
     """:class:`~llmcourse.models.deepseek_mla.DeepSeekMLA` (same parameters and keys) called with precomputed RoPE
     tables instead of positions, so that a DeepSeek block has the call signature ``block(x, cos, sin, mask)`` of
@@ -110,9 +103,13 @@ class DeepSeekAttention(DeepSeekMLA):
 
     ``forward(x, cos, sin, mask, cache=None, layer_idx=0, absorb=False)``: ``x (B, T, D)``; ``cos, sin`` float32
     ``(T, d_R)``, the half-split tables of the new tokens' absolute positions (``rope_cos_sin``); ``mask`` bool,
-    True = may attend. Returns ``(B, T, D)``, equal to ``DeepSeekMLA.forward(x, positions, mask, …)`` (float32
-    round-off: the naive path runs its attention in ``F.scaled_dot_product_attention`` on the concatenated
-    ``[nope, rope]`` query and key, as ``transformers``' sdpa path does; ``absorb=True`` is unit 13's code).
+    True = may attend (every query row must keep at least one key). Returns ``(B, T, D)``, equal to
+    ``DeepSeekMLA.forward(x, positions, mask, …)`` up to float32 round-off: the naive path scores the concatenated
+    ``[nope, rope]`` query against the key ``[k_nope, k_pe]`` in one batched matmul that also adds the mask as
+    ``0 / −inf`` and applies the scale (``torch.baddbmm``), then softmax and ``@ v``; ``absorb=True`` is unit 13's
+    code. (At training sizes, T = 64 and head dims 48/32, this beats ``F.scaled_dot_product_attention``, whose CPU
+    fused kernel needs equal query and value head dims, so it falls back to its math path with extra
+    masked-row checks.)
     (A thin wrapper: unit 13's module takes positions and builds its tables itself; it is not edited here.)
     """
 
@@ -133,23 +130,28 @@ class DeepSeekAttention(DeepSeekMLA):
             positions = torch.arange(t, device=x.device)
             if absorb:
                 return super().forward(x, positions, mask, cache, layer_idx, absorb)
-            # The naive path of DeepSeekMLA.forward with the attention in one fused kernel: the per-head query
+            # The naive path of DeepSeekMLA.forward with the scores in one batched matmul: the per-head query
             # [q_nope, q_pe] against the key [k_nope, k_pe] (k_pe shared by every head) gives the same scores
-            # q_nope·k_nopeᵀ + q_pe·k_peᵀ, scaled by (d_nope + d_R)^−½, as transformers' sdpa path.
+            # q_nope·k_nopeᵀ + q_pe·k_peᵀ; baddbmm adds the additive mask and applies (d_nope + d_R)^−½ in the same op.
             b = x.shape[0]
             q_nope, q_pe, c_kv, k_pe = self.project(x, positions)
             if cache is not None:
                 c_kv, k_pe = cache.update(layer_idx, c_kv, k_pe)
-            s, h = c_kv.shape[1], self.n_heads
-            kv = self.kv_b_proj(c_kv).view(b, s, h, self.qk_nope_head_dim + self.v_head_dim).transpose(1, 2)
-            k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-            q = torch.cat([q_nope, q_pe], dim=-1)
+            s, h, dv = c_kv.shape[1], self.n_heads, self.v_head_dim
+            kv = self.kv_b_proj(c_kv).view(b, s, h, self.qk_nope_head_dim + dv).transpose(1, 2)
+            k_nope, v = kv.split([self.qk_nope_head_dim, dv], dim=-1)
+            q = torch.cat([q_nope, q_pe], dim=-1).reshape(b * h, t, self.qk_head_dim)
             k = torch.cat([k_nope, k_pe[:, None].expand(b, h, s, self.qk_rope_head_dim)], dim=-1)
-            if s == t and _is_square_causal(mask):     # the kernel's own causal mode (skips the masked blocks)
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            k = k.reshape(b * h, s, self.qk_head_dim).transpose(1, 2)
+            if mask is None:
+                scores = torch.bmm(q, k) * self.scaling
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
-            return self.o_proj(out.transpose(1, 2).reshape(b, t, h * self.v_head_dim))
+                if mask.dtype == torch.bool:
+                    mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+                bias = mask.to(q.dtype).expand(b, h, t, s).reshape(b * h, t, s) if mask.dim() > 2 else mask.to(q.dtype)
+                scores = torch.baddbmm(bias, q, k, alpha=self.scaling)
+            out = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(b * h, s, dv))
+            return self.o_proj(out.view(b, h, t, dv).transpose(1, 2).reshape(b, t, h * dv))
         finally:
             self._tables = None
 

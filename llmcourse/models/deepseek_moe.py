@@ -230,31 +230,32 @@ class DeepSeekMoE(nn.Module):
         if self.training:
             self.last_indices, self.last_router_logits = indices.detach(), logits
         # Dispatch once: sort the N·k (token, slot) assignments by expert (stable: token order inside an expert),
-        # gather their inputs in one index, run each expert on its contiguous block (split, whose backward is one
-        # cat), weight, and scatter-add back. Per expert the rows and their order are those of a
+        # gather their inputs in one index_select (its backward is one index_add), run the experts on their
+        # contiguous blocks, weight, and scatter-add back. Per expert the rows and their order are those of a
         # ``torch.where(indices == e)`` loop, so the sums are the same.
         k = indices.shape[1]
         flat_e = indices.reshape(-1)
         order = torch.argsort(flat_e, stable=True)
-        counts = torch.bincount(flat_e, minlength=self.n_routed_experts).tolist()
+        counts = torch.bincount(flat_e, minlength=self.n_routed_experts)
         token = order // k
-        xs = flat[token]
+        xs = flat.index_select(0, token)
+        w = weights.reshape(-1).index_select(0, order)[:, None]
+        out = torch.zeros_like(flat)
         if self._grouped_ok(xs):
             # one grouped GEMM per projection over the expert-sorted rows (torch's grouped_mm: the rows of expert e
             # are the e-th block of the offsets); the same SwiGLU as calling each expert on its block
             # (gate and up of each expert side by side: one GEMM for both, as transformers' fused gate_up_proj)
-            offs = torch.cumsum(torch.tensor(counts, device=xs.device), 0).to(torch.int32)
+            offs = torch.cumsum(counts, 0).to(torch.int32)
             n_e, width = len(self.experts), self.experts[0].gate_proj.out_features
-            w_gate_up = torch.cat([w for ex in self.experts for w in (ex.gate_proj.weight, ex.up_proj.weight)])
+            w_gate_up = torch.cat([p for ex in self.experts for p in (ex.gate_proj.weight, ex.up_proj.weight)])
             gate, up = F.grouped_mm(xs, w_gate_up.view(n_e, 2 * width, -1).transpose(1, 2), offs=offs).chunk(2, dim=-1)
             w_down = torch.stack([ex.down_proj.weight for ex in self.experts]).transpose(1, 2)
-            ys = [F.grouped_mm(F.silu(gate) * up, w_down, offs=offs)]
-        else:
-            ys = [self.experts[e](part) for e, part in enumerate(xs.split(counts)) if counts[e]]
-        out = torch.zeros_like(flat)
-        if ys:
-            ys = torch.cat(ys) * weights.reshape(-1)[order, None]
+            ys = F.grouped_mm(F.silu(gate) * up, w_down, offs=offs) * w
             out = out.index_add_(0, token, ys.to(flat.dtype))
+        elif xs.shape[0]:
+            # each expert with tokens called as a module on its block (an expert with no tokens is not called)
+            ys = [self.experts[e](part) for e, part in enumerate(xs.split(counts.tolist())) if part.shape[0]]
+            out = out.index_add_(0, token, (torch.cat(ys) * w).to(flat.dtype))
         out = out.view_as(x)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
