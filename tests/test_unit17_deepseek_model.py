@@ -72,6 +72,27 @@ def test_main_path_equals_transformers():
                        hf.model.layers[1].mlp.gate.e_score_correction_bias.float())
 
 
+def test_attention_matches_unit13_naive_path_for_every_mask_form():
+    """The capstone attention (scores in one baddbmm with an additive mask) equals unit 13's naive MLA for a 2-D
+    causal bool mask, a (B, H, T, T) bool mask, an additive float mask and no mask; a mask that hides the future
+    changes the output (the test can fail)."""
+    from llmcourse.models.deepseek import DeepSeekAttention
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+    from llmcourse.models.llama3 import rope_cos_sin, rope_inv_freq
+
+    torch.manual_seed(0)
+    attn = DeepSeekAttention(64, 4, None, 16, 16, 8, 16)
+    x, t = torch.randn(2, 10, 64), 10
+    cos, sin = rope_cos_sin(rope_inv_freq(8, 10000.0), torch.arange(t))
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    random4d = (torch.rand(2, 4, t, t) > 0.5) | torch.eye(t, dtype=torch.bool)
+    additive = torch.zeros(t, t).masked_fill(~causal, float("-inf"))
+    for mask in (causal, random4d, additive, None):
+        ref = DeepSeekMLA.forward(attn, x, torch.arange(t), mask)
+        torch.testing.assert_close(attn(x, cos, sin, mask), ref, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(attn(x, cos, sin, causal), attn(x, cos, sin, None), atol=1e-3)
+
+
 def test_swapped_expert_halves_break_parity():
     hf = _f17_1_hf()
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
