@@ -16,8 +16,9 @@ Implementations, all built from **the same weights** (copied from one seeded ``G
 
 Before any timing the command checks that all implementations give the same logits (``atol 1e-4``) and
 stops with an error otherwise. Protocol: for each thread count and config, every implementation is warmed
-up, then the implementations are **interleaved** over ``--rounds`` rounds (the order rotates each round),
-``--steps`` timed steps each per round; an implementation's time is the median of all its timed steps
+up, then the implementations are **interleaved** over ``--rounds`` rounds of ``--steps`` timed steps each, taking
+turns step by step inside a round (the first one rotates each round, so a slower spell of the machine falls on all
+of them alike); an implementation's time is the median of all its timed steps
 (≥ 10 by default). Configs: ``gpt2-char-tiny`` (B=32, T=64) and ``gpt2-vocab-6l``, a GPT-2-vocabulary
 model (V 50,257, 6 layers, D 256, 8 heads, context 128; 17.6 M parameters; B=8, T=128).
 
@@ -219,8 +220,11 @@ def run_train_bench(configs=tuple(BENCH_CONFIGS), threads=(1, 2), rounds: int = 
                         _step(models[k][0], models[k][1], opts[k], x, y)
                 times = {k: [] for k in order}
                 for r in range(rounds):
-                    for k in order[r % len(order):] + order[:r % len(order)]:
-                        for _ in range(steps):
+                    # step by step in turn (the first implementation rotates per round), as the capstone benchmark:
+                    # a slower spell of a shared machine falls on every implementation alike
+                    rotation = order[r % len(order):] + order[:r % len(order)]
+                    for _ in range(steps):
+                        for k in rotation:
                             times[k].append(_step(models[k][0], models[k][1], opts[k], x, y))
                 ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
                 tokens = bc.batch_size * bc.seq_len
@@ -254,7 +258,7 @@ def markdown(results: dict) -> str:
     env = results["env"]
     lines.append(f"torch {env['torch']}, transformers {env['transformers']}, llms-from-scratch "
                  f"{env['llms_from_scratch']}; {env['cpu_count']} CPUs ({env['machine']}). Median of "
-                 f"{env.get('timed_steps', '?')} timed steps per implementation, interleaved.")
+                 f"{env.get('timed_steps', '?')} timed steps per implementation, interleaved step by step.")
     lines.append(f"train: min ratio vs transformers: {results['min_ratio']:.2f}, geomean {results['geomean_ratio']:.2f}")
     return "\n".join(lines)
 
