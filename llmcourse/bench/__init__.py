@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-__all__ = ["ALLOCATOR_ENV", "MODULES", "add_bench_parser", "artifacts_dir", "bench_optimizer", "write_outputs"]
+__all__ = ["ALLOCATOR_ENV", "MODULES", "add_bench_parser", "artifacts_dir", "bench_optimizer", "interleaved_times",
+           "write_outputs"]
 
 # glibc malloc settings of every part that ``course bench all`` starts: no mmap for large blocks and no trimming, so a
 # freed 200 MB logits buffer is reused by the next step instead of being unmapped and page-faulted in again (on the
@@ -55,6 +56,26 @@ def bench_optimizer(model, lr: float = 1e-4):
     ref = configure_optimizer(model, lr)
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in ref.param_groups]
     return torch.optim.AdamW(groups, lr=lr, betas=ref.defaults["betas"], eps=ref.defaults["eps"], fused=True)
+
+
+def interleaved_times(steps_fn: dict, rounds: int, steps: int, after_round=None) -> dict[str, list[float]]:
+    """Time every implementation over ``rounds`` interleaved rounds of ``steps`` timed steps each: inside a round the
+    implementations take turns **step by step** (the first one rotates from round to round), so a slower spell of a
+    shared machine falls on all of them alike instead of on whichever block of steps it hit.
+
+    ``steps_fn``: ``{name: fn}`` with ``fn()`` running one step and returning its seconds. ``after_round(r, times)``
+    is called after round ``r`` (0-based). Returns ``{name: [seconds, …]}`` in the order run (``rounds·steps`` each).
+    """
+    order = list(steps_fn)
+    times = {k: [] for k in order}
+    for r in range(rounds):
+        rotation = order[r % len(order):] + order[:r % len(order)]
+        for _ in range(steps):
+            for k in rotation:
+                times[k].append(steps_fn[k]())
+        if after_round is not None:
+            after_round(r, times)
+    return times
 
 
 def write_outputs(name: str, results: dict, text: str, out=None, plot=None) -> None:

@@ -47,6 +47,7 @@ import argparse
 import dataclasses
 import statistics
 import time
+from functools import partial
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "EXPERTS_IMPLEMENTATIONS", "add_arguments", "build_models", "cache_bytes_table",
            "markdown", "run", "run_capstone_bench", "summary_line"]
@@ -228,6 +229,7 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
     import torch
 
     from ..models.deepseek import param_counts
+    from . import interleaved_times
     from .train import _environment
 
     cfg = bench_config(config)
@@ -259,18 +261,12 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
     # the slow variants run after the interleaved rounds of the others: a batched_mm step maps and frees gigabytes,
     # which would slow whichever implementation happens to follow it in a round
     order = [k for k in steps_fn if k not in slow]
-    times = {k: [] for k in steps_fn}
-    for r in range(rounds):
-        # step by step in turn (the first implementation rotates per round): a slower spell of a shared machine then
-        # falls on every implementation alike instead of on whichever block of steps it hit
-        rotation = order[r % len(order):] + order[:r % len(order)]
-        for _ in range(steps):
-            for k in rotation:
-                times[k].append(steps_fn[k](x, y))
-        log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {1000 * statistics.median(times[k]):.1f} ms" for k in order))
+    times = interleaved_times(
+        {k: partial(steps_fn[k], x, y) for k in order}, rounds, steps,
+        lambda r, t: log(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {1000 * statistics.median(v):.1f} ms"
+                                                                  for k, v in t.items())))
     for k in slow:
-        for _ in range(rounds):
-            times[k].append(steps_fn[k](x, y))
+        times[k] = [steps_fn[k](x, y) for _ in range(rounds)]
         log(f"{k} (slow): {1000 * statistics.median(times[k]):.1f} ms")
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
     hf = {k: v for k, v in ms.items() if k != "llmcourse"}

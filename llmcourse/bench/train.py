@@ -36,6 +36,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 
 __all__ = ["BENCH_CONFIGS", "IMPLEMENTATIONS", "add_arguments", "build_models", "run", "run_train_bench"]
 
@@ -191,7 +192,7 @@ def run_train_bench(configs=tuple(BENCH_CONFIGS), threads=(1, 2), rounds: int = 
     """
     import torch
 
-    from . import bench_optimizer
+    from . import bench_optimizer, interleaved_times
 
     results = {"cells": [], "notes": [], "env": _environment()}
     peer = _peer_available()
@@ -218,14 +219,7 @@ def run_train_bench(configs=tuple(BENCH_CONFIGS), threads=(1, 2), rounds: int = 
                 for k in order:
                     for _ in range(warmup):
                         _step(models[k][0], models[k][1], opts[k], x, y)
-                times = {k: [] for k in order}
-                for r in range(rounds):
-                    # step by step in turn (the first implementation rotates per round), as the capstone benchmark:
-                    # a slower spell of a shared machine falls on every implementation alike
-                    rotation = order[r % len(order):] + order[:r % len(order)]
-                    for _ in range(steps):
-                        for k in rotation:
-                            times[k].append(_step(models[k][0], models[k][1], opts[k], x, y))
+                times = interleaved_times({k: partial(_step, *models[k], opts[k], x, y) for k in order}, rounds, steps)
                 ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
                 tokens = bc.batch_size * bc.seq_len
                 best_hf = min(ms["hf-sdpa"], ms["hf-eager"])
