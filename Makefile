@@ -69,7 +69,7 @@ browser-deps:
 BROWSER_LESSONS := test-artifacts/browser-lessons.json
 ROUNDTRIP_LOG := test-artifacts/roundtrip.log
 test: setup browser-deps
-	$(VENV)/bin/ruff check llmcourse grader tests
+	$(VENV)/bin/ruff check llmcourse grader coursetools tests
 	rm -f $(BROWSER_LESSONS) $(ROUNDTRIP_LOG)
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 -m "not roundtrip" $(PYTEST_ARGS)
 	mkdir -p test-artifacts; \
@@ -94,11 +94,11 @@ test-browser: setup browser-deps
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check llmcourse grader tests
+	$(VENV)/bin/ruff check llmcourse grader coursetools tests
 
 # Rebuild lessons/ and solutions/ notebooks from their sources in notebooks/.
 notebooks: setup
-	$(PY) -m llmcourse.dev.nbbuild
+	$(PY) -m coursetools.dev.nbbuild
 
 # Regenerate exercises/ from solutions/ through nbgrader (refuses to overwrite edited copies).
 release: setup

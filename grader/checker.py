@@ -1,6 +1,6 @@
 """The checker process of ``course grade``: decides verdicts where learner code never ran.
 
-``course grade`` (``llmcourse/grading.py``) copies ``grader/``, ``llmcourse/``, ``course.toml`` and
+``course grade`` (``coursetools/grading.py``) copies ``grader/``, ``llmcourse/``, ``course.toml`` and
 ``assets/`` into a snapshot folder and hashes it before the first submission runs, then starts this
 module from the snapshot (``python -I``, the snapshot first on ``sys.path``). Requests and replies
 are JSON lines on two dedicated pipes (file descriptors given on the command line), never stdin or

@@ -256,16 +256,21 @@ class Impl:
         return _guard(obj, name)
 
 
+# where the course's own code lives (the student library, and the tooling whose benchmarks hold copies of some
+# answers): an object from there is never accepted as the learner's own. Names only; nothing is imported.
+COURSE_PACKAGES = ("llmcourse", "coursetools")
+
+
 def _reject_reference(name: str, obj) -> None:
     module = getattr(obj, "__module__", "") or ""
-    if module.startswith("llmcourse"):
+    if module.split(".")[0] in COURSE_PACKAGES:
         raise CheckFailure(f"`{name}` is the course library's version (imported from {module}); "
                            "this exercise asks you to write your own.")
 
 
 def learner_frame(exc: BaseException) -> str:
     """'line L of your code cell N: <source line>' for the innermost learner frame, or ''."""
-    from .extract import CELL_PREFIX
+    from .cellnames import CELL_PREFIX
 
     where = ""
     for frame in traceback.extract_tb(exc.__traceback__):

@@ -16,9 +16,10 @@ import ast
 import linecache
 from dataclasses import dataclass, field
 
+from .cellnames import CELL_PREFIX, cell_filename
+
 __all__ = ["Extracted", "extract_namespace", "code_cells_of_notebook", "restore_locked_cells", "CELL_PREFIX"]
 
-CELL_PREFIX = "<cell "
 _KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
@@ -95,7 +96,7 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
         ns.update(base)
     out = Extracted(namespace=ns)
     for index, source in enumerate(sources, start=1):
-        filename = f"{CELL_PREFIX}{index}>"
+        filename = cell_filename(index)
         text = _strip_magics(source)
         try:
             tree = ast.parse(text, filename=filename)

@@ -26,6 +26,7 @@ from .core import (
     BUGS,
     CHECK_TIME_LIMIT_S,
     CHECKS,
+    COURSE_PACKAGES,
     CheckFailure,
     LocalLearner,
     Tester,
@@ -67,7 +68,8 @@ ALSO_BLOCKED: dict[str, tuple[str, ...]] = {}
 def also_blocked(exercise_id: str, *targets: str) -> None:
     """Declare course objects that give this exercise's answer under another name (its *siblings*).
 
-    ``targets`` are ``"module:qualname"`` strings (``"llmcourse.train.optim:parameter_groups"``,
+    ``targets`` are ``"module:qualname"`` strings in ``llmcourse`` or ``coursetools`` (a benchmark's copy:
+    ``"coursetools.bench.capstone:_greedy_with_cache"``; ``"llmcourse.train.optim:parameter_groups"``,
     ``"llmcourse.models.llama3_cached:CachedLlama3Model"``, or a method such as
     ``"llmcourse.nn.multihead:MultiHeadAttention._fused_qkv"``), resolved only in the worker, so declaring
     them imports nothing. They are blocked there exactly like the reference while the learner's code runs.
@@ -78,8 +80,8 @@ def also_blocked(exercise_id: str, *targets: str) -> None:
     """
     for target in targets:
         module, sep, qualname = target.partition(":")
-        if not (sep and module.startswith("llmcourse") and qualname):
-            raise ValueError(f"also_blocked wants 'llmcourse.module:qualname', got {target!r}")
+        if not (sep and module.split(".")[0] in COURSE_PACKAGES and qualname):
+            raise ValueError(f"also_blocked wants 'llmcourse.module:qualname' (or a coursetools module), got {target!r}")
     ALSO_BLOCKED[exercise_id] = ALSO_BLOCKED.get(exercise_id, ()) + tuple(targets)
 
 

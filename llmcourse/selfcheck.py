@@ -1,6 +1,6 @@
 """``llmcourse.check()``: check an exercise notebook from inside JupyterLab, as ``course check`` does.
 
-The check runs in a **separate process** (``python -m llmcourse check --json NOTEBOOK``), on the
+The check runs in a **separate process** (``python -m coursetools check --json NOTEBOOK``), on the
 notebook **as last saved**: the kernel never imports the grader's checks, and what is graded is
 exactly what ``course check`` (and the instructor's ``course grade``) would read from the file. The
 verdicts come back as JSON and are shown as a table (HTML in JupyterLab, text elsewhere); the text
@@ -260,7 +260,7 @@ def check_result(notebook: str | os.PathLike | None = None, timeout: float = TIM
     env.pop(DEFER_ENV, None)
     env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "llmcourse", "check", "--json", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "coursetools", "check", "--json", str(path)],
                           capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
     seconds = time.monotonic() - start
     try:

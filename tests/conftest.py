@@ -57,7 +57,7 @@ def pytest_generate_tests(metafunc):
 def copy_course(dest: Path, units: tuple[str, ...] = ("03",)) -> Path:
     """A private copy of the course (grading code, manifest, assets, the given units' notebooks).
 
-    The grading tests run ``course grade`` on such a copy: its snapshot/tamper checks hash the copy,
+    The grading tests run ``course grade`` on such a copy (the three packages travel with it): its snapshot/tamper checks hash the copy,
     so nothing else editing the repository can disturb them, and a hostile notebook can only ever
     write to the copy.
     """
@@ -67,7 +67,7 @@ def copy_course(dest: Path, units: tuple[str, ...] = ("03",)) -> Path:
 
     course = load_course(ROOT)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for item in ("grader", "llmcourse"):
+    for item in ("grader", "llmcourse", "coursetools"):
         shutil.copytree(ROOT / item, dest / item, ignore=ignore)
     for item in ("course.toml", "nbgrader_config.py", "pyproject.toml"):
         shutil.copy2(ROOT / item, dest / item)

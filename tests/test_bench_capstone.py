@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from llmcourse.bench import capstone as bench
-from llmcourse.cli import main
+from coursetools.bench import capstone as bench
+from coursetools.cli import main
 from llmcourse.nn.kv_cache import KVCache
 
 SUMMARY = re.compile(r"^capstone: ratio vs transformers: \d+\.\d{2}$")

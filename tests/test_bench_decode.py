@@ -7,8 +7,8 @@ import re
 
 import torch
 
-from llmcourse.bench import decode as bench
-from llmcourse.cli import main
+from coursetools.bench import decode as bench
+from coursetools.cli import main
 
 SUMMARY = re.compile(r"^decode: min cached speedup: \d+\.\d, min ratio vs transformers: \d+\.\d{2}$")
 

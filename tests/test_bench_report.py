@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from llmcourse.bench import report
-from llmcourse.cli import main
+from coursetools.bench import report
+from coursetools.cli import main
 
 SUMMARY = re.compile(r"^bench: train \d+\.\d{2}, decode \d+\.\d/\d+\.\d{2}, capstone \d+\.\d{2}$")
 

@@ -8,8 +8,8 @@ import re
 import pytest
 import torch
 
-from llmcourse.bench import train as bench
-from llmcourse.cli import main
+from coursetools.bench import train as bench
+from coursetools.cli import main
 
 SUMMARY = re.compile(r"^train: min ratio vs transformers: \d+\.\d{2}, geomean \d+\.\d{2}$")
 

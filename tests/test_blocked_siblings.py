@@ -96,7 +96,7 @@ SIBLINGS: dict[str, str] = {
         "    p, r = sum(ps) / len(ps), sum(rs) / len(rs)\n"
         "    return 0.0 if p + r == 0 else 100 * (1 + beta ** 2) * p * r / (beta ** 2 * p + r)\n"),
     "08.GPT2Model/capstone": (
-        "from llmcourse.bench.capstone import _gpt2_cached_logits\n"
+        "from coursetools.bench.capstone import _gpt2_cached_logits\n"
         "from llmcourse.nn.kv_cache import KVCache\n"
         "\n"
         "class GPT2Model(GPT2Model):\n"
@@ -146,7 +146,7 @@ SIBLINGS: dict[str, str] = {
         "    def forward(self, idx):\n"
         "        return self.lm_head(self.norm(_M.trunk(SimpleNamespace(model=self), idx)))\n"),
     "12.generate_cached/capstone": (
-        "from llmcourse.bench.capstone import _greedy_with_cache\n"
+        "from coursetools.bench.capstone import _greedy_with_cache\n"
         "\n"
         "def generate_cached(model, idx, max_new_tokens, eos_id=None):\n"
         "    if max_new_tokens == 0:\n"
@@ -191,7 +191,7 @@ SIBLINGS: dict[str, str] = {
         "        raise KeyError(f'mismatch {missing[:5]} {unexpected[:5]}')\n"
         "    return model\n"),
     "17.generate_latent_cached/capstone": (
-        "from llmcourse.bench.capstone import _greedy_with_cache\n"
+        "from coursetools.bench.capstone import _greedy_with_cache\n"
         "from llmcourse.models.deepseek_mla import LatentCache\n"
         "\n"
         "def generate_latent_cached(model, idx, max_new_tokens):\n"

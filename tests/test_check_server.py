@@ -1,4 +1,4 @@
-"""The warm check server behind ``course check`` (llmcourse/checkserver.py).
+"""The warm check server behind ``course check`` (coursetools/checkserver.py).
 
 Everything runs on a private copy of the course (unit 03) with its own socket folder, so these servers are
 not the ones a developer's ``course check`` would reach, and a fingerprint change touches only the copy.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from llmcourse import checkserver
+from coursetools import checkserver
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = "03"
@@ -68,7 +68,7 @@ def mutant_notebook(exercise: Path, dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, course_copy):
-    """(course copy, socket folder, env for `python -m llmcourse` in the copy, notebooks by kind, server pids)."""
+    """(course copy, socket folder, env for `python -m coursetools` in the copy, notebooks by kind, server pids)."""
     course = course_copy((UNIT,))
     copy, unit = course.root, course.unit(UNIT)
     sockets = tmp_path_factory.mktemp("sockets")
@@ -81,7 +81,7 @@ def setup(tmp_path_factory, course_copy):
                  "mutant": str(mutant_notebook(copy / unit.exercise, student))}
     started: list[int] = []
     yield copy, sockets, env, notebooks, started
-    r = subprocess.run([sys.executable, "-m", "llmcourse", "check", "--stop-server"], cwd=copy, env=env,
+    r = subprocess.run([sys.executable, "-m", "coursetools", "check", "--stop-server"], cwd=copy, env=env,
                        capture_output=True, text=True, timeout=120)
     for pid in started:
         if not _wait_gone(pid, 5.0):
@@ -91,7 +91,7 @@ def setup(tmp_path_factory, course_copy):
 
 def course_check(setup, kind: str, *extra: str, env: dict | None = None):
     copy, _, base_env, notebooks, started = setup
-    r = subprocess.run([sys.executable, "-m", "llmcourse", "check", *extra, notebooks[kind]], cwd=copy,
+    r = subprocess.run([sys.executable, "-m", "coursetools", "check", *extra, notebooks[kind]], cwd=copy,
                        env=env or base_env, capture_output=True, text=True, timeout=600)
     m = re.search(r"answered by the check server \(pid (\d+)\)", r.stderr)
     pid = int(m.group(1)) if m else None
@@ -104,7 +104,7 @@ def course_check(setup, kind: str, *extra: str, env: dict | None = None):
 def cold(setup):
     """The cold answers (a fresh `course check --json` without a server) for the three notebooks: the text
     report of a cold run is `render_check_report` of the same report."""
-    from llmcourse.cli import render_check_report
+    from coursetools.cli import render_check_report
 
     _, _, env, notebooks, _ = setup
     env = dict(env, LLMCOURSE_CHECK_SERVER="0")
@@ -148,7 +148,7 @@ def test_socket_folder_is_private(setup):
 def test_the_client_imports_no_torch(setup):
     """A warm call's client stays cheap: it imports neither torch nor the grader."""
     copy, _, env, notebooks, started = setup
-    code = ("import sys; from llmcourse.cli import main; rc = main(['check', sys.argv[1]]); "
+    code = ("import sys; from coursetools.cli import main; rc = main(['check', sys.argv[1]]); "
             "print(sorted(m for m in ('torch', 'grader', 'numpy') if m in sys.modules), file=sys.stderr); "
             "raise SystemExit(rc)")
     r = subprocess.run([sys.executable, "-c", code, notebooks["stub"]], cwd=copy, env=env, capture_output=True,
@@ -217,7 +217,7 @@ def test_without_a_reachable_server_the_client_falls_back(monkeypatch, tmp_path)
 
 
 def test_the_cli_falls_back_to_the_cold_path(monkeypatch, capsys):
-    from llmcourse.cli import main
+    from coursetools.cli import main
 
     monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "1")
     monkeypatch.setattr(checkserver, "client_check", lambda *a: None)

@@ -12,13 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def course(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "llmcourse", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "coursetools", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
 
 def in_process(capsys, *args):
     """``course ARGS`` in this process (no interpreter start-up): (exit code, stdout, stderr)."""
-    from llmcourse.cli import main
+    from coursetools.cli import main
 
     code = main(list(args))
     out = capsys.readouterr()
@@ -75,7 +75,7 @@ def test_check_bad_paths_give_one_line_and_exit_2(tmp_path):
              (stranger, "not an exercise notebook")]
     r = course("check", str(cases[0][0]))  # one real shell run: exit code and stderr as a learner sees them
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no such file" in r.stderr, r.stderr
-    from llmcourse.cli import main
+    from coursetools.cli import main
 
     for path, words in cases[1:]:
         import contextlib
@@ -114,7 +114,7 @@ def test_doctor_fails_without_data(tmp_path):
     import os
 
     env = {**os.environ, "LLMCOURSE_DATA_MIRROR": str(tmp_path), "LLMCOURSE_CACHE": str(tmp_path / "c")}
-    r = subprocess.run([sys.executable, "-m", "llmcourse", "doctor"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "coursetools", "doctor"], cwd=ROOT, capture_output=True, text=True,
                        env=env, timeout=120)
     assert r.returncode == 1 and "[FAIL] data tinyshakespeare" in r.stdout
 

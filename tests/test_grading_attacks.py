@@ -35,8 +35,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from coursetools.grading import GradingTampered, grade
 from grader.runner import check_notebook
-from llmcourse.grading import GradingTampered, grade
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.roundtrip, pytest.mark.slow]

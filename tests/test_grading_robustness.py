@@ -117,7 +117,7 @@ def test_markdown_answer_earns_nothing_and_says_which_cell(tmp_path):
 
 
 def test_printed_output_is_capped():
-    from llmcourse.grading import OUTPUT_CAP_CHARS, cap_outputs
+    from coursetools.grading import OUTPUT_CAP_CHARS, cap_outputs
 
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("print('x' * 10**7)")
@@ -132,7 +132,7 @@ def test_printed_output_is_capped():
 def test_grade_refuses_without_the_course_kernel(monkeypatch, tmp_path, capsys):
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from llmcourse.cli import main
+    from coursetools.cli import main
 
     monkeypatch.setattr(KernelSpecManager, "find_kernel_specs", lambda self: {"python3": "/nowhere"})
     (tmp_path / "alice" / "03_self_attention").mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_grade_refuses_without_the_course_kernel(monkeypatch, tmp_path, capsys):
 
 
 def test_roster_in_nbgrader_import_format(tmp_path):
-    from llmcourse.grading import read_roster
+    from coursetools.grading import read_roster
 
     path = tmp_path / "roster.csv"
     path.write_text("id,first_name,last_name,email\nalice,Alice,Liddell,alice@example.org\nbob,,,\n",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmcourse.dev.nbbuild import course_map_markdown
+from coursetools.dev.nbbuild import course_map_markdown
 from llmcourse.manifest import exercise_id_from_grade_id, grade_id
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def test_readme_course_map_is_current(course):
     begin, end = "<!-- course-map:begin -->", "<!-- course-map:end -->"
     assert begin in readme and end in readme, "README.md must hold the course map between the markers"
     current = readme.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert current == course_map_markdown(course).strip(), "README course map is stale: run `python -m llmcourse.dev.readme`"
+    assert current == course_map_markdown(course).strip(), "README course map is stale: run `python -m coursetools.dev.readme`"
 
 
 def test_course_map_lists_labs(course):

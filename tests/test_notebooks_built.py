@@ -6,7 +6,7 @@ from pathlib import Path
 
 import nbformat
 
-from llmcourse.dev.nbbuild import build_all
+from coursetools.dev.nbbuild import build_all
 
 ROOT = Path(__file__).resolve().parents[1]
 

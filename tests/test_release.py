@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from llmcourse.grading import MANIFEST_NAME, release
+from coursetools.grading import MANIFEST_NAME, release
 from llmcourse.manifest import load_course
 
 ROOT = Path(__file__).resolve().parents[1]

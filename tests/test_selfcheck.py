@@ -45,7 +45,7 @@ def half_done_notebook(dest: Path) -> Path:
 
 
 def course(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "llmcourse", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "coursetools", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -427,4 +427,4 @@ def check_load_hf_gpt2(t):
 # Library objects that give these exercises' answers without going through the reference: blocked in
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # GPT2Model: the capstone benchmark's GPT-2 forward over a KVCache (an empty cache gives the whole forward)
-also_blocked(f"{U}.GPT2Model", "llmcourse.bench.capstone:_gpt2_cached_logits")
+also_blocked(f"{U}.GPT2Model", "coursetools.bench.capstone:_gpt2_cached_logits")

@@ -478,7 +478,7 @@ def check_mha_to_gqa(t):
 # Library objects that give these exercises' answers without going through the reference: blocked in
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # generate_cached: the benchmark's prefill-then-one-token loop
-also_blocked(f"{U}.generate_cached", "llmcourse.bench.capstone:_greedy_with_cache")
+also_blocked(f"{U}.generate_cached", "coursetools.bench.capstone:_greedy_with_cache")
 # kv_cache_bytes: the per-token element counts (times seq_len, batch and bytes is the answer)
 also_blocked(f"{U}.kv_cache_bytes",
              "llmcourse.nn.kv_cache:kv_elements_per_token",

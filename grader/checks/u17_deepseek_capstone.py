@@ -489,7 +489,7 @@ def check_fp8(t):
 # DeepSeekLM: load_hf_deepseek's key mapping
 also_blocked(f"{U}.DeepSeekLM", "llmcourse.models.deepseek:deepseek_state_dict_from_hf")
 # generate_latent_cached: the benchmark's cached greedy loop
-also_blocked(f"{U}.generate_latent_cached", "llmcourse.bench.capstone:_greedy_with_cache")
+also_blocked(f"{U}.generate_latent_cached", "coursetools.bench.capstone:_greedy_with_cache")
 also_blocked(f"{U}.compare_models", "llmcourse.models.deepseek:_val_loss")
 # fp8_inference: the validation loss of compare_models and fp8_eval
 also_blocked(f"{U}.fp8_inference", "llmcourse.models.deepseek:_val_loss")

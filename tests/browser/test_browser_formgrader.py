@@ -1,6 +1,6 @@
 """nbgrader's Formgrader and a feedback page, in the browser, on a course graded with the course's own tools.
 
-A temporary class with one submission is graded by :func:`llmcourse.grading.grade` (the work root it
+A temporary class with one submission is graded by :func:`coursetools.grading.grade` (the work root it
 creates holds ``solutions/``, ``exercises/``, ``.grading/{submitted,autograded,feedback,gradebook.db}`` and
 an ``nbgrader_config.py`` that loads ``grader/nbgrader_config.py``). The submission is unit 03's released
 exercise with every stub filled from the solution, except ``scaled_dot_product_attention`` without the
@@ -21,7 +21,7 @@ import nbformat
 import pytest
 from jlab import ARTIFACTS, ROOT, LabServer, open_tab
 
-from llmcourse.grading import grade
+from coursetools.grading import grade
 from llmcourse.manifest import load_course
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

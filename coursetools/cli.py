@@ -1,10 +1,10 @@
-"""The ``course`` command (also ``python -m llmcourse``).
+"""The ``course`` command (also ``python -m coursetools``; ``python -m llmcourse`` is an alias).
 
   course doctor            [OK]/[FAIL] per requirement; exit 1 on a failure
   course list              units and exercises from course.toml, with availability
   course check [--json] NOTEBOOK
                            self-check an exercise notebook: passed / failed (+ diagnosis) / not attempted
-                           (answered by a warm per-user check server when it can: llmcourse/checkserver.py)
+                           (answered by a warm per-user check server when it can: coursetools/checkserver.py)
   course check --stop-server
                            stop this user's warm check servers
   course progress [FOLDER] [--json]
@@ -27,11 +27,19 @@ import os
 import sys
 from pathlib import Path
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from .checking import (  # noqa: F401
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_USAGE,
+    check_command,
+    check_report,
+    render_check_report,
+    verdict_record,
+)
 
 
 def _course():
-    from .manifest import load_course
+    from llmcourse.manifest import load_course
 
     return load_course()
 
@@ -81,8 +89,8 @@ def cmd_doctor(args) -> int:
         report(kname in specs, f"Jupyter kernel '{kname}'" + ("" if kname in specs else ": not registered (`make lab`)"))
     except Exception as exc:
         report(False, f"Jupyter kernels: {exc}")
-    from .data import DATASETS, DataNotFoundError, data_path
-    from .data.resolve import MIRROR_ENV
+    from llmcourse.data import DATASETS, DataNotFoundError, data_path
+    from llmcourse.data.resolve import MIRROR_ENV
 
     mirror = os.environ.get(MIRROR_ENV)
     print(f"       data mirror {MIRROR_ENV}={mirror or '(unset)'}")
@@ -94,7 +102,7 @@ def cmd_doctor(args) -> int:
             except DataNotFoundError:
                 report(False, f"data {ds.id}: {f.path} not found offline (set {MIRROR_ENV}, or run once online)")
     try:
-        from .data import gpt2_encoding
+        from llmcourse.data import gpt2_encoding
 
         enc = gpt2_encoding()
         ids = enc.encode("Hello, world")
@@ -134,63 +142,6 @@ def cmd_map(args) -> int:
 # ------------------------------------------------------------------------------------------ check
 
 
-def verdict_record(v) -> dict:
-    """A verdict as plain JSON data (what ``course check --json`` and ``llmcourse.check()`` show)."""
-    return {"exercise_id": v.exercise_id, "status": v.status, "message": v.message, "bug_id": v.bug_id,
-            "hint": v.hint, "points": v.points, "max_points": v.max_points, "notes": list(v.notes)}
-
-
-def check_report(unit, verdicts, notebook: str) -> dict:
-    """``course check``'s result as plain data: the text report and the JSON report are both made from it."""
-    counts = {s: sum(1 for v in verdicts if v.status == s) for s in ("passed", "failed", "not_attempted")}
-    counts["failed"] += len(verdicts) - sum(counts.values())  # missing / grader errors count as failed
-    return {
-        "unit": unit.id, "title": unit.title, "notebook": str(notebook),
-        "problems": list(dict.fromkeys(n for v in verdicts for n in v.notes)),
-        "verdicts": [verdict_record(v) for v in verdicts],
-        "earned": sum(v.points for v in verdicts), "total": sum(v.max_points for v in verdicts),
-        "counts": counts, "passed": all(v.passed for v in verdicts),
-    }
-
-
-def render_check_report(report: dict) -> str:
-    """The text of ``course check`` from :func:`check_report`'s data."""
-    from grader.core import Verdict
-
-    out = [f"Unit {report['unit']} {report['title']}: {report['notebook']}", ""]
-    if report["problems"]:
-        out.append("Problems while loading your notebook (only imports, functions and classes are loaded):")
-        out += [f"  - {p}" for p in report["problems"]] + [""]
-    for rec in report["verdicts"]:
-        out += [Verdict(**rec).render(notes=False), ""]
-    c = report["counts"]
-    out.append(f"{c['passed']} passed, {c['failed']} failed, {c['not_attempted']} not attempted "
-               f"— {report['earned']}/{report['total']} points")
-    return "\n".join(out)
-
-
-def check_command(notebook: str, as_json: bool) -> int:
-    """``course check`` in this process (the cold path, and what the warm check server runs): prints the
-    report (text or JSON) and returns the exit code."""
-    import json
-
-    from grader.forkserver import start_forkserver
-
-    start_forkserver()  # first thing: the learner processes' parent preloads torch while this process imports its own
-    from grader.runner import check_notebook
-
-    try:
-        unit, verdicts = check_notebook(notebook)
-    except (FileNotFoundError, ValueError) as exc:
-        if as_json:
-            print(json.dumps({"error": str(exc)}))
-        print(f"course check: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    report = check_report(unit, verdicts, notebook)
-    print(json.dumps(report, indent=1) if as_json else render_check_report(report))
-    return EXIT_OK if report["passed"] else EXIT_FAIL
-
-
 def cmd_check(args) -> int:
     from .checkserver import client_check, stop_servers
 
@@ -202,7 +153,7 @@ def cmd_check(args) -> int:
     if args.notebook is None:
         print("course check: give a notebook (or --stop-server)", file=sys.stderr)
         return EXIT_USAGE
-    # a warm check server answers when it can (llmcourse/checkserver.py; LLMCOURSE_CHECK_SERVER=0: never)
+    # a warm check server answers when it can (coursetools/checkserver.py; LLMCOURSE_CHECK_SERVER=0: never)
     answer = client_check(args.notebook, args.json)
     if answer is not None:
         out, err, code = answer
@@ -376,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_grade)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
-        from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (llmcourse/bench/)
+        from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (coursetools/bench/)
 
         add_bench_parser(sub)
     args = parser.parse_args(argv)

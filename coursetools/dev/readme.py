@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..manifest import load_course
+from llmcourse.manifest import load_course
+
 from .nbbuild import build_all, course_map_markdown
 
 BEGIN, END = "<!-- course-map:begin -->", "<!-- course-map:end -->"

@@ -16,7 +16,7 @@ every implementation:
 
 One **training step** = forward on ``x (B, T)``, ``F.cross_entropy`` of the logits (computed outside every model),
 backward, an AdamW step (:func:`llmcourse.train.optim.configure_optimizer`'s two groups in torch's fused AdamW:
-:func:`llmcourse.bench.bench_optimizer`), ``zero_grad``. The
+:func:`coursetools.bench.bench_optimizer`), ``zero_grad``. The
 router-bias update ``b ← b + γ·sign(c̄ − c)`` follows every step **outside** the timed part, for every
 implementation (transformers' routing is read by a forward hook on each router). Batches: ``B = 32``, ``T = 64``,
 seeded random token ids, the same for every implementation. Before timing, the command checks equal logits
@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def bench_config(name: str = "tiny"):
     """The :class:`DeepSeekConfig` of the benchmark: the course default with ``mtp_depth = 0``; ``smoke`` is a
     2-layer version (one dense, one MoE layer) for the format test."""
-    from ..models.deepseek import DeepSeekConfig
+    from llmcourse.models.deepseek import DeepSeekConfig
 
     cfg = dataclasses.replace(DeepSeekConfig(), mtp_depth=0)
     if name == "smoke":
@@ -93,7 +93,7 @@ def bench_config(name: str = "tiny"):
 def _hf_variant(cfg, attn: str, experts: str, state: dict):
     from transformers import DeepseekV3ForCausalLM
 
-    from ..models.deepseek import hf_deepseek_config
+    from llmcourse.models.deepseek import hf_deepseek_config
 
     config = hf_deepseek_config(cfg, attn_implementation=attn)
     config.use_cache = False
@@ -109,7 +109,7 @@ def _hf_variant(cfg, attn: str, experts: str, state: dict):
 def build_models(cfg, seed: int = 0) -> tuple[dict, dict]:
     """``({name: model}, {name: reason})``: llmcourse and every transformers variant that could be built, all with
     the weights of one seeded ``DeepseekV3ForCausalLM``; the second dict names the variants that failed to build."""
-    from ..models.deepseek import DeepSeekLM, load_hf_deepseek, random_hf_deepseek
+    from llmcourse.models.deepseek import DeepSeekLM, load_hf_deepseek, random_hf_deepseek
 
     base = random_hf_deepseek(cfg, seed=seed, std=WEIGHT_STD, attn_implementation="eager")
     state = {k: v.detach().clone() for k, v in base.state_dict().items()}
@@ -151,7 +151,7 @@ class _HFRouting:
     def update(self) -> None:
         import torch
 
-        from ..models.deepseek_moe import update_bias
+        from llmcourse.models.deepseek_moe import update_bias
 
         with torch.no_grad():
             for r in self.routers:
@@ -228,7 +228,8 @@ def run_capstone_bench(config: str = "tiny", batch_size: int = 32, seq_len: int 
     """
     import torch
 
-    from ..models.deepseek import param_counts
+    from llmcourse.models.deepseek import param_counts
+
     from . import interleaved_times
     from .train import _environment
 
@@ -330,12 +331,12 @@ def cache_bytes_table(new_tokens: int = 24, prompt: str = "ROMEO:\nWhat light") 
     """
     import torch
 
-    from ..models.deepseek import generate_latent_cached, greedy_uncached
-    from ..models.llama3_cached import CachedLlama3Model, generate_cached
-    from ..nn.kv_cache import KVCache
-    from ..train.char_model import load_gpt_char_tiny
-    from ..train.deepseek_char import load_deepseek_char_tiny
-    from ..train.llama_char import load_llama_char_tiny
+    from llmcourse.models.deepseek import generate_latent_cached, greedy_uncached
+    from llmcourse.models.llama3_cached import CachedLlama3Model, generate_cached
+    from llmcourse.nn.kv_cache import KVCache
+    from llmcourse.train.char_model import load_gpt_char_tiny
+    from llmcourse.train.deepseek_char import load_deepseek_char_tiny
+    from llmcourse.train.llama_char import load_llama_char_tiny
 
     rows = []
     with torch.no_grad():

@@ -111,8 +111,8 @@ def _peer_from_course(cfg, sd: dict):
 def build_models(cfg_name: str = "bench", seed: int = 0, with_peer: bool | None = None) -> dict:
     """``{name: model}`` for ``llmcourse`` (cached), ``uncached``, ``transformers`` and (if installed)
     ``llms-from-scratch``, all with the weights of one seeded ``LlamaForCausalLM``; eval mode."""
-    from ..models.llama3 import Llama3Config, Llama3Model, load_hf_llama, random_hf_llama
-    from ..models.llama3_cached import CachedLlama3Model
+    from llmcourse.models.llama3 import Llama3Config, Llama3Model, load_hf_llama, random_hf_llama
+    from llmcourse.models.llama3_cached import CachedLlama3Model
 
     cfg = Llama3Config(**CONFIGS[cfg_name])
     hf = random_hf_llama(cfg, seed=seed, std=WEIGHT_STD, attn_implementation="sdpa")
@@ -154,7 +154,7 @@ class _StepClock:
 
 
 def _generate(name: str, model, idx: torch.Tensor, n: int) -> torch.Tensor:
-    from ..models.llama3_cached import generate_cached, generate_uncached
+    from llmcourse.models.llama3_cached import generate_cached, generate_uncached
 
     if name == "llmcourse":
         return generate_cached(model, idx, n)
@@ -226,7 +226,7 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
     Raises:
         AssertionError: prefill logits differ, or a cached path's tokens differ from uncached greedy tokens.
     """
-    from ..bench.train import _environment
+    from .train import _environment
 
     models = build_models(cfg_name, seed, with_peer)
     cfg = models["llmcourse"].cfg

@@ -8,16 +8,16 @@ socket in a private directory (mode 0700: ``$XDG_RUNTIME_DIR/llmcourse-check``, 
 ``~/.cache/llmcourse/check-server``, else ``/tmp/llmcourse-check-<uid>``). Later calls send the notebook
 path, ``--json``, the working directory and the environment to it, and print its answer with its exit code:
 the same text, the same JSON, the same verdicts as a cold run (the server runs the very same code,
-:func:`llmcourse.cli.check_command`).
+:func:`coursetools.checking.check_command`).
 
 What is unchanged: the server is the *checker*. Learner code never runs in it, only in forkserver workers,
 one per exercise, exactly as in a cold run (:mod:`grader.worker`); requests are served one at a time.
-``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`llmcourse.grading`), nor does
+``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`), nor does
 ``course progress``.
 
 Which server answers: one per **key**, a hash of everything that could change an answer — the course root,
-the Python executable, where ``llmcourse`` and ``grader`` are imported from, a fingerprint of those two
-packages, ``course.toml`` and ``assets/`` (relative path, size and mtime of every file; ``__pycache__`` and
+the Python executable, where ``llmcourse``, ``grader`` and ``coursetools`` are imported from, a fingerprint
+of those three packages, ``course.toml`` and ``assets/`` (relative path, size and mtime of every file; ``__pycache__`` and
 dot-files left out), and the environment variables listed in :data:`ENV_PREFIXES`. A changed key starts a
 fresh server; the old one notices that its fingerprint changed (it re-checks every few seconds and before
 every request) and exits. A server also exits after :data:`IDLE_ENV` seconds without a request (default
@@ -121,18 +121,20 @@ def _env_subset(env=None) -> dict:
             if k.startswith(ENV_PREFIXES) and not k.startswith("LLMCOURSE_CHECK_SERVER")}
 
 
-def watched_paths(root: str, llmcourse_dir: str, grader_dir: str) -> list[str]:
-    """What the fingerprint covers: the two packages, ``course.toml`` and ``assets/``."""
-    return [llmcourse_dir, grader_dir, str(Path(root) / "course.toml"), str(Path(root) / "assets")]
+def watched_paths(root: str, llmcourse_dir: str, grader_dir: str, tools_dir: str) -> list[str]:
+    """What the fingerprint covers: the three packages (``llmcourse``, ``grader``, ``coursetools``),
+    ``course.toml`` and ``assets/``."""
+    return [llmcourse_dir, grader_dir, tools_dir, str(Path(root) / "course.toml"), str(Path(root) / "assets")]
 
 
 def server_key() -> dict:
     """The identity of the server that may answer this process's ``course check`` (see the module doc)."""
     llmcourse_dir, grader_dir = _package_dir("llmcourse"), _package_dir("grader")
+    tools_dir = _package_dir("coursetools")
     root = _course_root(llmcourse_dir)
     ident = {"root": root, "python": sys.executable, "version": sys.version, "llmcourse": llmcourse_dir,
-             "grader": grader_dir, "env": _env_subset()}
-    ident["fingerprint"] = fingerprint(watched_paths(root, llmcourse_dir, grader_dir))
+             "grader": grader_dir, "coursetools": tools_dir, "env": _env_subset()}
+    ident["fingerprint"] = fingerprint(watched_paths(root, llmcourse_dir, grader_dir, tools_dir))
     ident["key"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:24]
     return ident
 
@@ -198,7 +200,7 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 _BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sys_path']; "
-         "from llmcourse.checkserver import serve_main; serve_main(cfg)")
+         "from coursetools.checkserver import serve_main; serve_main(cfg)")
 
 
 def _spawn(ident: dict, folder: Path):
@@ -208,10 +210,10 @@ def _spawn(ident: dict, folder: Path):
     # the client's import path; its first entry (the script's folder, or the working directory under
     # `python -m`) only when llmcourse or grader come from there: the server imports what this process would
     first = str(Path(sys.path[0] or os.getcwd()).resolve()) if sys.path else ""
-    keep = first in (str(Path(ident["llmcourse"]).parent), str(Path(ident["grader"]).parent))
+    keep = first in {str(Path(ident[k]).parent) for k in ("llmcourse", "grader", "coursetools")}
     path = ([first] if keep else []) + [p for p in sys.path[1:] if p]
     cfg = {"key": ident["key"], "dir": str(folder), "root": ident["root"], "llmcourse": ident["llmcourse"],
-           "grader": ident["grader"], "fingerprint": ident["fingerprint"],
+           "grader": ident["grader"], "coursetools": ident["coursetools"], "fingerprint": ident["fingerprint"],
            "sys_path": list(dict.fromkeys(path)), "idle": float(os.environ.get(IDLE_ENV) or IDLE_DEFAULT_S)}
     log = open(folder / f"{ident['key']}.log", "ab")  # noqa: SIM115 - handed to the child
     try:
@@ -344,7 +346,7 @@ def _run_request(msg: dict, state: _State, home: str) -> dict:
     import io
     import warnings
 
-    from llmcourse.cli import check_command
+    from coursetools.checking import check_command
 
     out, err = io.StringIO(), io.StringIO()
     state.restore()
@@ -372,7 +374,7 @@ def serve_main(cfg: dict) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return  # another server holds this key (two clients started one each): it answers
-    watched = watched_paths(cfg["root"], cfg["llmcourse"], cfg["grader"])
+    watched = watched_paths(cfg["root"], cfg["llmcourse"], cfg["grader"], cfg["coursetools"])
     if fingerprint(watched) != cfg["fingerprint"]:
         raise SystemExit(4)  # changed since the client looked: it checks cold (a non-zero exit tells it)
     with contextlib.suppress(OSError):
@@ -402,18 +404,21 @@ def serve_main(cfg: dict) -> None:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     # the forkserver first (its preload overlaps this process's imports), then what a cold check imports
-    sys.modules.setdefault("rfc3987_syntax", None)  # as llmcourse.cli.main (see _skip_slow_iri_validator)
+    sys.modules.setdefault("rfc3987_syntax", None)  # as coursetools.cli.main (see _skip_slow_iri_validator)
     from grader.forkserver import start_forkserver
 
     start_forkserver()
+    import coursetools
+    import coursetools.checking  # noqa: F401
     import grader
     import llmcourse
-    import llmcourse.cli  # noqa: F401
     from grader import runner  # noqa: F401
 
     if (str(Path(llmcourse.__file__).resolve().parent) != cfg["llmcourse"]
-            or str(Path(grader.__file__).resolve().parent) != cfg["grader"]):
-        print(f"imported {llmcourse.__file__} and {grader.__file__}, not the client's packages", flush=True)
+            or str(Path(grader.__file__).resolve().parent) != cfg["grader"]
+            or str(Path(coursetools.__file__).resolve().parent) != cfg["coursetools"]):
+        print(f"imported {llmcourse.__file__}, {grader.__file__} and {coursetools.__file__}, "
+              "not the client's packages", flush=True)
         cleanup(code=5)
     state = _State()
     home = str(folder)

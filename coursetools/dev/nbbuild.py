@@ -22,7 +22,7 @@ rewritten to name that check first (:func:`_intro_check_first`).
 
 The output is normalised (course kernelspec, deterministic cell ids, no outputs) so rebuilding an
 unchanged source gives byte-identical notebooks; ``tests/test_notebooks_built.py`` checks that.
-Run ``make notebooks`` (``python -m llmcourse.dev.nbbuild``) after editing a source.
+Run ``make notebooks`` (``python -m coursetools.dev.nbbuild``) after editing a source.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from ..manifest import grade_id, load_course
+from llmcourse.manifest import grade_id, load_course
 
 __all__ = ["build_all", "build_notebook", "course_home", "outputs_for_sources"]
 

@@ -2,13 +2,13 @@
 
 Each benchmark module registers itself in :data:`BENCHMARKS` with a function that adds its options to an
 ``argparse`` parser and a function that runs it (returning the process exit code). Units add theirs by
-writing ``llmcourse/bench/<name>.py`` and listing it in :data:`MODULES`. Benchmarks are **not** tests:
+writing ``coursetools/bench/<name>.py`` and listing it in :data:`MODULES`. Benchmarks are **not** tests:
 they measure speed, which depends on the machine and on what else runs on it; measure on an idle machine.
 Results are printed as a Markdown table and written, with a JSON copy, under ``test-artifacts/bench/``.
 
 ``make bench`` installs the peer implementations they compare against (``requirements-bench.txt``,
 installed with ``--no-deps``) and runs every benchmark (each in its own process) with ``course bench all``
-(:mod:`llmcourse.bench.report`), which writes one report, ``test-artifacts/bench/report.md``.
+(:mod:`coursetools.bench.report`), which writes one report, ``test-artifacts/bench/report.md``.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ __all__ = ["ALLOCATOR_ENV", "MODULES", "add_bench_parser", "artifacts_dir", "ben
 # The same for every implementation; other C libraries ignore them. Set them in the shell to reproduce a part alone.
 ALLOCATOR_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(16 << 30), "MALLOC_TOP_PAD_": str(512 << 20)}
 
-MODULES = {"train": "llmcourse.bench.train", "decode": "llmcourse.bench.decode",
-           "capstone": "llmcourse.bench.capstone", "all": "llmcourse.bench.report"}  # name -> module with add_arguments(parser) and run(args) -> int
+MODULES = {"train": "coursetools.bench.train", "decode": "coursetools.bench.decode",
+           "capstone": "coursetools.bench.capstone", "all": "coursetools.bench.report"}  # name -> module with add_arguments(parser) and run(args) -> int
 
 
 def artifacts_dir():
     """``<course>/test-artifacts/bench`` (created)."""
-    from ..manifest import course_root
+    from llmcourse.manifest import course_root
 
     out = course_root() / "test-artifacts" / "bench"
     out.mkdir(parents=True, exist_ok=True)
@@ -51,7 +51,7 @@ def bench_optimizer(model, lr: float = 1e-4):
     """
     import torch
 
-    from ..train.optim import configure_optimizer
+    from llmcourse.train.optim import configure_optimizer
 
     ref = configure_optimizer(model, lr)
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in ref.param_groups]

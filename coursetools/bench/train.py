@@ -3,7 +3,7 @@
 One **training step** = forward, ``F.cross_entropy`` on the flattened logits (computed outside every
 model), backward, and an AdamW step with the same parameter groups (matrices decayed, vectors not:
 :func:`llmcourse.train.optim.configure_optimizer`, run by torch's fused AdamW for every implementation:
-:func:`llmcourse.bench.bench_optimizer`), then ``zero_grad(set_to_none=True)``.
+:func:`coursetools.bench.bench_optimizer`), then ``zero_grad(set_to_none=True)``.
 
 Implementations, all built from **the same weights** (copied from one seeded ``GPT2LMHeadModel``), dropout
 0, float32 on the CPU:
@@ -130,7 +130,7 @@ def build_models(bc: BenchConfig, seed: int = 0, with_peer: bool | None = None) 
     import torch
     from transformers import GPT2LMHeadModel
 
-    from ..models.gpt2 import GPT2Config, GPT2Model, hf_gpt2_config, load_hf_gpt2
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model, hf_gpt2_config, load_hf_gpt2
 
     cfg = GPT2Config(**bc.model)
     torch.manual_seed(seed)

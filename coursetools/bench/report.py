@@ -2,7 +2,7 @@
 
 Runs ``course bench train`` (its defaults), ``course bench decode`` and ``course bench capstone`` (its defaults) one
 after the other, each in a fresh Python process (no part inherits another's allocator, thread-pool or import state)
-with glibc's large-block reuse settings :data:`llmcourse.bench.ALLOCATOR_ENV` (the same for every implementation;
+with glibc's large-block reuse settings :data:`coursetools.bench.ALLOCATOR_ENV` (the same for every implementation;
 without them page faults on the fresh 200 MB logits buffers took ~30 % of a gpt2-vocab-6l step), each writing its
 own files under ``test-artifacts/bench/``, then writes
 ``report.md``: the settings, each part's wall time, the three tables and the plots (``decode.png``,
@@ -71,13 +71,14 @@ def _run_part(part: str, argv: list[str], out: Path) -> tuple[int, float]:
     import subprocess
     import sys
 
-    from ..manifest import course_root
+    from llmcourse.manifest import course_root
+
     from . import ALLOCATOR_ENV
 
     print(f"\n===== course bench {part} {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
     try:
-        code = subprocess.run([sys.executable, "-m", "llmcourse", "bench", part, *argv, "--out", str(out)],
+        code = subprocess.run([sys.executable, "-m", "coursetools", "bench", part, *argv, "--out", str(out)],
                               cwd=course_root(), env={**os.environ, **ALLOCATOR_ENV}, check=False).returncode
     except OSError as err:   # one failing part must not stop the others
         print(f"course bench {part}: {type(err).__name__}: {err}")

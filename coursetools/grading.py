@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .manifest import Unit, load_course
+from llmcourse.manifest import Unit, load_course
 
 __all__ = ["ReleaseResult", "GradeReport", "generate_exercises", "release", "grade"]
 
