@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from coursetools.bench import decode as bench
@@ -21,6 +22,9 @@ def test_bench_decode_command_prints_the_table(tmp_path, capsys):
     assert SUMMARY.match(out[-1]), out[-1]
     assert any(line.startswith("| 1 | llmcourse generate_cached |") for line in out)
     assert any(line.startswith("| 3 | llmcourse uncached (estimated) |") for line in out)
+    row = next(line for line in out if line.startswith("| 1 | llmcourse generate_cached |"))
+    assert re.search(r"\| \d+\.\d{2} \| \d+\.\d{2} \|$", row), row   # roofline ms/step and fraction
+    assert any(line.startswith("Roofline: memory read bandwidth") for line in out)
     results = json.loads((tmp_path / "decode.json").read_text())
     assert {r["implementation"] for r in results["rows"]} >= {"llmcourse", "transformers", "uncached"}
     assert (tmp_path / "decode.md").read_text().strip().splitlines()[-1] == out[-1]
@@ -51,3 +55,25 @@ def test_bench_refuses_tokens_that_differ(tmp_path, monkeypatch, capsys):
                  "--repeats", "1", "--no-plot", "--out", str(tmp_path)])
     assert code == 1 and "tokens differ" in capsys.readouterr().out
     assert not (tmp_path / "decode.json").exists()
+
+
+def test_decode_step_bytes_counts_the_weights_and_the_filled_cache():
+    """Independent route: the HF model's non-embedding parameters, and the K/V tensors a real cache holds."""
+    models = bench.build_models("tiny", seed=0, with_peer=False)
+    hf, ours = models["transformers"], models["llmcourse"]
+    n_params = sum(p.numel() for p in ours.parameters())
+    B, T = 3, 11
+    cache = ours.new_cache()
+    with torch.no_grad():
+        ours(torch.zeros(B, T, dtype=torch.long), cache=cache)
+    weights = sum(p.numel() for n, p in hf.named_parameters() if "embed_tokens" not in n) + B * ours.cfg.d_model
+    assert bench.decode_step_bytes(ours.cfg, n_params, B, T) == 4 * weights + cache.nbytes()
+    # a longer cache costs more; the bound grows with the batch through the cache and the looked-up rows only
+    assert bench.decode_step_bytes(ours.cfg, n_params, B, T + 1) > bench.decode_step_bytes(ours.cfg, n_params, B, T)
+    assert bench.roofline_ms_per_step(ours.cfg, n_params, 1, 4, 3, 1e9) == pytest.approx(
+        1000 * sum(bench.decode_step_bytes(ours.cfg, n_params, 1, 4 + i) for i in (1, 2, 3)) / 3 / 1e9)
+
+
+def test_read_bandwidth_is_a_plausible_rate():
+    bw = bench.read_bandwidth(nbytes=32 << 20, repeats=3)
+    assert 1e8 < bw < 1e13

@@ -31,7 +31,10 @@ calls).
 
 Output: a Markdown table (wall time for all new tokens, ms per step, tokens/s, speedup = uncached ÷ cached
 wall time at the same batch size, ratio = llmcourse cached tokens/s ÷ transformers cached tokens/s, prefill
-included), printed and written to ``test-artifacts/bench/decode.md`` with ``decode.json`` and a plot of
+included, and for the cached rows the **roofline fraction**: the time one step must take at the machine's
+measured memory read bandwidth — the bytes a cached decoding step reads, every weight matrix once plus the
+batch's K/V cache at its current length, averaged over the generated lengths — divided by the measured ms per
+step; 1.0 would mean decoding runs at the memory bandwidth), printed and written to ``test-artifacts/bench/decode.md`` with ``decode.json`` and a plot of
 ms/token against generated length (``decode.png``). The last line is
 ``decode: min cached speedup: X.X, min ratio vs transformers: Y.YY`` (minimum over the batch sizes). Not a
 test: measure on an idle machine.
@@ -45,7 +48,8 @@ import time
 
 import torch
 
-__all__ = ["CONFIGS", "add_arguments", "build_models", "markdown", "run", "run_decode_bench"]
+__all__ = ["CONFIGS", "add_arguments", "build_models", "decode_step_bytes", "markdown", "read_bandwidth", "run",
+           "run_decode_bench"]
 
 CONFIGS = {
     "bench": dict(vocab_size=65, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, intermediate_size=1536,
@@ -137,6 +141,43 @@ def prefill_logits(models: dict, idx: torch.Tensor) -> dict:
     if "llms-from-scratch" in models:
         out["llms-from-scratch"] = models["llms-from-scratch"](idx)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ roofline
+
+
+def read_bandwidth(nbytes: int = 256 << 20, repeats: int = 7) -> float:
+    """The machine's memory read bandwidth in bytes/s, as torch sees it with its current thread count: the best
+    of ``repeats`` timed ``sum()`` reductions over a float32 tensor of ``nbytes`` bytes (much larger than the
+    caches, so every byte comes from DRAM)."""
+    x = torch.ones(nbytes // 4)
+    x.sum()  # fault the pages in and warm the kernel
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def decode_step_bytes(cfg, n_params: int, batch_size: int, length: int, dtype_bytes: int = 4) -> int:
+    """Bytes one cached greedy decoding step of a Llama-style model reads at sequence length ``length``: every
+    weight once (the token-embedding table only for the ``batch_size`` looked-up rows; an untied LM head is read
+    whole) plus the K and V cache of every layer for ``length`` positions (:func:`llmcourse.nn.kv_cache_bytes`).
+    Activations, the new K/V writes and the logits are small next to these and left out."""
+    from llmcourse.nn.kv_cache import kv_cache_bytes
+
+    emb = cfg.vocab_size * cfg.d_model
+    weights = (n_params - emb + batch_size * cfg.d_model) * dtype_bytes
+    head_dim = cfg.d_model // cfg.n_heads
+    return weights + kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, head_dim, length, batch_size, dtype_bytes)
+
+
+def roofline_ms_per_step(cfg, n_params: int, batch_size: int, prompt_len: int, new_tokens: int,
+                         bandwidth: float) -> float:
+    """Mean over the generated lengths of :func:`decode_step_bytes` ÷ ``bandwidth``, in ms."""
+    total = sum(decode_step_bytes(cfg, n_params, batch_size, prompt_len + i + 1) for i in range(new_tokens))
+    return 1000 * total / new_tokens / bandwidth
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -244,6 +285,11 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
     g = torch.Generator().manual_seed(seed + 1)
     prompt = torch.randint(0, cfg.vocab_size, (max(batch_sizes), prompt_len), generator=g)
 
+    bandwidth = read_bandwidth()
+    results["read_bandwidth_gb_s"] = bandwidth / 1e9
+    progress(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} threads)")
+    n_params = results["config"]["n_params"]
+
     logits = prefill_logits(models, prompt)
     scale = 1.0 + float(logits["uncached"].abs().max())
     diffs = {k: float((v - logits["uncached"]).abs().max()) for k, v in logits.items()}
@@ -294,9 +340,12 @@ def run_decode_bench(cfg_name="bench", batch_sizes=(1, 8), prompt_len=32, new_to
             med = [statistics.median(c) for c in zip(*steps[name])]
             results["curves"][f"B={B}"][name] = [[prompt_len + i, ms] for i, ms in enumerate(med)]
         hf_wall = statistics.median(walls["transformers"])
+        bound_ms = roofline_ms_per_step(cfg, n_params, B, prompt_len, new_tokens, bandwidth)
         for name in [*cached, "uncached"]:
             wall = u_wall if name == "uncached" else statistics.median(walls[name])
             results["rows"].append({
+                "roofline_ms_per_step": bound_ms,
+                "roofline_fraction": None if name == "uncached" else bound_ms / (1000 * wall / new_tokens),
                 "batch_size": B, "implementation": name, "label": LABELS[name], "wall_s": wall,
                 "ms_per_step": 1000 * wall / new_tokens, "tokens_per_s": B * new_tokens / wall,
                 "speedup_vs_uncached": u_wall / wall, "ratio_vs_transformers": hf_wall / wall,
@@ -324,19 +373,27 @@ def markdown(results: dict) -> str:
              f"Model: V {c['vocab_size']}, L {c['n_layers']}, D {c['d_model']}, H {c['n_heads']}, KV {c['n_kv_heads']}, "
              f"I {c['intermediate_size']}, context {c['context_length']}, θ {c['rope_theta']:g}, untied "
              f"({c['n_params']:,} parameters); float32, CPU.", "",
-             "| batch | implementation | wall s | ms/step | tokens/s | speedup vs uncached | ratio vs transformers |",
-             "|---|---|---|---|---|---|---|"]
+             "| batch | implementation | wall s | ms/step | tokens/s | speedup vs uncached | ratio vs transformers "
+             "| roofline ms/step | roofline fraction |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
         note = " (estimated)" if r["how"].startswith("integrated") else ""
+        frac = "–" if r.get("roofline_fraction") is None else f"{r['roofline_fraction']:.2f}"
+        bound = f"{r['roofline_ms_per_step']:.2f}" if "roofline_ms_per_step" in r else "–"
         lines.append(f"| {r['batch_size']} | {r['label']}{note} | {r['wall_s']:.2f} | {r['ms_per_step']:.2f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['speedup_vs_uncached']:.1f} | {r['ratio_vs_transformers']:.2f} |")
+                     f"{r['tokens_per_s']:.1f} | {r['speedup_vs_uncached']:.1f} | {r['ratio_vs_transformers']:.2f} "
+                     f"| {bound} | {frac} |")
     env = results["env"]
     lines += ["", f"torch {env['torch']}, transformers {env['transformers']}, llms-from-scratch "
               f"{env['llms_from_scratch']}; {env['cpu_count']} CPUs ({env['machine']}), {torch.get_num_threads()} "
               f"threads. Cached rows: median of {results['repeats']} runs; uncached: median of "
               f"{results.get('uncached_repeats', results['repeats'])} (at batch > 1 integrated from "
               f"{results.get('uncached_samples', '?')} sampled lengths, each timed that many times). Every cached "
-              "path's tokens equal llmcourse's uncached greedy tokens."]
+              "path's tokens equal llmcourse's uncached greedy tokens.",
+              "", f"Roofline: memory read bandwidth {results.get('read_bandwidth_gb_s', float('nan')):.1f} GB/s "
+              "(best timed sum over a 256 MB float32 tensor, same threads); roofline ms/step = mean bytes a cached step "
+              "reads (weights once + the K/V cache at its length) ÷ that bandwidth; fraction = roofline ms ÷ measured "
+              "ms/step (prefill included in the measured time)."]
     lines += [f"Note: {n}" for n in results["notes"]]
     lines += ["", summary_line(results)]
     return "\n".join(lines)
