@@ -14,6 +14,8 @@
                            regenerate exercises/ from solutions/ through nbgrader
   course grade DIR [--out OUT] [--timeout S] [--roster CSV]
                            autograde nbgrader-style submissions, write feedback HTML and grades.csv
+  course exchange release|collect|feedback UNIT --root EXCHANGE [--into CLASS] [--work WORK]
+                           nbgrader's exchange around course grade (coursetools/exchange.py)
   course map               print the course map (Markdown), as in README.md
 
 Exit codes: 0 success; 1 a check/validation failed; 2 bad usage (wrong path, unknown notebook).
@@ -285,6 +287,34 @@ def cmd_grade(args) -> int:
     return EXIT_OK
 
 
+def cmd_exchange(args) -> int:
+    from . import exchange
+
+    try:
+        if args.action == "release":
+            print(f"released: {exchange.release(args.unit, args.root)}")
+        elif args.action == "collect":
+            if not args.into:
+                print("course exchange collect: give --into FOLDER (the class folder)", file=sys.stderr)
+                return EXIT_USAGE
+            print(f"collected into {exchange.collect(args.unit, args.root, args.into)}: "
+                  f"grade it with `course grade <that folder> --out WORK`")
+        else:
+            if not args.work:
+                print("course exchange feedback: give --work WORK (the folder `course grade --out` wrote)",
+                      file=sys.stderr)
+                return EXIT_USAGE
+            files = exchange.release_feedback(args.unit, args.root, args.work)
+            print(f"released feedback for {len(files)} submission{'s' if len(files) != 1 else ''}")
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"course exchange {args.action}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except exchange.ExchangeError as exc:
+        print(f"course exchange {args.action}: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+
+
 def _skip_slow_iri_validator() -> None:
     """Keep jsonschema from importing ``rfc3987_syntax`` in this process.
 
@@ -325,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roster", default=None, help="nbgrader student-import CSV (id,first_name,last_name,email): "
                    "names in the gradebook")
     p.set_defaults(func=cmd_grade)
+    p = sub.add_parser("exchange", help="nbgrader's exchange: release a unit, collect submissions, return feedback")
+    p.add_argument("action", choices=["release", "collect", "feedback"])
+    p.add_argument("unit", help="unit id, e.g. 03")
+    p.add_argument("--root", default="/srv/nbgrader/exchange", help="the exchange folder (default: nbgrader's)")
+    p.add_argument("--into", default=None, help="collect: the class folder (submissions go to .grading/submitted)")
+    p.add_argument("--work", default=None, help="feedback: the work folder `course grade --out` wrote")
+    p.set_defaults(func=cmd_exchange)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
         from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (coursetools/bench/)
