@@ -19,8 +19,14 @@ from .collectives import (
     ring_all_reduce_schedule,
     ring_all_reduce_volume,
 )
-from .data_parallel import BucketedDataParallel, average_gradients, broadcast_parameters, shard_batch
-from .expert_parallel import ExpertParallelMoE, all_to_all_rows, dispatch_counts
+from .data_parallel import (
+    BucketedDataParallel,
+    attach_data_parallel,
+    average_gradients,
+    broadcast_parameters,
+    shard_batch,
+)
+from .expert_parallel import ExpertParallelMoE, all_to_all_rows, dispatch_counts, expert_parallel_moe
 from .launcher import COLLECTIVES, RankFailure, RankResult, free_port, launch, run_ranks, run_torchrun_entry
 from .tensor_parallel import (
     ColumnParallelLinear,
@@ -28,12 +34,14 @@ from .tensor_parallel import (
     TensorParallelSwiGLU,
     copy_to_tensor_parallel,
     reduce_from_tensor_parallel,
+    row_parallel_linear,
 )
 from .zero import ZeRO1AdamW, shard_range, zero_memory_per_rank
 
 __all__ = [
     "COLLECTIVES", "BucketedDataParallel", "ColumnParallelLinear", "ExpertParallelMoE", "RankFailure", "RankResult",
-    "RowParallelLinear", "TensorParallelSwiGLU", "ZeRO1AdamW", "all_to_all_rows", "average_gradients",
+    "RowParallelLinear", "TensorParallelSwiGLU", "ZeRO1AdamW", "all_to_all_rows", "attach_data_parallel",
+    "average_gradients", "expert_parallel_moe", "row_parallel_linear",
     "broadcast_parameters", "collective_bytes_per_rank", "copy_to_tensor_parallel", "dispatch_counts", "free_port",
     "launch", "measure_all_reduce", "reduce_from_tensor_parallel", "ring_all_reduce", "ring_all_reduce_schedule",
     "ring_all_reduce_volume", "run_ranks", "run_torchrun_entry", "shard_batch", "shard_range",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["BucketedDataParallel", "broadcast_parameters", "average_gradients", "shard_batch"]
+__all__ = ["BucketedDataParallel", "attach_data_parallel", "broadcast_parameters", "average_gradients", "shard_batch"]
 
 
 def shard_batch(batch: Tensor, rank: int, world_size: int) -> Tensor:
@@ -60,6 +60,35 @@ def average_gradients(module: nn.Module) -> None:
         if param.grad is not None:
             dist.all_reduce(param.grad)
             param.grad.div_(p)
+
+
+def attach_data_parallel(module: nn.Module, seed: int) -> None:
+    """Make ``module`` a data-parallel replica on the default process group, in place (no wrapper, no buckets).
+
+    1. rank 0's parameters and buffers are broadcast to every rank (replicas start equal even when each rank
+       initialised its copy from a different seed);
+    2. torch's global generator is seeded with ``seed + rank``: random draws after this call (dropout masks)
+       differ between ranks and are reproducible;
+    3. every trainable parameter gets a ``register_post_accumulate_grad_hook`` that all-reduces its ``.grad``
+       and divides by the world size as soon as backward has accumulated it: after ``loss.backward()`` each
+       ``.grad`` is the mean of the ranks' local gradients, with nothing to call afterwards.
+
+    Every rank must call it on the same architecture, and every parameter must get a gradient in each backward
+    (the hooks fire in the same order on every rank, so the all-reduces match).
+    """
+    import torch.distributed as dist
+
+    broadcast_parameters(module)
+    torch.manual_seed(seed + dist.get_rank())
+    world_size = dist.get_world_size()
+
+    def hook(param: Tensor) -> None:
+        dist.all_reduce(param.grad)
+        param.grad.div_(world_size)
+
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(hook)
 
 
 class BucketedDataParallel(nn.Module):

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ..models.deepseek_moe import DeepSeekMoE, DeepSeekTopkRouter
 
-__all__ = ["all_to_all_rows", "dispatch_counts", "ExpertParallelMoE"]
+__all__ = ["all_to_all_rows", "dispatch_counts", "expert_parallel_moe", "ExpertParallelMoE"]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -151,3 +151,10 @@ class ExpertParallelMoE(nn.Module):
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+
+def expert_parallel_moe(x: Tensor, moe: DeepSeekMoE, rank: int, world_size: int) -> Tensor:
+    """``moe(x)`` for this rank's tokens ``x`` ``(…, D)``, running only this rank's experts
+    (``rank·E/p … (rank+1)·E/p − 1``) here and the others on their ranks (:class:`ExpertParallelMoE`).
+    Every rank calls it with its own tokens and the same ``moe`` (only its own experts' weights are read)."""
+    return ExpertParallelMoE.from_moe(moe, rank, world_size)(x)

@@ -313,6 +313,9 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                     for other in fds.values():
                         os.close(other)
                     _set_parent_death_signal()
+                    import faulthandler
+
+                    faulthandler.disable()    # a rank that aborts is reported as killed by SIGABRT, not with a dump
 
                     def send(blob, w=w):
                         view = memoryview(blob)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["copy_to_tensor_parallel", "reduce_from_tensor_parallel", "ColumnParallelLinear", "RowParallelLinear",
+__all__ = ["row_parallel_linear", "copy_to_tensor_parallel", "reduce_from_tensor_parallel", "ColumnParallelLinear", "RowParallelLinear",
            "TensorParallelSwiGLU"]
 
 
@@ -156,6 +156,24 @@ class RowParallelLinear(nn.Module):
     def forward(self, x_local: Tensor) -> Tensor:
         y = reduce_from_tensor_parallel(F.linear(x_local, self.weight))
         return y + self.bias if self.bias is not None else y
+
+
+def row_parallel_linear(x: Tensor, linear: nn.Linear, rank: int, world_size: int) -> Tensor:
+    """``linear(x)`` computed row-parallel: rank ``r`` multiplies its input slice ``x[..., r·in/p : (r+1)·in/p]`` by
+    the matching weight columns, one all-reduce sums the partial outputs, and the bias is added once, after it.
+
+    Args:
+        x: ``(…, in)`` (the same on every rank); linear: the full layer (the same on every rank).
+
+    Returns:
+        ``(…, out)`` on every rank, equal to ``linear(x)`` up to float rounding.
+
+    Raises:
+        ValueError: ``in_features`` not divisible by ``world_size``.
+    """
+    layer = RowParallelLinear.from_linear(linear, rank, world_size)
+    cols = slice(rank * layer.local_in, (rank + 1) * layer.local_in)
+    return layer(x[..., cols])
 
 
 class TensorParallelSwiGLU(nn.Module):

@@ -93,6 +93,10 @@ class ZeRO1AdamW:
         """Bytes of optimizer state held by this rank (the two moment shards)."""
         return (self.exp_avg.numel() + self.exp_avg_sq.numel()) * 4
 
+    def state_numel(self) -> int:
+        """Elements of optimizer state held by this rank: ``2·ceil(Ψ/p)`` (plain AdamW keeps ``2Ψ``)."""
+        return self.exp_avg.numel() + self.exp_avg_sq.numel()
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             if set_to_none:
