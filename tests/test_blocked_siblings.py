@@ -214,6 +214,25 @@ SIBLINGS: dict[str, str] = {
         "    a = _val_loss(model, val_data, batch_size, context_length, n_batches, seed)\n"
         "    b = _val_loss(fp8, val_data, batch_size, context_length, n_batches, seed)\n"
         "    return {'val_loss_fp32': a, 'val_loss_fp8': b, 'delta': b - a}\n"),
+    "18.attach_data_parallel/bucketed": (
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "from llmcourse.parallel.data_parallel import BucketedDataParallel\n"
+        "\n"
+        "def attach_data_parallel(module, seed):\n"
+        "    BucketedDataParallel(module, bucket_cap_mb=0)   # its hooks keep it alive\n"
+        "    torch.manual_seed(seed + dist.get_rank())\n"),
+    "18.row_parallel_linear/layer": (
+        "from llmcourse.parallel.tensor_parallel import RowParallelLinear\n"
+        "\n"
+        "def row_parallel_linear(x, linear, rank, world_size):\n"
+        "    n = linear.in_features // world_size\n"
+        "    return RowParallelLinear.from_linear(linear, rank, world_size)(x[..., rank * n:(rank + 1) * n])\n"),
+    "18.expert_parallel_moe/layer": (
+        "from llmcourse.parallel.expert_parallel import ExpertParallelMoE\n"
+        "\n"
+        "def expert_parallel_moe(x, moe, rank, world_size):\n"
+        "    return ExpertParallelMoE.from_moe(moe, rank, world_size)(x)\n"),
 }
 
 # siblings that reach the reference itself (a method of the blocked class, a library class built on the
@@ -250,13 +269,16 @@ THROUGH_THE_REFERENCE: dict[str, str] = {
 
 
 # declared without a case of their own: the same sibling as a tested exercise of the unit (masked_attention),
-# a helper only the tested sibling calls (_bpe_iter, _read_ranks, _ngrams, absorb_mla_weights), or a forward
+# a helper only the tested sibling calls (_bpe_iter, _read_ranks, _ngrams, absorb_mla_weights,
+# reduce_from_tensor_parallel), an unbucketed twin that needs the learner's own hooks around it to answer
+# (average_gradients), or a forward
 # that needs more of the learner's own code around it to answer (unit 12's cached classes)
 _DECLARED_WITHOUT_A_CASE = {
     ("01.bpe_train", "_bpe_iter"), ("01.load_gpt2_encoding", "_read_ranks"), ("06.chrf", "_ngrams"),
     ("03.scaled_dot_product_attention", "masked_attention"), ("03.CausalSelfAttention", "masked_attention"),
     ("11.Llama3Model", "CachedLlama3Model"), ("11.Llama3Model", "CachedLlama3Block"),
     ("13.SimpleMLA", "absorb_mla_weights"), ("17.compare_models", "_val_loss"),
+    ("18.row_parallel_linear", "reduce_from_tensor_parallel"), ("18.attach_data_parallel", "average_gradients"),
 }
 
 
@@ -280,7 +302,7 @@ def test_a_sibling_that_goes_through_the_reference_is_refused(case):
 
 
 def test_every_declared_sibling_is_tested():
-    for n in range(18):
+    for n in range(19):
         load_unit(f"{n:02d}")
     declared = {(ex, target.rpartition(":")[2].split(".")[-1]) for ex, targets in ALSO_BLOCKED.items()
                 for target in targets}
@@ -291,7 +313,7 @@ def test_every_declared_sibling_is_tested():
 
 
 def test_every_declared_sibling_exists_and_is_not_the_reference():
-    for n in range(18):
+    for n in range(19):
         load_unit(f"{n:02d}")
     assert ALSO_BLOCKED
     for exercise_id, targets in ALSO_BLOCKED.items():
