@@ -135,6 +135,18 @@ def test_launch_kills_ranks_at_the_deadline_and_names_the_pending_collective():
     assert results[0].pending is None
 
 
+def _one_returns_one_sleeps(rank, world_size):
+    if rank == 1:
+        time.sleep(60)
+    return rank + 100
+
+
+def test_a_rank_that_finished_keeps_its_value_when_a_peer_hangs():
+    results = launch(_one_returns_one_sleeps, 2, timeout_s=3.0)
+    assert (results[0].ok, results[0].value) == (True, 100)
+    assert results[1].error == "timed out after 3 s" and results[1].pending is None
+
+
 def test_launch_spawn_runs_a_module_level_function():
     results = launch(_values, 2, 1.0, timeout_s=120.0, start_method="spawn")
     assert [r.error for r in results] == [None, None]

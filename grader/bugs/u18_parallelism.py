@@ -95,7 +95,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
         import torch.distributed as dist
 
         grad_shard = torch.empty(self.stop - self.start, dtype=torch.float32)
-        dist.reduce_scatter_tensor(grad_shard, self._flat([q.grad for q in self.params]))
+        dist.reduce_scatter_single(grad_shard, self._flat([q.grad for q in self.params]))
         param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
         self.step_count += 1
         beta1, beta2 = self.betas
@@ -105,7 +105,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.step_count)).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1 ** self.step_count))
         full = torch.empty(self.world_size * param_shard.numel())
-        dist.all_gather_into_tensor(full, param_shard)
+        dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:
             q.copy_(full[offset:offset + q.numel()].view_as(q))

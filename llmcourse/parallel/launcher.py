@@ -42,8 +42,8 @@ from typing import Any
 __all__ = ["COLLECTIVES", "RankFailure", "RankResult", "launch", "run_ranks", "free_port", "run_torchrun_entry"]
 
 #: the ``torch.distributed`` functions whose calls each rank records (name, tensor shapes), in call order
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-               "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "barrier",
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_single", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_single", "reduce_scatter_tensor", "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "barrier",
                "send", "recv", "batch_isend_irecv")   # not isend/irecv: dist.P2POp checks their identity
 
 _BOARD_SLOT = 240   # bytes per rank of the shared "pending collective" board
@@ -166,24 +166,27 @@ def _board_read(board, rank: int) -> str | None:
 
 def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: str, port: int, backend: str,
                timeout_s: float, threads: int, board, send: Callable[[bytes], None]) -> None:
-    """Body of one rank: join the group, run ``fn``, send back a pickled :class:`RankResult` (never raises)."""
+    """Body of one rank: join the group, run ``fn``, send back a pickled :class:`RankResult` (never raises).
+
+    The result is sent as soon as ``fn`` returns; then the rank waits for its peers in a barrier before it leaves
+    the group (a rank that left early would break a peer still joining or in a collective with it)."""
     result = RankResult(rank)
     buffer = io.StringIO()
+    joined = finished = False
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(max(1, threads))
+        barrier = dist.barrier                    # the launcher's own barrier is not one of fn's calls
         _install_recorder(result.calls, board, rank)
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
-            try:
-                result.value = fn(rank, world_size, *args, **kwargs)
-            finally:
-                with contextlib.suppress(Exception):
-                    dist.destroy_process_group()
+            joined = True
+            result.value = fn(rank, world_size, *args, **kwargs)
+            finished = True
     except BaseException as exc:  # noqa: BLE001 - reported to the caller with the rank
         text = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ""
         result.error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -197,6 +200,11 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         result.value, result.error = None, f"the return value could not be sent back ({type(exc).__name__}: {exc})"
         blob = pickle.dumps(result)
     send(blob)
+    if joined:
+        with contextlib.suppress(Exception):
+            if finished:
+                barrier()
+            dist.destroy_process_group()
 
 
 def _set_parent_death_signal() -> None:
@@ -318,7 +326,7 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                     faulthandler.disable()    # a rank that aborts is reported as killed by SIGABRT, not with a dump
 
                     def send(blob, w=w):
-                        view = memoryview(blob)
+                        view = memoryview(len(blob).to_bytes(8, "little") + blob)     # length-prefixed
                         while view:
                             n = os.write(w, view)
                             view = view[n:]
@@ -331,7 +339,7 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                     os._exit(code)
             os.close(w)
             pids[rank], fds[rank] = pid, r
-        chunks: dict[int, list[bytes]] = {rank: [] for rank in fds}
+        chunks: dict[int, bytearray] = {rank: bytearray() for rank in fds}
         open_fds = dict(fds)
         while open_fds:
             remaining = deadline - time.monotonic()
@@ -341,19 +349,20 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
             for rank, fd in list(open_fds.items()):
                 if fd in ready:
                     data = os.read(fd, 1 << 20)
-                    if data:
-                        chunks[rank].append(data)
-                    else:
+                    chunks[rank] += data
+                    buf = chunks[rank]
+                    # done at end of file, or once the whole result arrived (the rank may still be waiting
+                    # for its peers in the closing barrier: it is ended below)
+                    if not data or (len(buf) >= 8 and len(buf) >= 8 + int.from_bytes(buf[:8], "little")):
                         del open_fds[rank]
         timed_out = set(open_fds)
-        exitcodes = {}
-        for rank, pid in pids.items():
-            if rank in timed_out:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            exitcodes[rank] = _reap(pid, 2.0)
-        return _finish({r: b"".join(c) for r, c in chunks.items()}, world_size, board, exitcodes, timed_out,
-                       timeout_s)
+        for rank in timed_out:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[rank], signal.SIGKILL)
+        exitcodes = {rank: _reap(pid, 2.0) for rank, pid in pids.items()}
+        blobs = {r: bytes(c[8:8 + int.from_bytes(c[:8], "little")]) for r, c in chunks.items()
+                 if len(c) >= 8 and len(c) >= 8 + int.from_bytes(c[:8], "little")}
+        return _finish(blobs, world_size, board, exitcodes, timed_out, timeout_s)
     finally:
         for pid in pids.values():        # never leave a rank behind (e.g. KeyboardInterrupt while waiting)
             with contextlib.suppress(ProcessLookupError, ChildProcessError):

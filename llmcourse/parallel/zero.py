@@ -6,10 +6,10 @@ plain data parallelism keeps a full copy of the optimizer state on every rank; Z
 
 1. the parameters (and their **local**, un-averaged gradients) are viewed as one flat vector of ``Ψ`` elements,
    zero-padded to a multiple of ``p``; rank ``r`` owns elements ``r·Ψ/p … (r+1)·Ψ/p − 1``;
-2. ``reduce_scatter_tensor`` sums the flat gradients over ranks and hands rank ``r`` its shard, divided by ``p``
+2. ``reduce_scatter_single`` sums the flat gradients over ranks and hands rank ``r`` its shard, divided by ``p``
    (the same mean an all-reduce would give, for half the traffic: ``(p−1)/p·Ψ`` per rank);
 3. rank ``r`` applies AdamW (``torch.optim.AdamW``'s update, decoupled weight decay) to its shard only;
-4. ``all_gather_into_tensor`` reassembles the updated parameters on every rank (another ``(p−1)/p·Ψ``).
+4. ``all_gather_single`` reassembles the updated parameters on every rank (another ``(p−1)/p·Ψ``).
 
 Total traffic = one all-reduce's ``2(p−1)/p·Ψ``; optimizer memory per rank drops from ``KΨ`` to ``KΨ/p``
 (:func:`zero_memory_per_rank`).
@@ -121,7 +121,7 @@ class ZeRO1AdamW:
 
         p = self.world_size
         grad_shard = torch.empty(self.stop - self.start, dtype=torch.float32)
-        dist.reduce_scatter_tensor(grad_shard, self._flat([q.grad for q in self.params]), op=dist.ReduceOp.SUM)
+        dist.reduce_scatter_single(grad_shard, self._flat([q.grad for q in self.params]), op=dist.ReduceOp.SUM)
         grad_shard.div_(p)
         param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
         self.step_count += 1
@@ -135,7 +135,7 @@ class ZeRO1AdamW:
         denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
         full = torch.empty(p * param_shard.numel(), dtype=torch.float32)
-        dist.all_gather_into_tensor(full, param_shard)
+        dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:
             n = q.numel()

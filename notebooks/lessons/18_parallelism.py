@@ -1,8 +1,8 @@
 # %% [markdown]
 # # Unit 18 — Beyond one machine: data, tensor and expert parallelism
 #
-# DeepSeek-V3 was trained on thousands of GPUs, and half of its technical report is about how the work was split
-# between them. Every model of this course so far ran in one process. This lesson runs the same kind of models in
+# DeepSeek-V3 was trained on thousands of GPUs, and a large part of its technical report is about how the work was
+# split between them. Every model of this course so far ran in one process. This lesson runs the same kind of models in
 # **several processes that talk to each other** with PyTorch's own distributed engine, `torch.distributed`: not a
 # simulation, real process groups started on this CPU with the `gloo` backend and messages over the loopback
 # network (127.0.0.1). The same code runs on GPUs across machines with `torchrun` and the `nccl` backend.
@@ -62,7 +62,7 @@ cfg
 # `fn(rank, world_size)` in every one of them, and brings back each rank's return value, what it printed, and the
 # collectives it called. It never hangs: a rank still running at the timeout is killed and reported.
 #
-# A **collective** is a call that every rank of the group makes together. Here are the five that parallel
+# A **collective** is a call that every rank of the group makes together. Here are the ones that parallel
 # training is built from, each rank starting with its own small tensor:
 
 # %%
@@ -73,10 +73,10 @@ def collectives_demo(rank, world_size):
     dist.all_reduce(t)                                         # every rank: the element-wise sum
     print(f"all_reduce     {t.tolist()}")
     gathered = torch.empty(4 * world_size)
-    dist.all_gather_into_tensor(gathered, mine)                # every rank: all tensors, in rank order
+    dist.all_gather_single(gathered, mine)                # every rank: all tensors, in rank order
     print(f"all_gather     {gathered.tolist()}")
     share = torch.empty(4 // world_size)
-    dist.reduce_scatter_tensor(share, mine.clone())            # rank r: the sum of everyone's r-th slice
+    dist.reduce_scatter_single(share, mine.clone())            # rank r: the sum of everyone's r-th slice
     print(f"reduce_scatter {share.tolist()}")
     b = mine.clone()
     dist.broadcast(b, src=0)                                   # every rank: rank 0's tensor
@@ -152,8 +152,8 @@ for name in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
 #
 # Now measure it. Each rank all-reduces a tensor of growing size; the time of the fastest of a few calls gives the
 # **bus bandwidth**, the bytes each rank sent (`2(p−1)/p · n`) per second. Over loopback the "network" is memory
-# copies through the kernel, so these numbers say more about this CPU than about a cluster (NVLink moves hundreds
-# of GB/s, InfiniBand tens).
+# copies through the kernel, so these numbers say more about this CPU than about a cluster, whose NVLink and
+# InfiniBand links are built for far higher rates.
 
 # %% tags=["nbval-ignore-output"]
 def bandwidth(rank, world_size, numels, repeats):
@@ -359,14 +359,19 @@ print(f"Ψ = {psi:,} parameters, p = {P}: model states per rank by the ZeRO form
 assert all((r.value[0] - ref_flat).abs().max() < 1e-5 for r in zero)
 
 # %% [markdown]
-# At scale the saving is what makes training fit. The ZeRO paper's example, mixed-precision Adam (2 bytes of weights
-# and 2 of gradients per parameter, `K = 12` bytes of fp32 master weights and moments) for a 7.5-billion-parameter
-# model on 64 GPUs:
+# At scale the saving is what makes training fit. The ZeRO paper's own example uses mixed-precision Adam: 16-bit
+# weights and gradients, plus fp32 master weights and both moments (`K` bytes per parameter); the cell prints its
+# model size, GPU count and the memory per GPU of each stage:
 
 # %%
+zero_example = {"parameters": 7.5e9, "gpus": 64, "K": 12}          # the ZeRO paper's worked example
+print(f"{zero_example['parameters'] / 1e9:g} billion parameters on {zero_example['gpus']} GPUs, 2 + 2 + K = "
+      f"{4 + zero_example['K']} bytes of model state per parameter:")
 for stage, what in enumerate(["plain data parallel", "ZeRO-1: optimizer state", "ZeRO-2: + gradients",
                               "ZeRO-3: + parameters"]):
-    print(f"stage {stage} ({what:24s}): {zero_memory_per_rank(7.5e9, 64, stage) / 1e9:6.1f} GB per GPU")
+    gb = zero_memory_per_rank(zero_example["parameters"], zero_example["gpus"], stage,
+                              optimizer_bytes=zero_example["K"]) / 1e9
+    print(f"stage {stage} ({what:24s}): {gb:6.1f} GB per GPU")
 
 # %% [markdown]
 # ## 4. Tensor parallelism (Megatron)
@@ -521,8 +526,9 @@ print(f"report: {report['pp_stages']}-way pipeline, {report['ep_ways']}-way expe
 # %% [markdown]
 # **Why no tensor parallelism?** Tensor parallelism pays an all-reduce of the full activation after every
 # attention and every MLP, forward and backward, on the critical path. The report instead saves memory elsewhere
-# (recomputing cheap pieces, keeping some state in CPU memory, sharing embedding and head between pipeline stages)
-# so that each GPU can hold its share without splitting matrices. Compare the bytes per token and layer that must
+# (recomputing cheap pieces such as normalisations, keeping the weights' moving average in CPU memory, placing the
+# embedding and the output head on the same pipeline rank so that the multi-token prediction module shares them
+# physically) so that each GPU can hold its share without splitting matrices. Compare the bytes per token and layer that must
 # move, for DeepSeek-V3's hidden size:
 
 # %%
@@ -549,7 +555,7 @@ print(f"expert parallel dispatch + combine per token and MoE layer: ≤ {V3['M']
 #
 # **An all-gather from scratch.** Write `ring_all_gather(shard)` with `dist.isend`/`dist.irecv` only: every rank
 # passes the shard it received last step to its right neighbour, `p − 1` times, and returns the concatenation of
-# all ranks' shards in rank order (what `dist.all_gather_into_tensor` returns).
+# all ranks' shards in rank order (what `dist.all_gather_single` returns).
 
 # %%
 def ring_all_gather(shard):

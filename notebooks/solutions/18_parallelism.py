@@ -212,7 +212,7 @@ class ShardedAdamW:
             return out
 
         g = torch.empty(self.size)
-        dist.reduce_scatter_tensor(g, flat([q.grad if q.grad is not None else torch.zeros_like(q)
+        dist.reduce_scatter_single(g, flat([q.grad if q.grad is not None else torch.zeros_like(q)
                                             for q in self.params]))
         g /= self.p
         lo = self.r * self.size
@@ -225,7 +225,7 @@ class ShardedAdamW:
         m_hat, v_hat = self.m / (1 - b1 ** self.t), self.v / (1 - b2 ** self.t)
         theta -= self.lr * m_hat / (v_hat.sqrt() + self.eps)
         full = torch.empty(self.size * self.p)
-        dist.all_gather_into_tensor(full, theta.contiguous())
+        dist.all_gather_single(full, theta.contiguous())
         offset = 0
         for q in self.params:
             q.copy_(full[offset:offset + q.numel()].view_as(q))
