@@ -148,6 +148,6 @@ def test_ranks_run_inside_the_isolated_worker():
 def test_a_hanging_rank_is_reported_with_its_rank_and_call():
     start = time.monotonic()
     v = run_check("18.row_parallel_linear", [ROW_HANGS])
-    assert time.monotonic() - start < 25
+    assert time.monotonic() - start < 29
     assert v.status == "failed"
     assert "rank 0 did not finish" in v.message and "all_reduce(float32 (2, 3, 5))" in v.message, v.message

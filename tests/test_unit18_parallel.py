@@ -385,3 +385,14 @@ def test_node_limited_routing_bounds_the_ranks_a_token_reaches():
     with torch.no_grad():
         _, _, idx = free.gate(X_EP.reshape(-1, 8))
     assert int(dispatch_counts(idx, 4, 2)["ranks_per_token"].max()) == 2
+
+
+def test_run_torchrun_entry_reads_the_environment_torchrun_sets(monkeypatch):
+    from llmcourse.parallel import free_port, run_torchrun_entry
+
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    out = run_torchrun_entry(lambda rank, world_size: (rank, world_size, dist.is_initialized()), backend="gloo")
+    assert out == (0, 1, True)
+    assert not dist.is_initialized()
