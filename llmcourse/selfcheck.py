@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -176,7 +177,7 @@ def render_text(report: dict) -> str:
         if v["message"]:
             lines += ["  " + line for line in v["message"].splitlines()]
         if v["bug_id"]:
-            lines.append(f"  Diagnosis: {v['bug_id']}: {v['hint']}")
+            lines.append(f"  Diagnosis: {bug_name(v['bug_id'])}: {v['hint']}")
         out += ["\n".join(lines), ""]
     c = report["counts"]
     out.append(f"{c['passed']} passed, {c['failed']} failed, {c['not_attempted']} not attempted "
@@ -196,6 +197,17 @@ _STATUS_STYLE = {"passed": ("#1a7f37", "#e6f4ea", "passed"), "failed": ("#b3261e
                  "not_attempted": ("#5f6368", "#f1f3f4", "not attempted")}
 
 
+def bug_name(bug_id: str) -> str:
+    """A catalogued mistake's name as learners read it: the id without its unit prefix
+    (``B03.no_scale`` -> ``no_scale``; same as ``grader.core.bug_name``, which the kernel does not import)."""
+    return bug_id.split(".", 1)[1] if "." in bug_id else bug_id
+
+
+def _inline(text: str) -> str:
+    """``text`` escaped for HTML, with `backticked` spans shown as inline code."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def render_html(report: dict, unsaved: list[str] | None = None, seconds: float = 0.0) -> str:
     """The verdicts as an HTML table (every text escaped; nothing but the verdicts is shown)."""
     e = html.escape
@@ -210,7 +222,7 @@ def render_html(report: dict, unsaved: list[str] | None = None, seconds: float =
                  f'as saved{f" (checked in {seconds:.0f} s)" if seconds else ""}</p>')
     if report["problems"]:
         parts.append("<p>Problems while loading your notebook (only imports, functions and classes are loaded):</p><ul>")
-        parts += [f"<li>{e(p)}</li>" for p in report["problems"]]
+        parts += [f"<li>{_inline(p)}</li>" for p in report["problems"]]
         parts.append("</ul>")
     cell = 'style="text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #ddd"'
     parts.append('<table class="llmcourse-check-table" style="border-collapse:collapse">'
@@ -220,10 +232,10 @@ def render_html(report: dict, unsaved: list[str] | None = None, seconds: float =
         color, bg, label = _STATUS_STYLE.get(v["status"], _STATUS_STYLE["failed"])
         feedback = []
         if v["message"]:
-            feedback.append(f'<div class="llmcourse-check-message" style="white-space:pre-wrap">{e(v["message"])}</div>')
+            feedback.append(f'<div class="llmcourse-check-message" style="white-space:pre-wrap">{_inline(v["message"])}</div>')
         if v["bug_id"]:
-            feedback.append(f'<div class="llmcourse-check-bug"><b>Known mistake: <code>{e(v["bug_id"])}</code></b>'
-                            f'{" — " + e(v["hint"]) if v["hint"] else ""}</div>')
+            feedback.append(f'<div class="llmcourse-check-bug"><b>Known mistake: <code>{e(bug_name(v["bug_id"]))}</code></b>'
+                            f'{" — " + _inline(v["hint"]) if v["hint"] else ""}</div>')
         parts.append(f'<tr class="llmcourse-check-row" data-exercise="{e(v["exercise_id"])}" data-status="{e(v["status"])}">'
                      f"<td {cell}><code>{e(v['exercise_id'])}</code></td>"
                      f'<td {cell}><span style="color:{color};background:{bg};padding:1px 6px;border-radius:3px">'

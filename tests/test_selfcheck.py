@@ -72,7 +72,8 @@ def test_in_notebook_check_reports_what_course_check_reports(half_done):
     page = result._repr_html_()
     assert page.count('data-status="passed"') == 1 and page.count('data-status="failed"') == 1
     assert page.count('data-status="not_attempted"') == 3
-    assert "B03.softmax_dim" in page and "3/20" in page and "Unsaved changes" not in page
+    assert "<code>softmax_dim</code>" in page and "3/20" in page and "Unsaved changes" not in page
+    assert "B03." not in page and "B03." not in result.text()  # the mistake's name, never its internal id
     # never the hidden checks' source or the reference code
     for secret in ("grader.checks", "def check", "t.compare", "### BEGIN HIDDEN TESTS", "amax(dim=dim"):
         assert secret not in page and secret not in result.text(), secret
