@@ -389,7 +389,7 @@ assert self_check_head_scores() and head_scores(q4, k4).shape == (2, 2, 5, 5)
 # number says which head (hundreds) and token (tens) it came from.
 
 # %%
-ctx = viz.f044_context()            # (B=1, H=2, T=3, hd=3)
+ctx = viz.tagged_head_context()            # (B=1, H=2, T=3, hd=3)
 good = ctx.transpose(1, 2).contiguous().view(1, 3, 6)
 bad = ctx.reshape(1, 3, 6)          # the bug: merge without transposing back
 print("correct merge:\n", good[0].int())

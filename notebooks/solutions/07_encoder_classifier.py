@@ -113,12 +113,12 @@ def encode_batch(texts, enc, vocab, max_len):
 ### BEGIN HIDDEN TESTS
 from grader import grade; grade("07.encode_batch")  # noqa: E702
 ### END HIDDEN TESTS
-f071_vocab = {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}
-ids, mask = encode_batch(["Great phone!", "Not bad at all, great value."], enc, f071_vocab, max_len=8)
+example_vocab = {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}
+ids, mask = encode_batch(["Great phone!", "Not bad at all, great value."], enc, example_vocab, max_len=8)
 assert ids.shape == (2, 8) and ids.dtype == torch.long, f"ids: expected (2, 8) long, got {tuple(ids.shape)} {ids.dtype}"
 assert ids.tolist() == [[1, 8, 6, 4, 2, 0, 0, 0], [1, 3, 3, 3, 3, 3, 3, 2]], f"ids of the example: got {ids.tolist()}"
 assert mask.dtype == torch.bool and mask.sum(1).tolist() == [5, 8], f"mask: True for real tokens, got {mask}"
-short, _ = encode_batch(["a very long sentence indeed, much longer than four"], enc, f071_vocab, max_len=4)
+short, _ = encode_batch(["a very long sentence indeed, much longer than four"], enc, example_vocab, max_len=4)
 assert short[0, -1] == 2, f"[SEP] must survive truncation; got {short.tolist()}"
 print("visible tests passed")
 
