@@ -196,9 +196,10 @@ print("visible tests passed")
 # return a causal `MultiHeadAttention` that gives the same output:
 # - `num_heads = len(wrapper.heads)`, `d_out = num_heads · head_dim`, the same `d_in`, dropout
 #   probability (`heads[0].dropout.p`), `context_length` (`heads[0].context_length`) and `qkv_bias`;
-# - `W_query.weight = cat([heads[h].W_query.weight for h in heads], dim=0)`: the rows of head `h` are
-#   rows `h·head_dim … (h+1)·head_dim − 1` (same for `W_key`, `W_value`, and their biases if any);
-# - `out_proj.weight = I`, `out_proj.bias = 0` (the wrapper has no output projection).
+# - after the split into heads, head `h` of the returned module must compute exactly what
+#   `wrapper.heads[h]` computes, for the query, key and value projections and their biases if any:
+#   which rows of `W_query.weight` (shape `(d_out, d_in)`) does head `h` read? (the lesson's section 6);
+# - the output projection must pass the concatenated heads through unchanged (the wrapper has none).
 #
 # Copy values inside `with torch.no_grad():` using `param.copy_(...)`.
 # It builds **your** `MultiHeadAttention` from exercise 2, so finish that one first.

@@ -93,7 +93,7 @@ print("visible tests passed")
 
 # %% tags=["solution:07.encode_batch"]
 def encode_batch(texts, enc, vocab, max_len):
-    """(ids (B, L) long, attention_mask (B, L) bool): [CLS] content[:max_len-2] [SEP] [PAD]…"""
+    """(ids (B, L) long, attention_mask (B, L) bool): rows [CLS] content [SEP] [PAD]…, at most max_len ids each."""
     ### BEGIN SOLUTION
     rows = []
     for text in texts:
@@ -136,8 +136,11 @@ print("visible tests passed")
 #   `self.pos = nn.Embedding(max_len, d_model)`, `self.seg = nn.Embedding(type_vocab_size, d_model)`,
 #   `self.norm = LayerNorm(d_model)` (imported above; `nn.LayerNorm` has the same keys),
 #   `self.dropout = nn.Dropout(dropout)`.
-# - Positions are `0, 1, …, L−1` (`torch.arange(L)`); `segment_ids=None` means segment 0 everywhere.
-# - Return `dropout(norm(tok(ids) + pos(positions) + seg(segment_ids)))`.
+# - Positions are `0, 1, …, L−1`; `segment_ids=None` means segment 0 everywhere.
+# - The output is BERT's input embedding of the lesson's section 5, built from these five modules: in
+#   eval mode each output vector is normalised over its features, and the check compares it with its own
+#   computation after loading the same `state_dict` into your module; in train mode dropout acts on that
+#   normalised output (with `dropout=0.5` the survivors are exactly twice the eval output).
 
 # %% tags=["solution:07.BertEmbeddings"]
 class BertEmbeddings(nn.Module):
