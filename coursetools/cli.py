@@ -180,6 +180,7 @@ def progress_report(folder: Path, course=None) -> dict:
     (one forkserver for all of them)."""
     from collections import Counter
 
+    from grader.core import bug_name
     from grader.runner import check_notebook
 
     course = course or _course()
@@ -206,7 +207,7 @@ def progress_report(folder: Path, course=None) -> dict:
         rep = check_report(unit, verdicts, str(path))
         row.update(earned=rep["earned"], available=rep["total"], passed=rep["counts"]["passed"],
                    failed=rep["counts"]["failed"], not_attempted=rep["counts"]["not_attempted"])
-        bugs = Counter(v.bug_id for v in verdicts if v.bug_id)
+        bugs = Counter(bug_name(v.bug_id) for v in verdicts if v.bug_id)  # the mistake's name, never its id
         if bugs:
             row["common_bug"], row["common_bug_count"] = bugs.most_common(1)[0]
         rows.append(row)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import linecache
-import re
 from dataclasses import dataclass, field
 
 from .cellnames import CELL_PREFIX, cell_filename, cell_label, labels

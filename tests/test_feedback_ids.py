@@ -40,10 +40,8 @@ KNOWN_ELSEWHERE: dict[str, set[str]] = {
 
 
 def _report(unit, verdicts, notebook: str) -> dict:
-    try:
-        from coursetools.cli import check_report
-    except ImportError:  # before the tooling moved out of llmcourse/
-        from llmcourse.cli import check_report
+    from coursetools.checking import check_report
+
     return check_report(unit, verdicts, notebook)
 
 
