@@ -130,6 +130,16 @@ def unsaved_cells(path: Path, runs: list[tuple[float, str]] | None = None) -> li
     return list(dict.fromkeys(s for s in late if s not in saved))
 
 
+def unsaved_for(path: Path) -> list[str]:
+    """:func:`unsaved_cells` when ``path`` is the notebook this kernel runs (or the kernel does not know its
+    notebook); ``[]`` when the kernel runs another notebook: the cells it ran are not cells of ``path``, so
+    they say nothing about whether ``path`` was saved."""
+    own = this_notebook()
+    if own is not None and own.resolve() != Path(path).resolve():
+        return []
+    return unsaved_cells(Path(path))
+
+
 # ------------------------------------------------------------------------------------------ the result
 
 
@@ -267,7 +277,7 @@ def check_result(notebook: str | os.PathLike | None = None, timeout: float = TIM
     if not path.is_file():
         raise FileNotFoundError(f"no such notebook: {path}")
     path = path.resolve()
-    unsaved = unsaved_cells(path)
+    unsaved = unsaved_for(path)
     env = dict(os.environ)
     env.pop(DEFER_ENV, None)
     env.setdefault("PYTHONUNBUFFERED", "1")

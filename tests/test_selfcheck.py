@@ -99,6 +99,21 @@ def test_progress_table_over_a_folder(half_done, tmp_path):
     assert course("progress", str(tmp_path / "missing")).returncode == 2
 
 
+def test_no_unsaved_warning_when_the_kernel_runs_another_notebook(tmp_path, monkeypatch):
+    """llmcourse.check("exercises/…") from another notebook: that kernel's cells are not the checked file's."""
+    checked, other = tmp_path / "07_encoder_classifier.ipynb", tmp_path / "scratch.ipynb"
+    for p in (checked, other):
+        nbformat.write(nbformat.v4.new_notebook(), str(p))
+    later = checked.stat().st_mtime + 10
+    monkeypatch.setattr(selfcheck, "_RUNS", [(later, "def mine():\n    return 1"), (later + 1, "llmcourse.check(...)")])
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: other.resolve())
+    assert selfcheck.unsaved_for(checked) == []
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: checked.resolve())  # its own notebook: warned
+    assert selfcheck.unsaved_for(checked) == ["def mine():\n    return 1"]
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: None)  # unknown: as before, warned
+    assert selfcheck.unsaved_for(checked) == ["def mine():\n    return 1"]
+
+
 def test_unsaved_cells_are_the_ones_run_after_the_save_and_missing_from_the_file(tmp_path):
     path = tmp_path / "03_self_attention.ipynb"
     nb = nbformat.v4.new_notebook()
