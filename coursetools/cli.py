@@ -327,6 +327,15 @@ def _skip_slow_iri_validator() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # None in sys.modules: `import rfc3987_syntax` raises ImportError
 
 
+def cmd_lab(args) -> int:
+    """JupyterLab with the course's settings: for a conda environment, where `make lab` is not used."""
+    import subprocess
+
+    from .labconfig import lab_command
+
+    return subprocess.call(lab_command(args.instructor))
+
+
 def main(argv: list[str] | None = None) -> int:
     _skip_slow_iri_validator()
     parser = argparse.ArgumentParser(prog="course", description="LLMs from scratch: course tools")
@@ -334,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="check the installation, kernel, data and tokenizer").set_defaults(func=cmd_doctor)
     sub.add_parser("list", help="units and exercises").set_defaults(func=cmd_list)
     sub.add_parser("map", help="the course map as Markdown").set_defaults(func=cmd_map)
+    p = sub.add_parser("lab", help="start JupyterLab as `make lab` does (student tools; `course` in its terminal)")
+    p.add_argument("--instructor", action="store_true", help="with nbgrader's instructor tools")
+    p.set_defaults(func=cmd_lab)
     p = sub.add_parser("check", help="self-check an exercise notebook")
     p.add_argument("notebook", nargs="?", default=None)
     p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")

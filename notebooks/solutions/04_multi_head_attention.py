@@ -351,6 +351,6 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/04_multi_head_attention/04_multi_head_attention.ipynb`
-# in a terminal for the full report. From unit 05 on, the course imports the finished
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# From unit 05 on, the course imports the finished
 # `MultiHeadAttention` from `llmcourse.nn`: it is the attention inside every block we build next.

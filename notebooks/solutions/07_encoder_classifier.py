@@ -364,5 +364,4 @@ print("batch", tuple(ids.shape), "->", evaluate(model, [(ids, mask, torch.tensor
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/07_encoder_classifier/07_encoder_classifier.ipynb`
-# in a terminal for the full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
