@@ -3,7 +3,7 @@
 ``make lab`` passes it on the command line (``--LabApp.app_settings_dir=lab-config/student`` and
 ``--config=lab-config/jupyter_server_config.py``), and so does ``course lab`` (for a conda environment).
 A plain ``jupyter lab`` (Binder, or a conda user who types it) reads only the Jupyter config path, so
-``python -m coursetools.labconfig --sys-prefix`` (Binder's ``binder/postBuild``) installs the same settings
+``python -m coursetools.labconfig --sys-prefix`` (Binder's ``postBuild``) installs the same settings
 under the environment's prefix:
 
 * ``etc/jupyter/labconfig/page_config.json``: the disabled nbgrader instructor plugins of

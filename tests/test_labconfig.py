@@ -69,4 +69,4 @@ def test_make_lab_course_lab_and_binder_use_the_same_settings():
     cmd = labconfig.lab_command()
     assert f"--config={labconfig.SERVER_CONFIG}" in cmd and f"--LabApp.app_settings_dir={labconfig.STUDENT_SETTINGS}" in cmd
     assert not any("app_settings_dir" in a for a in labconfig.lab_command(instructor=True))
-    assert "python -m coursetools.labconfig --sys-prefix" in (ROOT / "binder" / "postBuild").read_text()
+    assert "python -m coursetools.labconfig --sys-prefix" in (ROOT / "postBuild").read_text()
