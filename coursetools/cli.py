@@ -145,8 +145,12 @@ def cmd_map(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .checkserver import client_check, stop_servers
+    from .checkserver import client_check, client_warm, stop_servers
 
+    if args.warm and args.notebook is None:
+        pid = client_warm()
+        print(f"check server ready (pid {pid})" if pid else "no check server (switched off or could not start)")
+        return EXIT_OK
     if args.stop_server:
         n = stop_servers()
         print(f"stopped {n} check server{'s' if n != 1 else ''}")
@@ -351,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")
     p.add_argument("--stop-server", action="store_true",
                    help="stop this user's warm check servers (see LLMCOURSE_CHECK_SERVER in the README)")
+    p.add_argument("--warm", action="store_true",
+                   help="start this user's check server if needed and reset its idle timer; checks nothing")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("progress", help="points per unit over a folder of exercise notebooks")
     p.add_argument("folder", nargs="?", default=None, help="default: the course's exercises/")

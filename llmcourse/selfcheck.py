@@ -140,6 +140,61 @@ def unsaved_for(path: Path) -> list[str]:
     return unsaved_cells(Path(path))
 
 
+# ------------------------------------------------------------------------------------------ a warm first check
+
+SERVER_ENV = "LLMCOURSE_CHECK_SERVER"  # same switch as coursetools.checkserver.SERVER_ENV
+KEEP_WARM_S = 300.0  # the heartbeat: well inside the check server's 10-minute idle timeout
+_WARM_THREAD = None
+
+
+def keep_check_server_warm(notebook: str | os.PathLike | None = None, interval: float = KEEP_WARM_S) -> bool:
+    """In an exercise notebook opened in JupyterLab: start the check server now and keep it warm while this
+    kernel runs, so that neither the first check nor the first one after a long pause waits for imports.
+
+    Runs ``python -m coursetools check --warm`` (a separate process: the kernel imports neither the grader nor
+    the tooling) at once and then every ``interval`` seconds from a daemon thread; the server is the one
+    ``course check`` uses (same per-user socket, same fingerprint of the course files, same idle exit once
+    the kernel is gone). Nothing happens outside ``exercises/NN_slug/*.ipynb``, under nbval, nbgrader or
+    ``course grade`` (no notebook known to the kernel, or checks deferred), or with
+    ``LLMCOURSE_CHECK_SERVER=0``. Returns whether the heartbeat runs.
+    """
+    global _WARM_THREAD
+    if os.environ.get(SERVER_ENV, "1") == "0" or os.environ.get(DEFER_ENV) == "1":
+        return False
+    path = Path(notebook) if notebook is not None else this_notebook()
+    if path is None or path.resolve().parent.parent.name != "exercises":
+        return False
+    if _WARM_THREAD is not None and _WARM_THREAD.is_alive():
+        return True
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            try:
+                subprocess.run([sys.executable, "-m", "coursetools", "check", "--warm"], cwd=str(path.parent),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=120)
+            except Exception:  # noqa: BLE001 - best effort: a check still works cold
+                pass
+            stop.wait(interval)
+
+    _WARM_THREAD = threading.Thread(target=beat, name="llmcourse-check-server-heartbeat", daemon=True)
+    _WARM_THREAD.stop = stop
+    _WARM_THREAD.start()
+    return True
+
+
+def stop_keeping_warm() -> None:
+    """End this kernel's heartbeat (the server then exits after its idle timeout)."""
+    global _WARM_THREAD
+    if _WARM_THREAD is not None:
+        _WARM_THREAD.stop.set()
+        _WARM_THREAD.join(timeout=5)
+        _WARM_THREAD = None
+
+
 # ------------------------------------------------------------------------------------------ the result
 
 

@@ -210,3 +210,39 @@ def test_a_real_kernel_knows_its_notebook_and_what_was_run_after_the_save(tmp_pa
     text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     assert eval(text) == (str(path), str(path), ["def f():\n    return 2"])
 
+
+
+def test_an_exercise_kernel_keeps_the_check_server_warm(tmp_path, monkeypatch):
+    """setup_notebook in an exercise opened in JupyterLab starts `course check --warm` and repeats it; nothing
+    happens for lessons, under nbval/nbgrader (no notebook known), with deferred checks or the server off."""
+    exercise = tmp_path / "exercises" / "03_self_attention" / "03_self_attention.ipynb"
+    lesson = tmp_path / "lessons" / "03_self_attention.ipynb"
+    for p in (exercise, lesson):
+        p.parent.mkdir(parents=True)
+        nbformat.write(nbformat.v4.new_notebook(), str(p))
+    calls = []
+    monkeypatch.setattr(selfcheck.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw.get("cwd"))))
+    monkeypatch.setattr(selfcheck, "_WARM_THREAD", None)
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "1")
+    monkeypatch.delenv(selfcheck.DEFER_ENV, raising=False)
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: None)
+    assert not selfcheck.keep_check_server_warm()                      # nbval, nbgrader: no notebook
+    assert not selfcheck.keep_check_server_warm(lesson)                # a lesson
+    monkeypatch.setenv(selfcheck.DEFER_ENV, "1")
+    assert not selfcheck.keep_check_server_warm(exercise)              # course grade's kernels
+    monkeypatch.delenv(selfcheck.DEFER_ENV)
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "0")
+    assert not selfcheck.keep_check_server_warm(exercise)              # switched off
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "1")
+    assert not calls
+    assert selfcheck.keep_check_server_warm(exercise, interval=0.05)
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        assert len(calls) >= 3, calls                                   # at once, then every interval
+        assert calls[0] == ([sys.executable, "-m", "coursetools", "check", "--warm"], str(exercise.parent))
+        thread = selfcheck._WARM_THREAD
+        assert selfcheck.keep_check_server_warm(exercise) and selfcheck._WARM_THREAD is thread  # one per kernel
+    finally:
+        selfcheck.stop_keeping_warm()
