@@ -179,13 +179,14 @@ def find_unit_notebook(folder: Path, unit) -> Path | None:
     return None
 
 
-def progress_report(folder: Path, course=None) -> dict:
-    """``course progress``: every available unit's notebook in ``folder`` checked in this one process
-    (one forkserver for all of them)."""
+def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
+    """``course progress``: every available unit's notebook in ``folder``, checked in this one process (one
+    forkserver for all of them), or with ``warm`` by this user's warm check server where it answers (the same
+    ``course check --json`` report; a unit it does not answer is checked here). Same rows either way."""
+    import json
     from collections import Counter
 
     from grader.core import bug_name
-    from grader.runner import check_notebook
 
     course = course or _course()
     rows = []
@@ -202,16 +203,31 @@ def progress_report(folder: Path, course=None) -> dict:
             rows.append(row)
             continue
         row["notebook"] = str(path)
-        try:
-            _, verdicts = check_notebook(path)
-        except (FileNotFoundError, ValueError) as exc:
-            row["error"] = str(exc)
+        rep = None
+        if warm:
+            from .checkserver import client_check
+
+            answer = client_check(str(path), True)
+            if answer is not None:
+                try:
+                    rep = json.loads(answer[0])
+                except ValueError:
+                    rep = None
+        if rep is None:
+            from grader.runner import check_notebook
+
+            try:
+                _, verdicts = check_notebook(path)
+                rep = check_report(unit, verdicts, str(path))
+            except (FileNotFoundError, ValueError) as exc:
+                rep = {"error": str(exc)}
+        if "error" in rep:
+            row["error"] = rep["error"]
             rows.append(row)
             continue
-        rep = check_report(unit, verdicts, str(path))
         row.update(earned=rep["earned"], available=rep["total"], passed=rep["counts"]["passed"],
                    failed=rep["counts"]["failed"], not_attempted=rep["counts"]["not_attempted"])
-        bugs = Counter(bug_name(v.bug_id) for v in verdicts if v.bug_id)  # the mistake's name, never its id
+        bugs = Counter(bug_name(v["bug_id"]) for v in rep["verdicts"] if v["bug_id"])  # the name, never the id
         if bugs:
             row["common_bug"], row["common_bug_count"] = bugs.most_common(1)[0]
         rows.append(row)
@@ -244,10 +260,12 @@ def cmd_progress(args) -> int:
     if not folder.is_dir():
         print(f"course progress: not a folder: {folder}", file=sys.stderr)
         return EXIT_USAGE
-    from grader.forkserver import start_forkserver
+    warm = os.environ.get("LLMCOURSE_CHECK_SERVER", "1") != "0"
+    if not warm:
+        from grader.forkserver import start_forkserver
 
-    start_forkserver()
-    report = progress_report(folder)
+        start_forkserver()
+    report = progress_report(folder, warm=warm)
     print(json.dumps(report, indent=1) if args.json else render_progress(report))
     return EXIT_OK
 
