@@ -42,7 +42,9 @@ setup: $(STAMP) $(KERNEL)
 
 kernel: $(KERNEL)
 
-LAB_ARGS = $(ROOT_FLAG) --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/course_home.ipynb
+# lab-config/jupyter_server_config.py: JupyterLab's terminal gets .venv/bin first on its PATH (`course` works there)
+LAB_ARGS = $(ROOT_FLAG) --config="$(CURDIR)/lab-config/jupyter_server_config.py" --ServerApp.root_dir="$(CURDIR)" \
+	--LabApp.default_url=/lab/tree/course_home.ipynb
 # lab-config/student/page_config.json disables nbgrader's instructor plugins (Create Assignment, Formgrader,
 # Course List); the Validate button and the Assignment List stay. tests/browser/test_browser_check.py checks both.
 STUDENT_LAB = --LabApp.app_settings_dir="$(CURDIR)/lab-config/student"

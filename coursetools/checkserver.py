@@ -273,6 +273,28 @@ def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
     return None
 
 
+def client_warm() -> int | None:
+    """Start this user's server for this checkout if none runs, and reset its idle timer (every request
+    does): the pid of the server, or None (switched off, or it could not start). ``course check --warm``;
+    an exercise notebook's kernel calls it every few minutes (``llmcourse.selfcheck.keep_check_server_warm``)
+    so that a pause longer than the idle timeout does not make the next check cold."""
+    if os.environ.get(SERVER_ENV, "1") == "0":
+        return None
+    try:
+        ident = server_key()
+        sock = _connect_or_start(ident, _private_dir())
+        if sock is None:
+            return None
+        with sock:
+            sock.settimeout(REPLY_TIMEOUT_S)
+            _send(sock, {"op": "ping"})
+            reply = _recv(sock)
+        return int(reply["pid"]) if reply.get("ok") else None
+    except Exception as exc:  # noqa: BLE001 - warming is best effort; a check still works cold
+        _debug(f"could not warm the check server ({type(exc).__name__}: {exc})")
+        return None
+
+
 def _request_all(op: str) -> list[dict]:
     try:
         folder = _private_dir()

@@ -145,8 +145,12 @@ def cmd_map(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .checkserver import client_check, stop_servers
+    from .checkserver import client_check, client_warm, stop_servers
 
+    if args.warm and args.notebook is None:
+        pid = client_warm()
+        print(f"check server ready (pid {pid})" if pid else "no check server (switched off or could not start)")
+        return EXIT_OK
     if args.stop_server:
         n = stop_servers()
         print(f"stopped {n} check server{'s' if n != 1 else ''}")
@@ -175,12 +179,14 @@ def find_unit_notebook(folder: Path, unit) -> Path | None:
     return None
 
 
-def progress_report(folder: Path, course=None) -> dict:
-    """``course progress``: every available unit's notebook in ``folder`` checked in this one process
-    (one forkserver for all of them)."""
+def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
+    """``course progress``: every available unit's notebook in ``folder``, checked in this one process (one
+    forkserver for all of them), or with ``warm`` by this user's warm check server where it answers (the same
+    ``course check --json`` report; a unit it does not answer is checked here). Same rows either way."""
+    import json
     from collections import Counter
 
-    from grader.runner import check_notebook
+    from grader.core import bug_name
 
     course = course or _course()
     rows = []
@@ -197,16 +203,31 @@ def progress_report(folder: Path, course=None) -> dict:
             rows.append(row)
             continue
         row["notebook"] = str(path)
-        try:
-            _, verdicts = check_notebook(path)
-        except (FileNotFoundError, ValueError) as exc:
-            row["error"] = str(exc)
+        rep = None
+        if warm:
+            from .checkserver import client_check
+
+            answer = client_check(str(path), True)
+            if answer is not None:
+                try:
+                    rep = json.loads(answer[0])
+                except ValueError:
+                    rep = None
+        if rep is None:
+            from grader.runner import check_notebook
+
+            try:
+                _, verdicts = check_notebook(path)
+                rep = check_report(unit, verdicts, str(path))
+            except (FileNotFoundError, ValueError) as exc:
+                rep = {"error": str(exc)}
+        if "error" in rep:
+            row["error"] = rep["error"]
             rows.append(row)
             continue
-        rep = check_report(unit, verdicts, str(path))
         row.update(earned=rep["earned"], available=rep["total"], passed=rep["counts"]["passed"],
                    failed=rep["counts"]["failed"], not_attempted=rep["counts"]["not_attempted"])
-        bugs = Counter(v.bug_id for v in verdicts if v.bug_id)
+        bugs = Counter(bug_name(v["bug_id"]) for v in rep["verdicts"] if v["bug_id"])  # the name, never the id
         if bugs:
             row["common_bug"], row["common_bug_count"] = bugs.most_common(1)[0]
         rows.append(row)
@@ -239,10 +260,12 @@ def cmd_progress(args) -> int:
     if not folder.is_dir():
         print(f"course progress: not a folder: {folder}", file=sys.stderr)
         return EXIT_USAGE
-    from grader.forkserver import start_forkserver
+    warm = os.environ.get("LLMCOURSE_CHECK_SERVER", "1") != "0"
+    if not warm:
+        from grader.forkserver import start_forkserver
 
-    start_forkserver()
-    report = progress_report(folder)
+        start_forkserver()
+    report = progress_report(folder, warm=warm)
     print(json.dumps(report, indent=1) if args.json else render_progress(report))
     return EXIT_OK
 
@@ -326,6 +349,15 @@ def _skip_slow_iri_validator() -> None:
     sys.modules.setdefault("rfc3987_syntax", None)  # None in sys.modules: `import rfc3987_syntax` raises ImportError
 
 
+def cmd_lab(args) -> int:
+    """JupyterLab with the course's settings: for a conda environment, where `make lab` is not used."""
+    import subprocess
+
+    from .labconfig import lab_command
+
+    return subprocess.call(lab_command(args.instructor))
+
+
 def main(argv: list[str] | None = None) -> int:
     _skip_slow_iri_validator()
     parser = argparse.ArgumentParser(prog="course", description="LLMs from scratch: course tools")
@@ -333,11 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("doctor", help="check the installation, kernel, data and tokenizer").set_defaults(func=cmd_doctor)
     sub.add_parser("list", help="units and exercises").set_defaults(func=cmd_list)
     sub.add_parser("map", help="the course map as Markdown").set_defaults(func=cmd_map)
+    p = sub.add_parser("lab", help="start JupyterLab as `make lab` does (student tools; `course` in its terminal)")
+    p.add_argument("--instructor", action="store_true", help="with nbgrader's instructor tools")
+    p.set_defaults(func=cmd_lab)
     p = sub.add_parser("check", help="self-check an exercise notebook")
     p.add_argument("notebook", nargs="?", default=None)
     p.add_argument("--json", action="store_true", help="the same verdicts as JSON (for tools and llmcourse.check())")
     p.add_argument("--stop-server", action="store_true",
                    help="stop this user's warm check servers (see LLMCOURSE_CHECK_SERVER in the README)")
+    p.add_argument("--warm", action="store_true",
+                   help="start this user's check server if needed and reset its idle timer; checks nothing")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("progress", help="points per unit over a folder of exercise notebooks")
     p.add_argument("folder", nargs="?", default=None, help="default: the course's exercises/")

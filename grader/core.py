@@ -36,7 +36,7 @@ import torch
 __all__ = [
     "BLOCK_MARK", "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "LearnerError",
     "LocalLearner", "NotAttempted", "Tester", "TimeLimitExceeded", "run_learner",
-    "Verdict", "bug", "check", "forbid", "module_facts", "time_limit",
+    "Verdict", "bug", "bug_name", "check", "forbid", "module_facts", "nonfinite_report", "time_limit",
 ]
 
 # The message prefix of the error raised by a course reference that is blocked in the worker
@@ -82,10 +82,16 @@ class Verdict:
         if self.message:
             lines += ["  " + line for line in self.message.splitlines()]
         if self.bug_id:
-            lines.append(f"  Diagnosis: {self.bug_id}: {self.hint}")
+            lines.append(f"  Diagnosis: {bug_name(self.bug_id)}: {self.hint}")
         if notes and not self.passed:
             lines += [f"  Note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def bug_name(bug_id: str) -> str:
+    """What a learner reads for a catalogued mistake: its name without the internal unit prefix
+    (``B03.no_scale`` -> ``no_scale``); ids never reach a learner."""
+    return bug_id.split(".", 1)[1] if "." in bug_id else bug_id
 
 
 class CheckFailure(Exception):
@@ -269,14 +275,13 @@ def _reject_reference(name: str, obj) -> None:
 
 
 def learner_frame(exc: BaseException) -> str:
-    """'line L of your code cell N: <source line>' for the innermost learner frame, or ''."""
-    from .cellnames import CELL_PREFIX
+    """'line L of your code cell that defines `f`: <source line>' for the innermost learner frame, or ''."""
+    from .cellnames import CELL_PREFIX, where_cell
 
     where = ""
     for frame in traceback.extract_tb(exc.__traceback__):
         if frame.filename.startswith(CELL_PREFIX):
-            cell = frame.filename[len(CELL_PREFIX):-1]
-            where = f" (line {frame.lineno} of your code cell {cell}: `{(frame.line or '').strip()}`)"
+            where = f" (line {frame.lineno} of your {where_cell(frame.filename)}: `{(frame.line or '').strip()}`)"
     return where
 
 
@@ -400,6 +405,75 @@ def _error_text(exc: BaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else ""
 
 
+def _tensors(x, limit: int = 256) -> list[torch.Tensor]:
+    """The floating-point tensors in plain data (nested lists/tuples/dicts), in order."""
+    out: list[torch.Tensor] = []
+
+    def walk(v):
+        if len(out) >= limit:
+            return
+        if isinstance(v, torch.Tensor):
+            if v.is_floating_point() or v.is_complex():
+                out.append(v.detach())
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item)
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item)
+
+    walk(x)
+    return out
+
+
+_NONFINITE_ADVICE = ("look for a division by zero, a log or sqrt of a non-positive number, an overflowing exp, "
+                     "or an uninitialised tensor (torch.empty)")
+
+
+def nonfinite_report(actual, expected=None, nan_only: bool = False) -> str | None:
+    """'N NaN and M inf among K values, first at index i (…)' for non-finite values in ``actual``
+    where ``expected`` (same structure, or None: anywhere) is finite; None when there are none.
+
+    ``nan_only`` ignores ±inf (a masked score of −inf is a legitimate output where nothing is known).
+    """
+    return _nonfinite(actual, expected, nan_only)[0]
+
+
+def _nonfinite(actual, expected=None, nan_only: bool = False) -> tuple[str | None, bool]:
+    """(:func:`nonfinite_report`'s text, whether every value that should be finite is not)."""
+    got = _tensors(actual)
+    want = _tensors(expected) if expected is not None else []
+    paired = len(want) == len(got) and all(a.shape == e.shape for a, e in zip(got, want))
+    nan = inf = total = 0
+    first = None
+    for k, a in enumerate(got):
+        a = a.to(torch.complex128) if a.is_complex() else a.double()
+        bad_nan, bad_inf = torch.isnan(a), torch.isinf(a)
+        if nan_only:
+            bad_inf = torch.zeros_like(bad_nan)
+        should = torch.ones_like(bad_nan)
+        if paired:
+            should = torch.isfinite(want[k].double() if not want[k].is_complex() else want[k])
+            bad_nan, bad_inf = bad_nan & should, bad_inf & should
+        n_nan, n_inf = int(bad_nan.sum()), int(bad_inf.sum())
+        if (n_nan or n_inf) and first is None:
+            idx = tuple(int(i) for i in torch.nonzero(bad_nan | bad_inf)[0])
+            first = (k, idx, a[idx].item() if a.dim() else a.item(), len(got) > 1)
+        nan, inf, total = nan + n_nan, inf + n_inf, total + int(should.sum())
+    if not (nan or inf):
+        return None, False
+    counts = " and ".join(p for p in (f"{nan} NaN" if nan else "", f"{inf} inf" if inf else "") if p)
+    k, idx, value, several = first
+    where = f"first at index {idx}" + (f" of returned tensor {k + 1}" if several else "")
+    scope = f"of the {total} values that should be finite" if paired else f"among its {total} values"
+    return f"your result contains non-finite values: {counts} {scope} ({where}: {value})", nan + inf == total
+
+
+def _all_nonfinite(actual) -> bool:
+    got = _tensors(actual)
+    return bool(got) and all(not torch.isfinite(a).any() for a in got if a.numel())
+
+
 def describe_difference(actual, expected, atol: float, rtol: float) -> str:
     """'expected shape …, got …' or 'max abs difference d at index i: expected e, got a'."""
     if not isinstance(actual, torch.Tensor):
@@ -488,6 +562,8 @@ class Tester:
         self.problems = list(problems or [])
         self.reference = Impl(spec.reference(), learner=False)
         self.returned: list[tuple[str, tuple]] = []  # (dtype, shape) of tensors the learner returned
+        self._last: tuple | None = None  # (probe, plain result) of the latest learner run
+        self._compared_ok = False  # a compare() of this check has passed
 
     def _note_returned(self, value) -> None:
         if isinstance(value, torch.Tensor):
@@ -529,6 +605,8 @@ class Tester:
         """
         from .plain import plain
 
+        if not isinstance(actual, LearnerError) and _all_nonfinite(actual):
+            return None  # an output with no finite value carries no evidence of a particular mistake
         for b, impl in self.mutant_impls():
             try:
                 with torch.random.fork_rng():
@@ -556,6 +634,7 @@ class Tester:
             bug_id = self.diagnose(probe, err)
             raise CheckFailure(err.message, bug_id=bug_id) from None
         self._note_returned(out)
+        self._last = (probe, out)
         return out
 
     def compare(self, probe: Callable[[Impl], Any], expected, what: str, atol: float = 1e-5, rtol: float = 1e-5,
@@ -572,7 +651,13 @@ class Tester:
         if not _same(got, expected, atol, rtol):
             detail = describe_difference(got, expected, atol, rtol)
             bug_id = self.diagnose(probe, got, atol=max(atol, 1e-12), rtol=max(rtol, 1e-6), pick=pick)
+            bad = nonfinite_report(got, expected)
+            if bad:  # reported as such, before the bug catalog's diagnosis (if any)
+                if bug_id is None:
+                    bad = f"{bad}; {_NONFINITE_ADVICE}"
+                detail = bad if "NaN at index" in detail or "match within" in detail else f"{bad}; {detail}"
             raise CheckFailure(f"{what}: {detail}", bug_id=bug_id)
+        self._compared_ok = True
         return actual
 
     def raised(self, probe: Callable[[Impl], Any]) -> str:
@@ -595,10 +680,36 @@ class Tester:
     def expect(self, condition: bool, message: str, bug: str | None = None) -> None:
         """A property; ``bug`` names the catalog entry this property detects when it fails."""
         if not condition:
-            raise CheckFailure(message, bug_id=bug)
+            self.fail(message, bug)
 
     def fail(self, message: str, bug: str | None = None):
+        """Fail with ``message``. When the learner's latest result holds NaN where the reference's is
+        finite, the failure says so first. When *no* value that should be finite is and no comparison of
+        this check has passed yet, the failure is only that (the property and its diagnosis ``bug`` say
+        nothing about a result that is NaN everywhere: an all-NaN RMSNorm must not be told it centres
+        like LayerNorm; a softmax right on small inputs and NaN on [1000, 1001] does overflow)."""
+        bad, everywhere = self._last_nonfinite()
+        if bad and everywhere and not self._compared_ok:
+            # the property that failed says nothing about a result without one finite value
+            raise CheckFailure(f"{bad}; {_NONFINITE_ADVICE}")
+        if bad:
+            message = f"{bad}{'; ' + _NONFINITE_ADVICE if bug is None else ''}. {message}"
         raise CheckFailure(message, bug_id=bug)
+
+    def _last_nonfinite(self) -> tuple[str | None, bool]:
+        if self._last is None:
+            return None, False
+        probe, out = self._last
+        if nonfinite_report(out, nan_only=True) is None:
+            return None, False
+        from .plain import plain
+
+        try:
+            with torch.random.fork_rng():
+                ref = plain(probe(self.reference))
+        except Exception:  # the reference cannot run this probe: judge the learner's result alone
+            ref = None
+        return _nonfinite(out, ref, nan_only=True)
 
 
 def module_facts(obj) -> dict:

@@ -6,8 +6,9 @@ executes those in a fresh namespace. Training loops, prints and scratch cells ne
 notebook-global variable that a function relies on is *not* defined (which is how B03.scale_global
 is caught), and a cell with a syntax error loses only its own definitions.
 
-Statements are compiled with the file name ``<cell N>`` (N counts code cells from 1), so an
-exception raised in learner code can be reported as "line L of your code cell N".
+Statements are compiled with the file name ``<cell N>`` (N counts code cells from 1); the cell is
+named for the learner by what it defines or by its first line (:func:`cell_label`: "your code cell
+that defines `softmax_stable`"), since JupyterLab shows no cell numbers.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import ast
 import linecache
 from dataclasses import dataclass, field
 
-from .cellnames import CELL_PREFIX, cell_filename
+from .cellnames import CELL_PREFIX, cell_filename, cell_label, labels
 
-__all__ = ["Extracted", "extract_namespace", "code_cells_of_notebook", "restore_locked_cells", "CELL_PREFIX"]
+__all__ = ["Extracted", "extract_namespace", "code_cells_of_notebook", "restore_locked_cells", "CELL_PREFIX",
+           "cell_label"]
 
 _KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -98,10 +100,11 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
     for index, source in enumerate(sources, start=1):
         filename = cell_filename(index)
         text = _strip_magics(source)
+        where = labels()[filename] = cell_label(text)
         try:
             tree = ast.parse(text, filename=filename)
         except SyntaxError as exc:
-            out.problems.append(f"code cell {index} has a syntax error (line {exc.lineno}): {exc.msg}; "
+            out.problems.append(f"your {where} has a syntax error (line {exc.lineno}): {exc.msg}; "
                                 "its definitions were skipped")
             continue
         linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
@@ -113,7 +116,7 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
                 with time_limit(time_limit_s):
                     exec(compile(module, filename, "exec"), ns)  # noqa: S102 (learner code, by design)
             except TimeLimitExceeded:
-                out.problems.append(f"code cell {index}, line {node.lineno}: the statement did not finish "
+                out.problems.append(f"your {where}, line {node.lineno}: the statement did not finish "
                                     f"within {time_limit_s:.0f} s")
                 continue
             except Exception as exc:  # a failing import, a decorator that raises, ...
@@ -121,11 +124,11 @@ def extract_namespace(sources: list[str], base: dict | None = None, time_limit_s
 
                 label = blocked_reference(exc)
                 if label is not None:
-                    out.problems.append(f"code cell {index}, line {node.lineno}: this definition builds on the course "
+                    out.problems.append(f"your {where}, line {node.lineno}: this definition builds on the course "
                                         f"library's own answer to this exercise ({label}); write your own")
                 else:
                     text = str(exc).splitlines()[0][:300] if str(exc) else ""
-                    out.problems.append(f"code cell {index}, line {node.lineno}: {type(exc).__name__}: {text}")
+                    out.problems.append(f"your {where}, line {node.lineno}: {type(exc).__name__}: {text}")
                 continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 out.defined_in[node.name] = index

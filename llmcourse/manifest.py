@@ -81,6 +81,7 @@ class Unit:
     minutes: dict
     exercises: tuple[Exercise, ...] = field(default_factory=tuple)
     extra_lessons: tuple[str, ...] = ()
+    study_hours: float | None = None  # expected study time, lesson + exercise (coursetools/dev/studytime.py)
 
     @property
     def name(self) -> str:
@@ -144,6 +145,7 @@ def _load(root: Path, mtime: float) -> Course:
                 lesson=raw["lesson"], exercise=raw["exercise"], solution=raw["solution"],
                 prerequisites=tuple(raw.get("prerequisites", [])), minutes=dict(raw.get("minutes", {})),
                 exercises=exercises, extra_lessons=tuple(raw.get("extra_lessons", [])),
+                study_hours=raw.get("study_hours"),
             )
         )
     return Course(root=root, meta=data["course"], profiles=data["profiles"], units=tuple(units))

@@ -100,7 +100,9 @@ def setup_notebook(unit: str | None = None, seed: int | None = None, quiet: bool
 
     Sets ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1``, calls ``torch.set_num_threads`` with
     the profile's ``torch_threads``, seeds everything with ``seed`` (default: the profile's), and
-    prints one line naming the profile so a reader knows which sizes ran.
+    prints one line naming the profile so a reader knows which sizes ran. In an exercise notebook opened in
+    JupyterLab it also starts the check server and keeps it warm while the kernel runs
+    (:func:`llmcourse.selfcheck.keep_check_server_warm`).
     """
     import torch
 
@@ -112,4 +114,7 @@ def setup_notebook(unit: str | None = None, seed: int | None = None, quiet: bool
     if not quiet:
         mode = "live widgets" if widgets_live() else "static figures"
         print(f"llmcourse profile '{cfg['name']}' on {cfg['device']} ({mode}); torch {torch.__version__}")
+    from .selfcheck import keep_check_server_warm
+
+    keep_check_server_warm()  # an exercise opened in JupyterLab: its first check (and later ones) start warm
     return cfg

@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -129,6 +130,71 @@ def unsaved_cells(path: Path, runs: list[tuple[float, str]] | None = None) -> li
     return list(dict.fromkeys(s for s in late if s not in saved))
 
 
+def unsaved_for(path: Path) -> list[str]:
+    """:func:`unsaved_cells` when ``path`` is the notebook this kernel runs (or the kernel does not know its
+    notebook); ``[]`` when the kernel runs another notebook: the cells it ran are not cells of ``path``, so
+    they say nothing about whether ``path`` was saved."""
+    own = this_notebook()
+    if own is not None and own.resolve() != Path(path).resolve():
+        return []
+    return unsaved_cells(Path(path))
+
+
+# ------------------------------------------------------------------------------------------ a warm first check
+
+SERVER_ENV = "LLMCOURSE_CHECK_SERVER"  # same switch as coursetools.checkserver.SERVER_ENV
+KEEP_WARM_S = 300.0  # the heartbeat: well inside the check server's 10-minute idle timeout
+_WARM_THREAD = None
+
+
+def keep_check_server_warm(notebook: str | os.PathLike | None = None, interval: float = KEEP_WARM_S) -> bool:
+    """In an exercise notebook opened in JupyterLab: start the check server now and keep it warm while this
+    kernel runs, so that neither the first check nor the first one after a long pause waits for imports.
+
+    Runs ``python -m coursetools check --warm`` (a separate process: the kernel imports neither the grader nor
+    the tooling) at once and then every ``interval`` seconds from a daemon thread; the server is the one
+    ``course check`` uses (same per-user socket, same fingerprint of the course files, same idle exit once
+    the kernel is gone). Nothing happens outside ``exercises/NN_slug/*.ipynb``, under nbval, nbgrader or
+    ``course grade`` (no notebook known to the kernel, or checks deferred), or with
+    ``LLMCOURSE_CHECK_SERVER=0``. Returns whether the heartbeat runs.
+    """
+    global _WARM_THREAD
+    if os.environ.get(SERVER_ENV, "1") == "0" or os.environ.get(DEFER_ENV) == "1":
+        return False
+    path = Path(notebook) if notebook is not None else this_notebook()
+    if path is None or path.resolve().parent.parent.name != "exercises":
+        return False
+    if _WARM_THREAD is not None and _WARM_THREAD.is_alive():
+        return True
+    import threading
+
+    stop = threading.Event()
+
+    def beat():
+        while not stop.is_set():
+            try:
+                subprocess.run([sys.executable, "-m", "coursetools", "check", "--warm"], cwd=str(path.parent),
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=120)
+            except Exception:  # noqa: BLE001 - best effort: a check still works cold
+                pass
+            stop.wait(interval)
+
+    _WARM_THREAD = threading.Thread(target=beat, name="llmcourse-check-server-heartbeat", daemon=True)
+    _WARM_THREAD.stop = stop
+    _WARM_THREAD.start()
+    return True
+
+
+def stop_keeping_warm() -> None:
+    """End this kernel's heartbeat (the server then exits after its idle timeout)."""
+    global _WARM_THREAD
+    if _WARM_THREAD is not None:
+        _WARM_THREAD.stop.set()
+        _WARM_THREAD.join(timeout=5)
+        _WARM_THREAD = None
+
+
 # ------------------------------------------------------------------------------------------ the result
 
 
@@ -176,7 +242,7 @@ def render_text(report: dict) -> str:
         if v["message"]:
             lines += ["  " + line for line in v["message"].splitlines()]
         if v["bug_id"]:
-            lines.append(f"  Diagnosis: {v['bug_id']}: {v['hint']}")
+            lines.append(f"  Diagnosis: {bug_name(v['bug_id'])}: {v['hint']}")
         out += ["\n".join(lines), ""]
     c = report["counts"]
     out.append(f"{c['passed']} passed, {c['failed']} failed, {c['not_attempted']} not attempted "
@@ -196,6 +262,17 @@ _STATUS_STYLE = {"passed": ("#1a7f37", "#e6f4ea", "passed"), "failed": ("#b3261e
                  "not_attempted": ("#5f6368", "#f1f3f4", "not attempted")}
 
 
+def bug_name(bug_id: str) -> str:
+    """A catalogued mistake's name as learners read it: the id without its unit prefix
+    (``B03.no_scale`` -> ``no_scale``; same as ``grader.core.bug_name``, which the kernel does not import)."""
+    return bug_id.split(".", 1)[1] if "." in bug_id else bug_id
+
+
+def _inline(text: str) -> str:
+    """``text`` escaped for HTML, with `backticked` spans shown as inline code."""
+    return re.sub(r"`([^`\n]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def render_html(report: dict, unsaved: list[str] | None = None, seconds: float = 0.0) -> str:
     """The verdicts as an HTML table (every text escaped; nothing but the verdicts is shown)."""
     e = html.escape
@@ -210,7 +287,7 @@ def render_html(report: dict, unsaved: list[str] | None = None, seconds: float =
                  f'as saved{f" (checked in {seconds:.0f} s)" if seconds else ""}</p>')
     if report["problems"]:
         parts.append("<p>Problems while loading your notebook (only imports, functions and classes are loaded):</p><ul>")
-        parts += [f"<li>{e(p)}</li>" for p in report["problems"]]
+        parts += [f"<li>{_inline(p)}</li>" for p in report["problems"]]
         parts.append("</ul>")
     cell = 'style="text-align:left;vertical-align:top;padding:4px 8px;border-bottom:1px solid #ddd"'
     parts.append('<table class="llmcourse-check-table" style="border-collapse:collapse">'
@@ -220,10 +297,10 @@ def render_html(report: dict, unsaved: list[str] | None = None, seconds: float =
         color, bg, label = _STATUS_STYLE.get(v["status"], _STATUS_STYLE["failed"])
         feedback = []
         if v["message"]:
-            feedback.append(f'<div class="llmcourse-check-message" style="white-space:pre-wrap">{e(v["message"])}</div>')
+            feedback.append(f'<div class="llmcourse-check-message" style="white-space:pre-wrap">{_inline(v["message"])}</div>')
         if v["bug_id"]:
-            feedback.append(f'<div class="llmcourse-check-bug"><b>Known mistake: <code>{e(v["bug_id"])}</code></b>'
-                            f'{" — " + e(v["hint"]) if v["hint"] else ""}</div>')
+            feedback.append(f'<div class="llmcourse-check-bug"><b>Known mistake: <code>{e(bug_name(v["bug_id"]))}</code></b>'
+                            f'{" — " + _inline(v["hint"]) if v["hint"] else ""}</div>')
         parts.append(f'<tr class="llmcourse-check-row" data-exercise="{e(v["exercise_id"])}" data-status="{e(v["status"])}">'
                      f"<td {cell}><code>{e(v['exercise_id'])}</code></td>"
                      f'<td {cell}><span style="color:{color};background:{bg};padding:1px 6px;border-radius:3px">'
@@ -255,7 +332,7 @@ def check_result(notebook: str | os.PathLike | None = None, timeout: float = TIM
     if not path.is_file():
         raise FileNotFoundError(f"no such notebook: {path}")
     path = path.resolve()
-    unsaved = unsaved_cells(path)
+    unsaved = unsaved_for(path)
     env = dict(os.environ)
     env.pop(DEFER_ENV, None)
     env.setdefault("PYTHONUNBUFFERED", "1")

@@ -223,3 +223,42 @@ def test_the_cli_falls_back_to_the_cold_path(monkeypatch, capsys):
     monkeypatch.setattr(checkserver, "client_check", lambda *a: None)
     code = main(["check", str(ROOT / "exercises" / "03_self_attention" / "03_self_attention.ipynb")])
     assert code == 1 and "03.softmax_stable: not attempted" in capsys.readouterr().out
+
+
+def test_warm_starts_the_server_that_the_next_check_uses(setup):
+    """`course check --warm` (what an exercise's kernel runs every few minutes) starts the server ahead of the
+    first check and resets its idle timer; the next check is answered by that server."""
+    copy, _, env, _, started = setup
+    subprocess.run([sys.executable, "-m", "coursetools", "check", "--stop-server"], cwd=copy, env=env,
+                   capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "coursetools", "check", "--warm"], cwd=copy, env=env,
+                       capture_output=True, text=True, timeout=300)
+    m = re.search(r"check server ready \(pid (\d+)\)", r.stdout)
+    assert r.returncode == 0 and m, r.stdout + r.stderr
+    started.append(int(m.group(1)))
+    again = subprocess.run([sys.executable, "-m", "coursetools", "check", "--warm"], cwd=copy, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert f"(pid {m.group(1)})" in again.stdout and "started a check server" not in again.stderr
+    check, pid = course_check(setup, "solution")
+    assert pid == int(m.group(1)) and "started" not in check.stderr, check.stderr
+    off = subprocess.run([sys.executable, "-m", "coursetools", "check", "--warm"], cwd=copy,
+                         env=dict(env, LLMCOURSE_CHECK_SERVER="0"), capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and "no check server" in off.stdout
+
+
+def test_progress_through_the_warm_server_gives_the_cold_table(setup):
+    """`course progress` asks the warm server for each unit; its table equals the cold one."""
+    copy, _, env, notebooks, started = setup
+    folder = Path(notebooks["mutant"]).parent
+    runs = {}
+    for name, server in (("cold", "0"), ("warm", "1"), ("again", "1")):
+        r = subprocess.run([sys.executable, "-m", "coursetools", "progress", str(folder), "--json"], cwd=copy,
+                           env=dict(env, LLMCOURSE_CHECK_SERVER=server), capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout)
+        started += [int(p) for p in re.findall(r"answered by the check server \(pid (\d+)\)", r.stderr)]
+        if server == "1":
+            assert "answered by the check server" in r.stderr, r.stderr
+    assert runs["cold"] == runs["warm"] == runs["again"]
+    row = next(u for u in runs["cold"]["units"] if u["notebook"])
+    assert row["failed"] >= 1 and row["common_bug"] and "." not in row["common_bug"]

@@ -6,6 +6,11 @@
     normalising both with `tokenize` (names -> placeholder, literals -> placeholder, comments
     dropped; attribute names and library names kept). Any window of WINDOW consecutive normalised
     logical lines of a solution block that also occurs, consecutively, in the lesson is a copy.
+(a') A folded reference fix (a `source_hidden` code cell of a lesson) is held to a stricter form of (a):
+    it shows the learner a complete fix, so even one substantial normalised line of a graded answer
+    (FOLDED_MIN_TOKENS tokens or more, once an assignment target or a `return` is dropped: `best = f(x)`
+    and `return f(x)` are the same answer) may not appear in it. A reference fix whose fix *is* a graded
+    answer says what to change in words and runs its self-check on the library's version instead.
 (b) Nothing a student reads (lessons/*.ipynb, exercises/*/*.ipynb, which hold the visible test
     cells) contains an internal id (fixture/widget/bug ids such as F03.3, W02.4, B05.x) or the
     word "syllabus".
@@ -35,6 +40,7 @@ SOURCES = ROOT / "notebooks"
 KNOWN_FAILING: set[str] = set()
 
 WINDOW = 3  # consecutive normalised logical lines that count as a copy
+FOLDED_MIN_TOKENS = 8  # in a folded reference fix, one shared line this long is a copy
 MIN_TOKENS = 12  # a window this short (e.g. three `return x` lines) is too generic to mean a copy
 
 # Names a renamed copy keeps: library modules and their usual aliases, builtins.
@@ -189,6 +195,29 @@ def copied_answers(lesson_code: list[str], blocks: list[tuple[str, str]]) -> dic
     return hits
 
 
+def folded_cells(path: Path) -> list[str]:
+    """The folded (`source_hidden`) code cells of a lesson source: its reference fixes."""
+    return [src for head, src in cells(path) if "source_hidden" in head and "[markdown]" not in head]
+
+
+def _core(line: str) -> str:
+    """A normalised line without its assignment target or `return`: the expression it computes."""
+    line = re.sub(r"^(return|yield) ", "", line)
+    return re.sub(r"^_( , _)* (=|\+=|-=|\*=|/=) ", "", line)
+
+
+def answers_in_folded_cells(folded: list[str], blocks: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """Exercise id -> the lines of its solution (as expressions) found in the folded reference fixes."""
+    shown = {_core(line) for src in folded for line in normalise(src)}
+    hits: dict[str, list[str]] = {}
+    for name, code in blocks:
+        for line in normalise(code):
+            core = _core(line)
+            if len(core.split()) >= FOLDED_MIN_TOKENS and core in shown:
+                hits.setdefault(name, []).append(core)
+    return hits
+
+
 # ---------------------------------------------------------------------------------------------
 # units
 
@@ -223,6 +252,27 @@ def test_no_graded_answer_in_lesson(unit_id):
         f"{name}: {places[0]!r}" + (f" (+{len(places) - 1})" if len(places) > 1 else "")
         for name, places in sorted(hits.items())
     )
+
+
+# units whose lessons belong to another helper's branch at the time of writing and still show a graded
+# line in a folded reference fix: {unit: exercise ids}. Empty it as those branches land.
+FOLDED_ELSEWHERE: dict[str, set[str]] = {}
+
+
+@pytest.mark.parametrize("unit_id", UNITS)
+def test_no_graded_answer_in_folded_reference_fixes(unit_id, request):
+    known = FOLDED_ELSEWHERE.get(unit_id)
+    if known:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"another branch's lesson: {sorted(known)}"))
+    folded = []
+    for p in sorted((SOURCES / "lessons").glob(f"{unit_id}_*.py")):
+        folded += folded_cells(p)
+    blocks = []
+    for p in sorted((SOURCES / "solutions").glob(f"{unit_id}_*.py")):
+        blocks += solution_blocks(p)
+    hits = answers_in_folded_cells(folded, blocks)
+    assert not hits, f"unit {unit_id}: graded answers in folded reference fixes: " + "; ".join(
+        f"{name}: {lines[0]!r}" + (f" (+{len(lines) - 1})" if len(lines) > 1 else "") for name, lines in sorted(hits.items()))
 
 
 def _student_notebooks(unit: str) -> list[Path]:
@@ -293,6 +343,39 @@ def test_a_renamed_copy_is_flagged(tmp_path):
     hits = copied_answers(code_cells(les), solution_blocks(sol))
     assert set(hits) == {"99.merge"}
     les.write_text(INNOCENT)
+    assert copied_answers(code_cells(les), solution_blocks(sol)) == {}
+
+
+FOLDED_LESSON = """
+# %% [markdown]
+# A reference fix that returns the answer's key line, with other names.
+
+# %% jupyter={"source_hidden": true}
+def pick(counts):
+    top = max(counts.values())
+    return min(p for p, c in counts.items() if c == top)
+"""
+
+SOLUTION_TIE = """
+# %% tags=["solution:99.train"]
+def train(words):
+    ### BEGIN SOLUTION
+    counts = count(words)
+    best = min(pair for pair, n in counts.items() if n == max(counts.values()))
+    chosen = min(q for q, k in counts.items() if k == limit)
+    return chosen
+    ### END SOLUTION
+"""
+
+
+def test_a_folded_fix_with_one_answer_line_is_flagged(tmp_path):
+    sol = tmp_path / "99_x_solution.py"
+    sol.write_text(SOLUTION_TIE)
+    les = tmp_path / "99_x_lesson.py"
+    les.write_text(FOLDED_LESSON)
+    assert set(answers_in_folded_cells(folded_cells(les), solution_blocks(sol))) == {"99.train"}
+    les.write_text(FOLDED_LESSON.replace("source_hidden", "tags"))  # not folded: the 3-line rule applies
+    assert answers_in_folded_cells(folded_cells(les), solution_blocks(sol)) == {}
     assert copied_answers(code_cells(les), solution_blocks(sol)) == {}
 
 

@@ -85,3 +85,17 @@ def test_course_map_lists_labs(course):
         row = next(r for r in linked.splitlines() if r.startswith(f"| {u.id} |"))
         assert (f"[lab]({p})" if u.available else f"`{Path(p).name}`") in row, (u.id, p)
         assert f"`{Path(p).name}`" in next(r for r in plain.splitlines() if r.startswith(f"| {u.id} |"))
+
+
+def test_every_available_unit_states_its_study_time_by_the_rule():
+    """Study time (lesson + exercise) is separate from compute minutes and set by coursetools.dev.studytime."""
+    from coursetools.dev.studytime import estimate
+    from llmcourse.manifest import load_course
+
+    course = load_course()
+    for u in course.available_units:
+        assert u.study_hours is not None and u.study_hours > 0, f"unit {u.id}: no study_hours in course.toml"
+        e = estimate(u, course.root)
+        # the rule's value, within an hour (lessons keep being revised; re-run the script to reset it)
+        assert abs(u.study_hours - e["hours"]) <= 1.0, (u.id, u.study_hours, e)
+    assert "Study (h)" in (course.root / "README.md").read_text()

@@ -72,7 +72,8 @@ def test_in_notebook_check_reports_what_course_check_reports(half_done):
     page = result._repr_html_()
     assert page.count('data-status="passed"') == 1 and page.count('data-status="failed"') == 1
     assert page.count('data-status="not_attempted"') == 3
-    assert "B03.softmax_dim" in page and "3/20" in page and "Unsaved changes" not in page
+    assert "<code>softmax_dim</code>" in page and "3/20" in page and "Unsaved changes" not in page
+    assert "B03." not in page and "B03." not in result.text()  # the mistake's name, never its internal id
     # never the hidden checks' source or the reference code
     for secret in ("grader.checks", "def check", "t.compare", "### BEGIN HIDDEN TESTS", "amax(dim=dim"):
         assert secret not in page and secret not in result.text(), secret
@@ -88,14 +89,29 @@ def test_progress_table_over_a_folder(half_done, tmp_path):
     assert set(rows) == {u.id for u in course_.available_units if u.exercises}
     row = rows[UNIT]
     assert (row["earned"], row["available"], row["passed"], row["failed"], row["not_attempted"]) == (3, 20, 1, 1, 3)
-    assert row["common_bug"] == "B03.softmax_dim"
+    assert row["common_bug"] == "softmax_dim"  # its name, not its internal id
     for uid, other in rows.items():
         if uid != UNIT:
             assert other["error"] == "no notebook" and other["earned"] == 0
     assert report["earned"] == 3
     text = course("progress", str(half_done.parent))
-    assert "B03.softmax_dim" in text.stdout and "3/20" in text.stdout and "no notebook" in text.stdout
+    assert "softmax_dim" in text.stdout and "B03." not in text.stdout and "3/20" in text.stdout and "no notebook" in text.stdout
     assert course("progress", str(tmp_path / "missing")).returncode == 2
+
+
+def test_no_unsaved_warning_when_the_kernel_runs_another_notebook(tmp_path, monkeypatch):
+    """llmcourse.check("exercises/…") from another notebook: that kernel's cells are not the checked file's."""
+    checked, other = tmp_path / "07_encoder_classifier.ipynb", tmp_path / "scratch.ipynb"
+    for p in (checked, other):
+        nbformat.write(nbformat.v4.new_notebook(), str(p))
+    later = checked.stat().st_mtime + 10
+    monkeypatch.setattr(selfcheck, "_RUNS", [(later, "def mine():\n    return 1"), (later + 1, "llmcourse.check(...)")])
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: other.resolve())
+    assert selfcheck.unsaved_for(checked) == []
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: checked.resolve())  # its own notebook: warned
+    assert selfcheck.unsaved_for(checked) == ["def mine():\n    return 1"]
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: None)  # unknown: as before, warned
+    assert selfcheck.unsaved_for(checked) == ["def mine():\n    return 1"]
 
 
 def test_unsaved_cells_are_the_ones_run_after_the_save_and_missing_from_the_file(tmp_path):
@@ -194,3 +210,39 @@ def test_a_real_kernel_knows_its_notebook_and_what_was_run_after_the_save(tmp_pa
     text = "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream")
     assert eval(text) == (str(path), str(path), ["def f():\n    return 2"])
 
+
+
+def test_an_exercise_kernel_keeps_the_check_server_warm(tmp_path, monkeypatch):
+    """setup_notebook in an exercise opened in JupyterLab starts `course check --warm` and repeats it; nothing
+    happens for lessons, under nbval/nbgrader (no notebook known), with deferred checks or the server off."""
+    exercise = tmp_path / "exercises" / "03_self_attention" / "03_self_attention.ipynb"
+    lesson = tmp_path / "lessons" / "03_self_attention.ipynb"
+    for p in (exercise, lesson):
+        p.parent.mkdir(parents=True)
+        nbformat.write(nbformat.v4.new_notebook(), str(p))
+    calls = []
+    monkeypatch.setattr(selfcheck.subprocess, "run", lambda cmd, **kw: calls.append((cmd, kw.get("cwd"))))
+    monkeypatch.setattr(selfcheck, "_WARM_THREAD", None)
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "1")
+    monkeypatch.delenv(selfcheck.DEFER_ENV, raising=False)
+    monkeypatch.setattr(selfcheck, "this_notebook", lambda: None)
+    assert not selfcheck.keep_check_server_warm()                      # nbval, nbgrader: no notebook
+    assert not selfcheck.keep_check_server_warm(lesson)                # a lesson
+    monkeypatch.setenv(selfcheck.DEFER_ENV, "1")
+    assert not selfcheck.keep_check_server_warm(exercise)              # course grade's kernels
+    monkeypatch.delenv(selfcheck.DEFER_ENV)
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "0")
+    assert not selfcheck.keep_check_server_warm(exercise)              # switched off
+    monkeypatch.setenv("LLMCOURSE_CHECK_SERVER", "1")
+    assert not calls
+    assert selfcheck.keep_check_server_warm(exercise, interval=0.05)
+    deadline = time.monotonic() + 10
+    while len(calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        assert len(calls) >= 3, calls                                   # at once, then every interval
+        assert calls[0] == ([sys.executable, "-m", "coursetools", "check", "--warm"], str(exercise.parent))
+        thread = selfcheck._WARM_THREAD
+        assert selfcheck.keep_check_server_warm(exercise) and selfcheck._WARM_THREAD is thread  # one per kernel
+    finally:
+        selfcheck.stop_keeping_warm()

@@ -275,7 +275,7 @@ def test_merge_layout_reproduces_f044():
 def test_f041_shape_trace():
     x = torch.zeros(1, 3, 6)
     split = x.view(1, 3, 2, 3).transpose(1, 2)
-    assert split.shape == (1, 2, 3, 3) and V.f044_context().shape == (1, 2, 3, 3)
+    assert split.shape == (1, 2, 3, 3) and V.tagged_head_context().shape == (1, 2, 3, 3)
 
 
 def test_mask_translation():

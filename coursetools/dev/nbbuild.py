@@ -150,12 +150,13 @@ def course_home(course=None) -> nbformat.NotebookNode:
 def course_map_markdown(course=None, links: bool = True) -> str:
     """The course map table (used in README.md and course_home.ipynb).
 
-    The Lesson column lists the unit's lab notebooks (``extra_lessons``) after its lesson; the minutes are the
-    budget of lesson + solution (labs state their own expected time at their top).
+    The Lesson column lists the unit's lab notebooks (``extra_lessons``) after its lesson; Study (h) is the
+    expected study time (course.toml ``study_hours``, set by :mod:`coursetools.dev.studytime`); the minutes are
+    the compute budget of lesson + solution (labs state their own expected time at their top).
     """
     course = course or load_course()
-    rows = ["| Unit | Title | Lesson (+ optional labs) | Exercise | Points | ci / laptop (min) | Status |",
-            "|---|---|---|---|---:|---|---|"]
+    rows = ["| Unit | Title | Lesson (+ optional labs) | Exercise | Points | Study (h) | ci / laptop (min) | Status |",
+            "|---|---|---|---|---:|---:|---|---|"]
     for u in course.units:
         if u.available and links:
             lesson, exercise = f"[lesson]({u.lesson})", f"[exercise]({u.exercise})"
@@ -165,11 +166,16 @@ def course_map_markdown(course=None, links: bool = True) -> str:
             labs = [f"`{Path(p).name}`" for p in u.extra_lessons]
         lesson = " + ".join([lesson, *labs])
         status = "available" if u.available else "not yet available"
-        rows.append(f"| {u.id} | {u.title} | {lesson} | {exercise} | {u.points} | "
+        study = f"{u.study_hours:g}" if u.study_hours is not None else "?"
+        rows.append(f"| {u.id} | {u.title} | {lesson} | {exercise} | {u.points} | {study} | "
                     f"{u.minutes.get('ci', '?')} / {u.minutes.get('laptop', '?')} | {status} |")
-    rows += ["", "Minutes: the lesson and the exercise's solution run top to bottom under each profile. A **lab** is an "
-             "optional companion notebook of its unit (longer training runs, extra experiments); its expected time "
-             "is stated at its top."]
+    rows += ["", "**Study (h)**: the expected time for a learner who knows Python to read and run the lesson and "
+             "to solve the exercise. It is an estimate by a stated rule, not a measurement with learners: prose at "
+             "120 words a minute, 1.5 minutes per lesson code cell, 10 minutes per spot-the-bug fix and 8 minutes "
+             "per exercise point, rounded up to the half hour (`python -m coursetools.dev.studytime`).", "",
+             "**ci / laptop (min)**: compute time, how long the lesson and the exercise's solution run top to "
+             "bottom under each profile. A **lab** is an optional companion notebook of its unit (longer training "
+             "runs, extra experiments); its expected time is stated at its top."]
     return "\n".join(rows)
 
 

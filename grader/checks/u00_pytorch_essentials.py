@@ -80,7 +80,7 @@ def check_split_merge_heads(t):
     x = _rand(2, 6, 16, seed=1)
     s = t.run(lambda impl: impl.split_heads(x, 4))
     t.expect(_is_tensor(s, (2, 4, 6, 4)), f"split_heads(x of shape (2, 6, 16), n_heads=4) must have shape "
-             f"(2, 4, 6, 4) = (B, H, T, head_dim) (F00.1); got {_shape(s)}")
+             f"(2, 4, 6, 4) = (B, H, T, head_dim); got {_shape(s)}")
     for i, (b, tt, d, h) in enumerate([(2, 6, 16, 4), (3, 5, 12, 3), (1, 7, 8, 8), (2, 4, 10, 1), (2, 3, 24, 6)]):
         x = _rand(b, tt, d, seed=10 + i)
         t.compare(lambda impl, x=x, h=h: impl.split_heads(x, h), x.view(b, tt, h, d // h).transpose(1, 2),
@@ -138,11 +138,11 @@ def check_causal_mask(t):
     t.expect(m.dtype == torch.bool, f"the mask must have dtype torch.bool (True = may attend); got {m.dtype}")
 
     # F00.2
-    t.compare(lambda impl: impl.causal_mask(4), torch.ones(4, 4).tril().bool(), "causal_mask(4) (F00.2)")
+    t.compare(lambda impl: impl.causal_mask(4), torch.ones(4, 4).tril().bool(), "causal_mask(4)")
     t.compare(lambda impl: impl.causal_mask(3, 5), F002_3_5,
-              "causal_mask(3, 5) (F00.2: the 3 queries are the last 3 of 5 positions)")
+              "causal_mask(3, 5) (the 3 queries are the last 3 of 5 positions)")
     t.compare(lambda impl: impl.causal_mask(1, 5), torch.ones(1, 5, dtype=torch.bool),
-              "causal_mask(1, 5) (F00.2: one new token sees the whole prefix)")
+              "causal_mask(1, 5) (one new token sees the whole prefix)")
 
     # R: 30 random (t_q, t_k, offset)
     rng = random.Random(0)
@@ -244,8 +244,8 @@ def check_label_smoothed_cross_entropy(t):
     out = t.run(call(z, y))
     t.expect(_is_tensor(out) and out.dim() == 0,
              f"label_smoothed_cross_entropy must return a scalar (0-dim) tensor; got {_shape(out)}")
-    t.compare(call(z, y), T(0.4170), "cross-entropy of logits [[2.0, 1.0, 0.1]], target [0] (F00.4)", atol=1e-4)
-    t.compare(call(z, y, eps=0.1), T(0.5137), "the same with eps=0.1 (F00.4: 0.9·0.4170 + 0.1·1.3837)", atol=1e-4)
+    t.compare(call(z, y), T(0.4170), "cross-entropy of logits [[2.0, 1.0, 0.1]], target [0]", atol=1e-4)
+    t.compare(call(z, y, eps=0.1), T(0.5137), "the same with eps=0.1 (0.9·0.4170 + 0.1·1.3837)", atol=1e-4)
 
     # O: F.cross_entropy on 2-D and 3-D inputs with ignored positions
     g = torch.Generator().manual_seed(7)
@@ -354,7 +354,7 @@ def check_noam_schedule(t):
     # F00.3
     for step, value in F003.items():
         _compare_rel(t, lambda impl, s=step: float(impl.noam_lambda(s, 512, 4000)), value,
-                     f"noam_lambda({step}, d_model=512, warmup=4000) (F00.3)", rtol=2e-6)
+                     f"noam_lambda({step}, d_model=512, warmup=4000)", rtol=2e-6)
     _compare_rel(t, lambda impl: float(impl.noam_lambda(0, 512, 4000)), F003[1],
                  "noam_lambda(0, 512, 4000): step 0 counts as step 1 (s = max(step, 1))", rtol=2e-6)
     for step in (1, 50, 99, 100, 101, 400):

@@ -204,10 +204,10 @@ def check_char_tokenizer(t):
     # F01.5: tinyshakespeare
     text = _shakespeare()
     size = _run(t, lambda impl: _vocab_size(_from_text(impl, text)))
-    t.expect(size == 65, f"CharTokenizer.from_text(tinyshakespeare).vocab_size must be 65 (F01.5); got {size!r}")
+    t.expect(size == 65, f"CharTokenizer.from_text(tinyshakespeare).vocab_size must be 65; got {size!r}")
     chars = "".join(F015_IDS)
     _compare(t, lambda impl: _ids(_from_text(impl, text).encode(chars)), list(F015_IDS.values()),
-             "ids of '\\n', ' ', '!', 'A', 'a', 'z' after from_text(tinyshakespeare) (F01.5)", norm=_ids)
+             "ids of '\\n', ' ', '!', 'A', 'a', 'z' after from_text(tinyshakespeare)", norm=_ids)
     _compare(t, lambda impl: _ids(_from_text(impl, "hello").encode("hello")), [1, 0, 2, 2, 3],
              "CharTokenizer.from_text('hello').encode('hello') (vocabulary e, h, l, o)", norm=_ids)
 
@@ -321,7 +321,7 @@ def check_bpe_train(t):
     # F01.1: all 15 merges of the toy corpus
     probe = lambda impl: impl.bpe_train(dict(TOY), 100)  # noqa: E731
     _compare(t, probe, F011, "merges of the toy corpus {'old': 7, 'older': 3, 'finest': 9, 'lowest': 4} "
-                   "with num_merges=100 (F01.1)", norm=_merges, detect=toy_detect)
+                   "with num_merges=100", norm=_merges, detect=toy_detect)
     raw = t.run(probe)
     t.expect(isinstance(raw, list) and all(isinstance(m, tuple) for m in raw),
              f"bpe_train must return a list of (left, right) tuples; got {_tname(raw)} of "
@@ -405,17 +405,17 @@ def _verdict_merges() -> tuple[tuple[str, str], ...]:
 def check_bpe_encode_word(t):
     for word, k, expected in F012:
         _compare(t, lambda impl, w=word, k=k: impl.bpe_encode_word(w, list(F011[:k])), expected,
-                 f"bpe_encode_word({word!r}) with the first {k} merges of the toy corpus (F01.2)", norm=_symbols,
+                 f"bpe_encode_word({word!r}) with the first {k} merges of the toy corpus", norm=_symbols,
                  detect=_encode_detect(word))
     for word, expected in [("aaa", ["aa", "a", EOW]), ("aaaa", ["aa", "aa", EOW])]:
         _compare(t, lambda impl, w=word: impl.bpe_encode_word(w, [("a", "a")]), expected,
-                 f"bpe_encode_word({word!r}, [('a', 'a')]) (F01.2: non-overlapping, left to right)", norm=_symbols,
+                 f"bpe_encode_word({word!r}, [('a', 'a')]) (non-overlapping, left to right)", norm=_symbols,
                  detect=_encode_detect(word))
     _compare(t, lambda impl: impl.bpe_encode_word("abc", [("b", "c"), ("a", "b")]), ["a", "bc", EOW],
              "bpe_encode_word('abc', [('b', 'c'), ('a', 'b')]): the pair with the lowest rank (b, c) goes first",
              norm=_symbols, detect=_encode_detect("abc"))
     _compare(t, lambda impl: impl.bpe_encode_word("lowest", list(F011), end_of_word="_"), ["low", "est", "_"],
-             "bpe_encode_word('lowest', F01.1 merges, end_of_word='_'): use the marker given as argument",
+             "bpe_encode_word('lowest', the toy corpus's merges, end_of_word='_'): use the marker given as argument",
              norm=_symbols, detect=_encode_detect("lowest", "_"))
 
     # 200 random words: 100 with the toy merges, 100 with merges trained on the-verdict
@@ -424,7 +424,7 @@ def check_bpe_encode_word(t):
     vocab = sorted(set(_verdict().split()))
     verdict_words = [rng.choice(vocab) if rng.random() < 0.7 else
                      "".join(rng.choice("etaoinshrdlu,.") for _ in range(rng.randint(1, 10))) for _ in range(100)]
-    for words, merges, label in [(toy_words, list(F011), "the toy merges (F01.1)"),
+    for words, merges, label in [(toy_words, list(F011), "the toy merges"),
                                  (verdict_words, list(_verdict_merges()), "100 merges trained on the-verdict")]:
         expected = [t.reference.bpe_encode_word(w, merges) for w in words]
         probe = lambda impl, ws=words, m=merges: [_symbols(impl.bpe_encode_word(w, list(m))) for w in ws]  # noqa: E731
@@ -497,15 +497,15 @@ def check_load_gpt2_encoding(t):
              "from the ranks file")
     text, ids = F013[0]
     _compare(t, lambda impl: _encode_with(impl.load_gpt2_encoding(), text, allowed_special=SPECIAL), ids,
-             f"encode({text!r}, allowed_special={{'<|endoftext|>'}}) (F01.3)")
+             f"encode({text!r}, allowed_special={{'<|endoftext|>'}})")
     t.expect(facts["n_vocab"] == 50257,
              f"n_vocab must be 50257 = 256 bytes + 50,000 merges + 1 special token; got {facts['n_vocab']!r}")
     t.expect(facts["eot_token"] == 50256, f"eot_token (<|endoftext|>) must be 50256; got {facts['eot_token']!r}")
     for (s, expected), got in zip(F013[1:], facts["encoded"]):
-        t.expect(got == expected, f"encode({s!r}) (F01.3): expected {expected}, got {got}")
+        t.expect(got == expected, f"encode({s!r}): expected {expected}, got {got}")
     hindi = facts["hindi"]
     t.expect(isinstance(hindi, list) and len(hindi) == 12,
-             f"'नमस्ते' (6 code points, 18 UTF-8 bytes) must encode to 12 GPT-2 ids (F01.3); got {hindi}")
+             f"'नमस्ते' (6 code points, 18 UTF-8 bytes) must encode to 12 GPT-2 ids; got {hindi}")
 
     # special tokens are refused as text unless allowed
     plain = facts["special"]
@@ -567,7 +567,7 @@ def check_gpt_window_dataset(t):
         return lambda impl: _len(impl.GPTWindowDataset(list(data), L, stride))
 
     _compare(t, lengths(4, 1), 5141, "len(GPTWindowDataset(the-verdict's 5,145 ids, context_length=4, stride=1)) "
-             "(F01.4: starts range(0, len − L, stride))")
+             "(starts range(0, len − L, stride))")
     item0 = _run(t, lambda impl: _item(impl.GPTWindowDataset(ids, 4, 1), 0))
     t.expect(not isinstance(item0, Raised), f"dataset[0] failed: {item0}")
     x, y = item0
@@ -579,13 +579,13 @@ def check_gpt_window_dataset(t):
     t.expect(tuple(x.shape) == (4,) and tuple(y.shape) == (4,),
              f"with context_length=4, x and y must have shape (4,); got {tuple(x.shape)}, {tuple(y.shape)}")
     _compare(t, lambda impl: [_as_list(v) for v in _item(impl.GPTWindowDataset(ids, 4, 1), 0)], [F014_X0, F014_Y0],
-             "dataset[0] = (x0, y0) with L=4, stride=1 (F01.4)")
+             "dataset[0] = (x0, y0) with L=4, stride=1")
     _compare(t, lambda impl: _as_list(_item(impl.GPTWindowDataset(ids, 4, 1), 1)[0]), F014_X1,
-             "dataset[1][0] = x1 with L=4, stride=1 (F01.4)")
+             "dataset[1][0] = x1 with L=4, stride=1")
 
-    _compare(t, lengths(4, 4), 1286, "len(GPTWindowDataset(the-verdict, context_length=4, stride=4)) (F01.4)")
+    _compare(t, lengths(4, 4), 1286, "len(GPTWindowDataset(the-verdict, context_length=4, stride=4))")
     _compare(t, lambda impl: [_as_list(v) for v in _item(impl.GPTWindowDataset(ids, 4, 4), 1)],
-             [F014_S4_X1, F014_S4_Y1], "dataset[1] = (x1, y1) with L=4, stride=4 (F01.4)")
+             [F014_S4_X1, F014_S4_Y1], "dataset[1] = (x1, y1) with L=4, stride=4")
 
     # every item of smaller datasets: formulas, shift property, last window complete, tensor input
     def all_items(data, L, stride, count):

@@ -128,7 +128,7 @@ def check_embedding_lookup(t):
         out = _tensor(t, t.run(call(fname, ids01, F021_W)), fname)
         t.expect(tuple(out.shape) == (2, 3),
                  f"{fname}(ids=[0, 1], weight (5, 3)) must have shape (2, 3) (ids.shape + (D,)); got {tuple(out.shape)}")
-        t.compare(call(fname, ids01, F021_W), F021_W[:2], f"{fname}(ids=[0, 1], weight of F02.1): rows 0 and 1",
+        t.compare(call(fname, ids01, F021_W), F021_W[:2], f"{fname}(ids=[0, 1], the 5×3 worked-example table): rows 0 and 1",
                   atol=1e-6)
         for what, ids, w in cases:
             expected = F.embedding(ids, w)
@@ -173,7 +173,7 @@ def check_input_embeddings(t):
 
     out = _tensor(t, t.run(f021), "InputEmbeddings.forward")
     t.expect(out.dtype == torch.float32, f"the output must stay float32 (the parameter's dtype); got {out.dtype}")
-    t.compare(f021, F021_W[:2] * math.sqrt(3), "InputEmbeddings(5, 3) with the table of F02.1, ids [0, 1]: rows 0 "
+    t.compare(f021, F021_W[:2] * math.sqrt(3), "InputEmbeddings(5, 3) with the 5×3 worked-example table, ids [0, 1]: rows 0 "
               "and 1 times √3", atol=1e-4)
 
     torch.manual_seed(0)
@@ -210,9 +210,9 @@ def check_sinusoidal_pe(t):
              f"barely moves it over positions 0–10, but yours changes by {moved:.3f}; your frequencies grow with "
              f"the pair index instead of shrinking", bug="B02.positive_exponent")
 
-    t.compare(lambda impl: impl.sinusoidal_pe(4, 4), F022, "sinusoidal_pe(4, 4) (F02.2; inverse frequencies [1, 0.01])",
+    t.compare(lambda impl: impl.sinusoidal_pe(4, 4), F022, "sinusoidal_pe(4, 4) (inverse frequencies [1, 0.01])",
               atol=1e-4)
-    t.compare(lambda impl: impl.sinusoidal_pe(6, 16), F023, "sinusoidal_pe(6, 16)[1] (F02.3)", atol=1e-4,
+    t.compare(lambda impl: impl.sinusoidal_pe(6, 16), F023, "sinusoidal_pe(6, 16)[1]", atol=1e-4,
               pick=lambda o: o[1])
     for max_len, d_model, atol in [(8, 512, 1e-6), (10, 6, 1e-6), (64, 512, 1e-5), (2048, 512, 5e-4)]:
         expected = pe_float64(max_len, d_model)
@@ -230,7 +230,7 @@ def check_sinusoidal_pe(t):
         omega = 10000.0 ** (-2 * i / 512)
         rotated = rotation64(k, omega) @ table[p, 2 * i:2 * i + 2]
         err = (rotated - table[p + k, 2 * i:2 * i + 2]).abs().max().item()
-        t.expect(err <= 1e-4, f"shift property (F02.4) fails for p={p}, k={k}, pair i={i}: M_k·PE[p, 2i:2i+2] differs "
+        t.expect(err <= 1e-4, f"shift property fails for p={p}, k={k}, pair i={i}: M_k·PE[p, 2i:2i+2] differs "
                  f"from PE[p+k, 2i:2i+2] by {err:.3g} (dims 2i and 2i+1 must hold sin and cos of the same angle)")
 
     got = t.raised(lambda impl: impl.sinusoidal_pe(4, 5))

@@ -240,7 +240,7 @@ def check_wrapper(t):
         unwrap(w).eval()
         return w(torch.stack([X6, X6]))
 
-    t.compare(f045, torch.stack([F045, F045]), "F04.5: MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2) built right after "
+    t.compare(f045, torch.stack([F045, F045]), "MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2) built right after "
               "torch.manual_seed(123), on torch.stack([X, X])", atol=1e-4)
 
     # shared weights vs the reference, qkv_bias, T < context_length

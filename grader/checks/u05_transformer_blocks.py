@@ -203,7 +203,7 @@ def check_layernorm(t):
 
     # F05.1: the std (unbiased) of all 128 outputs is √(128/127) for any non-degenerate (2, 4, 16) input
     t.compare(run(x), torch.tensor([F051_STD]),
-              "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (F05.1: √(128/127) = 1.00393)",
+              "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (√(128/127) = 1.00393)",
               atol=1e-4, rtol=0.0, pick=lambda y: y.std().reshape(1) if isinstance(y, torch.Tensor) else y)
 
     # oracle: nn.LayerNorm with the same state_dict, several shapes and scales
@@ -250,8 +250,8 @@ def check_gelu(t):
     out = t.run(call(x))
     t.expect(isinstance(out, torch.Tensor) and out.shape == x.shape,
              f"gelu must return a tensor of the input's shape {tuple(x.shape)}")
-    t.compare(call(T([-3.0])), T([-0.00405]), "gelu(-3) with approximate='none' (F05.2)", atol=1e-5)
-    t.compare(call(T([-3.0]), "tanh"), T([-0.00364]), "gelu(-3) with approximate='tanh' (F05.2)", atol=1e-5)
+    t.compare(call(T([-3.0])), T([-0.00405]), "gelu(-3) with approximate='none'", atol=1e-5)
+    t.compare(call(T([-3.0]), "tanh"), T([-0.00364]), "gelu(-3) with approximate='tanh'", atol=1e-5)
     # float64 inputs: the float32 formula loses ~1e-6 to cancellation in 1 + erf(x/√2) for x < -3
     x64 = torch.linspace(-8, 8, 1601, dtype=torch.float64)
     for approximate in ("none", "tanh"):
@@ -265,7 +265,7 @@ def check_gelu(t):
     exact, approx = t.run(call(x)), t.run(call(x, "tanh"))
     diff = (exact - approx).abs()
     t.expect(abs(diff.max().item() - 4.74e-4) < 5e-6,
-             f"max |gelu_exact − gelu_tanh| on [−8, 8] must be 4.74e-4 (F05.2); got {diff.max().item():.3g}")
+             f"max |gelu_exact − gelu_tanh| on [−8, 8] must be 4.74e-4; got {diff.max().item():.3g}")
 
 
 # ================================================================== 05.FeedForward
@@ -285,7 +285,7 @@ def check_feedforward(t):
     n = facts["n_params"]
     t.expect(n == 2 * 8 * 32 + 32 + 8, f"FeedForward(8, 32) must have 2·D·d_ff + d_ff + D = 552 parameters; got {n}")
     n = t.run(_param_count("FeedForward", 512, 2048))
-    t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters (F05.3); got {_count(n)}")
+    t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters; got {_count(n)}")
 
     ref_cls = t.reference.FeedForward
     for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
@@ -459,7 +459,7 @@ def check_encoder_block(t):
 
     ref_cls = t.reference.EncoderBlock
     _check_block_structure(t, "EncoderBlock", _shapes(ref_cls(16, 4, 32)), 3_152_384, (512, 8, 2048),
-                           "F05.3, all biases, as nn.TransformerEncoderLayer")
+                           "all biases, as nn.TransformerEncoderLayer")
 
     x = _rand(3, 7, 16, seed=1)
     keep = _keep([7, 5, 2], 7)
@@ -531,7 +531,7 @@ def check_decoder_block(t):
 
     ref_cls = t.reference.DecoderBlock
     _check_block_structure(t, "DecoderBlock", _shapes(ref_cls(16, 4, 32)), 4_204_032, (512, 8, 2048),
-                           "F05.3, as nn.TransformerDecoderLayer")
+                           "as nn.TransformerDecoderLayer")
 
     torch.manual_seed(12)
     ref = _randomised(ref_cls(16, 4, 32, dropout=0.0), 22)

@@ -1,7 +1,7 @@
 """Checks of unit 06 (the encoder–decoder Transformer for English→Hindi).
 
 Oracles: ``torch.nn.Transformer`` (same weights, torch's mask convention), ``causal_mask`` from unit 00,
-``torch.argmax`` for greedy decoding, and hand-computed chrF values (F06.3; sacreBLEU is not a course
+``torch.argmax`` for greedy decoding, and hand-computed chrF values (sacreBLEU is not a course
 dependency). Fixtures F06.1–F06.3 come from the syllabus. Models are compared with shared weights: the
 learner's module is built with the same arguments and loaded with the reference ``state_dict``.
 """
@@ -79,7 +79,7 @@ def check_make_masks(t):
     t.expect(isinstance(out, torch.Tensor), f"make_src_mask must return a tensor, got {type(out).__name__}")
     t.expect(out.dtype == torch.bool, f"make_src_mask must return a bool mask (True = real token), got {out.dtype}")
     t.compare(lambda impl: impl.make_src_mask(F061_SRC), F061_SRC_MASK,
-              "make_src_mask([[5, 6, 7, 0, 0]]) (F06.1; expected shape (B, 1, 1, S))")
+              "make_src_mask([[5, 6, 7, 0, 0]]) (expected shape (B, 1, 1, S))")
     src = _padded_ids([6, 3, 1, 5], 30, seed=1)
     t.compare(lambda impl: impl.make_src_mask(src), (src != PAD)[:, None, None, :], "make_src_mask on a (4, 6) batch")
     t.compare(lambda impl: impl.make_src_mask(src + 1, pad_id=4), (src + 1 != 4)[:, None, None, :],
@@ -89,7 +89,7 @@ def check_make_masks(t):
     t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.bool,
              f"make_tgt_mask must return a bool tensor, got {getattr(out, 'dtype', type(out).__name__)}")
     t.compare(lambda impl: impl.make_tgt_mask(F061_TGT), F061_TGT_MASK,
-              "make_tgt_mask([[1, 8, 9, 0]]) (F06.1; expected shape (B, 1, T, T) = padding & causal)")
+              "make_tgt_mask([[1, 8, 9, 0]]) (expected shape (B, 1, T, T) = padding & causal)")
     tgt = _padded_ids([5, 2, 7], 30, seed=2)
     tgt[:, 0] = SOS
     expected = (tgt != PAD)[:, None, None, :] & _causal(tgt.shape[1])
@@ -114,7 +114,7 @@ def check_make_translation_batch(t):
     t.expect(all(isinstance(x, torch.Tensor) and x.dtype == torch.long for x in out),
              "src, tgt_in and tgt_out must be torch.long tensors")
     for k, name in enumerate(("src", "tgt_in", "tgt_out")):
-        t.compare(lambda impl: impl.make_translation_batch(F062_PAIRS, 8), F062[k], f"{name} for F06.2 (max_len=8)",
+        t.compare(lambda impl: impl.make_translation_batch(F062_PAIRS, 8), F062[k], f"{name} for pairs {F062_PAIRS} (max_len=8)",
                   pick=lambda o, k=k: o[k])
     long_pairs = [(list(range(4, 14)), list(range(20, 32))), ([7, 8], [9])]
     ref = t.reference.make_translation_batch(long_pairs, 6)
@@ -391,7 +391,7 @@ def check_chrf(t):
              f"chrf must return a number, got {type(out).__name__}")
     for hyps, refs, expected in F063:
         t.compare(lambda impl, h=hyps, r=refs: float(impl.chrf(h, r)), expected,
-                  f"chrf({hyps}, {refs}) (F06.3)", atol=1e-4, rtol=0)
+                  f"chrf({hyps}, {refs})", atol=1e-4, rtol=0)
     corpus = ["मैं घर जा रहा हूँ।", "वह किताब पढ़ती है", "yes, of course"]
     t.compare(lambda impl: float(impl.chrf(corpus, corpus)), 100.0, "chrf of a corpus against itself", atol=1e-4, rtol=0)
     squashed = ["".join(s.split()) for s in corpus]

@@ -60,7 +60,7 @@ def check_build_compact_vocab(t):
     out = t.run(lambda impl: impl.build_compact_vocab(lists))
     t.expect(isinstance(out, dict), f"build_compact_vocab must return a dict {{gpt2_id: new_id}}, got {type(out).__name__}")
     t.compare(lambda impl: impl.build_compact_vocab(lists), F071_VOCAB,
-              'vocabulary of "Great phone!" and "Bad battery." (F07.1)')
+              'vocabulary of "Great phone!" and "Bad battery."')
     # a larger random corpus: values exactly 4 … 4+n−1, in increasing GPT-2-id order
     rng = random.Random(7)
     corpus = [[rng.randrange(50257) if rng.random() < 0.3 else rng.randrange(60) for _ in range(rng.randint(1, 12))]
@@ -103,16 +103,16 @@ def check_encode_batch(t):
     t.expect(isinstance(mask, torch.Tensor) and mask.dtype == torch.bool,
              f"attention_mask must be a bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
     t.expect(tuple(ids.shape) == (2, 8) and tuple(mask.shape) == (2, 8),
-             f"for F07.1 with max_len=8 both tensors must have shape (2, 8); got {tuple(ids.shape)} and "
+             f"for the two reviews with max_len=8 both tensors must have shape (2, 8); got {tuple(ids.shape)} and "
              f"{tuple(mask.shape)}")
     sep_rows = (ids == 2).sum(1)
     t.expect(bool((sep_rows == 1).all()),
              "every row must contain exactly one [SEP] (id 2); a truncated row lost it: truncate the content "
              "before adding [CLS]/[SEP]", bug="B07.truncate_drops_sep" if bool((sep_rows == 0).any()) else None)
     t.compare(lambda impl: impl.encode_batch(texts, _enc(), F071_VOCAB, 8), F071_IDS,
-              'ids for ["Great phone!", "Not bad at all, great value."], max_len=8 (F07.1)', pick=lambda o: o[0])
+              'ids for ["Great phone!", "Not bad at all, great value."], max_len=8', pick=lambda o: o[0])
     t.compare(lambda impl: impl.encode_batch(texts, _enc(), F071_VOCAB, 8), F071_MASK,
-              "attention_mask of F07.1 (True for real tokens, [CLS] and [SEP] included)", pick=lambda o: o[1])
+              "attention_mask of the same batch (True for real tokens, [CLS] and [SEP] included)", pick=lambda o: o[1])
     # L = the longest row when nothing is truncated
     texts2 = [BAD, GREAT, "ok"]
     t.compare(lambda impl: impl.encode_batch(texts2, _enc(), F071_VOCAB, 32),
@@ -348,10 +348,10 @@ def check_confusion_matrix(t):
              f"confusion_matrix must return a (C, C) tensor; got {getattr(cm, 'shape', type(cm).__name__)}")
     t.expect(not cm.is_floating_point(), f"confusion_matrix must hold integer counts (long), got {cm.dtype}")
     t.compare(lambda impl: impl.confusion_matrix(y_true, y_pred, 2).long(), T([[1, 1], [1, 2]]),
-              "confusion_matrix([0,0,1,1,1], [0,1,1,1,0]) (F07.2; rows = true labels)")
+              "confusion_matrix([0,0,1,1,1], [0,1,1,1,0]) (rows = true labels)")
     acc = t.run(lambda impl: impl.accuracy(y_true, y_pred))
     t.expect(isinstance(acc, float), f"accuracy must return a Python float, got {type(acc).__name__}")
-    t.compare(lambda impl: impl.accuracy(y_true, y_pred), 0.6, "accuracy of F07.2", atol=1e-7)
+    t.compare(lambda impl: impl.accuracy(y_true, y_pred), 0.6, "accuracy([0,0,1,1,1], [0,1,1,1,0])", atol=1e-7)
     # asymmetric 3-class case against an independent count
     g = torch.Generator().manual_seed(0)
     yt = torch.randint(0, 3, (200,), generator=g)

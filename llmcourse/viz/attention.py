@@ -301,7 +301,7 @@ def draw_attention_lab_static():
     for n, method in enumerate(MASK_METHODS):
         data = attention_lab(method, scale=True, causal=True, probe=True)
         _draw_lab_panel(axes[2 * n], axes[2 * n + 1], data, MASK_METHODS[method])
-    fig.suptitle("W03.1 causal masking four ways (÷√d_k). Boxes: rows whose context changed when the "
+    fig.suptitle("causal masking four ways (÷√d_k). Boxes: rows whose context changed when the "
                  "last token was perturbed.", fontsize=10)
     return fig
 
@@ -379,7 +379,7 @@ def draw_softmax_sharpness_static():
     fig, axes = figure(1, 2, figsize=(10, 3.4))
     for ax, s in zip(axes, (1, 8)):
         _draw_sharpness_ax(ax, s)
-    fig.suptitle("W03.2 softmax sharpness: the same scores ×8 give a nearly one-hot distribution", fontsize=10)
+    fig.suptitle("softmax sharpness: the same scores ×8 give a nearly one-hot distribution", fontsize=10)
     return fig
 
 
@@ -484,7 +484,7 @@ def draw_variance_vs_dim_static(n_samples: int = 20_000, seed: int = 0):
     for ax, d in zip(axes[:3], (2, 64, 512)):
         _draw_hist_ax(ax, d, n_samples, seed)
     _draw_curve_ax(axes[3], dot_product_variance(seed=seed))
-    fig.suptitle("W03.3 variance vs dimension (q, k with i.i.d. N(0,1) components)", fontsize=10)
+    fig.suptitle("variance vs dimension (q, k with i.i.d. N(0,1) components)", fontsize=10)
     return fig
 
 
@@ -629,7 +629,7 @@ def draw_dropout_on_weights(p: float = 0.5, seed: int = 0):
     _heatmap(axes[2], d["dropped"].numpy(), SIX_TOKENS, SIX_TOKENS, annotate=True, vmax=vmax)
     axes[2].set_title(f"train mode, p = {p:g}: survivors ×{1 / (1 - p):.3g} [RNG seed {seed}]", fontsize=9)
     _row_sum_column(axes[3], d["row_sums"].numpy())
-    fig.suptitle("W03.5 dropout on attention weights: rows no longer sum to 1", fontsize=10)
+    fig.suptitle("dropout on attention weights: rows no longer sum to 1", fontsize=10)
     return fig
 
 

@@ -20,6 +20,7 @@ DOM classes (used by the browser tests): a live widget's outer box has ``llmcour
 from __future__ import annotations
 
 import base64
+import html
 import io
 from collections.abc import Callable
 
@@ -64,8 +65,9 @@ class StaticFigure:
         note = ("Static preview (interactive version: run with the `laptop` profile or "
                 "LLMCOURSE_WIDGETS=live).")
         caption = f"<br><em>{self.caption}</em>" if self.caption else ""
+        alt = html.escape(self.caption or "figure", quote=True)  # never the internal widget id
         return (f'<div class="llmcourse-static" data-widget="{self.widget_id}">'
-                f'<img alt="{self.widget_id}" src="data:image/png;base64,{data}"/>'
+                f'<img alt="{alt}" src="data:image/png;base64,{data}"/>'
                 f'<div style="font-size:small;color:#666">{note}{caption}</div></div>')
 
 

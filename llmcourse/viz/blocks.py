@@ -98,7 +98,7 @@ def draw_layernorm_static():
     fig, axes = figure(2, 2, figsize=(10, 6))
     for row, (g, b) in enumerate(((1.0, 0.0), (2.0, 1.0))):
         _draw_ln_axes(axes[row, 0], axes[row, 1], g, b, 0)
-    fig.suptitle("W05.1 LayerNorm: each token is standardised over its features, then scaled by γ and shifted "
+    fig.suptitle("LayerNorm: each token is standardised over its features, then scaled by γ and shifted "
                  "by β", fontsize=10)
     return fig
 
@@ -235,7 +235,7 @@ def draw_residual_gradients(depth: int = 8, shortcut: bool = True, activation: s
 def draw_residual_gradients_static():
     fig, ax = figure(figsize=(8, 3.8))
     _draw_grad_ax(ax, 8, "sigmoid")
-    fig.suptitle("W05.3 gradient flow: without shortcuts the first layer's gradient vanishes", fontsize=10)
+    fig.suptitle("gradient flow: without shortcuts the first layer's gradient vanishes", fontsize=10)
     return fig
 
 
@@ -320,7 +320,7 @@ def draw_pre_post_ln(depth: int = 12):
     b.set_yscale("log")
     for ax in (a, b):
         ax.legend(fontsize=8)
-    fig.suptitle(f"W05.4 pre-LN vs post-LN at initialisation, {depth} encoder blocks (D=32, H=4, d_ff=64)",
+    fig.suptitle(f"pre-LN vs post-LN at initialisation, {depth} encoder blocks (D=32, H=4, d_ff=64)",
                  fontsize=10)
     return fig
 

@@ -32,7 +32,7 @@ from .base import figure, live_or_static, redrawing_output
 
 __all__ = [
     "head_viewer_weights", "draw_head_viewer", "show_head_viewer", "model_head_weights", "show_trained_head_viewer",
-    "f044_context", "merge_layout", "draw_merge_layout", "show_merge_visualiser",
+    "tagged_head_context", "merge_layout", "draw_merge_layout", "show_merge_visualiser",
     "mask_translation", "draw_mask_translation", "show_mask_translator",
 ]
 
@@ -237,8 +237,9 @@ def show_head_viewer(text: str | None = None, max_tokens: int = 16, n_layers: in
 # ====================================================================== W04.2 merge visualiser
 
 
-def f044_context(batch: int = 1, n_heads: int = 2, t: int = 3, head_dim: int = 3) -> Tensor:
-    """F04.4: ``context[b, h, t, :] = 100·h + 10·t + [0, 1, …, head_dim−1]`` (+ 1000·b), shape ``(B, H, T, hd)``."""
+def tagged_head_context(batch: int = 1, n_heads: int = 2, t: int = 3, head_dim: int = 3) -> Tensor:
+    """A per-head context whose entries say where they come from, shape ``(B, H, T, hd)``:
+    ``context[b, h, t, :] = 1000·b + 100·h + 10·t + [0, 1, …, head_dim−1]`` (the lesson's merge example)."""
     b = torch.arange(batch).view(-1, 1, 1, 1) * 1000
     h = torch.arange(n_heads).view(1, -1, 1, 1) * 100
     tt = torch.arange(t).view(1, 1, -1, 1) * 10
@@ -254,7 +255,7 @@ def merge_layout(batch: int = 1, t: int = 3, n_heads: int = 2, head_dim: int = 3
 
     Returns:
         ``{"token": (B, T, H·hd) long, "head": (B, T, H·hd) long, "merged": (B, T, H·hd) float}``, where
-        ``merged`` is the merge of :func:`f044_context` (F04.4 for the defaults).
+        ``merged`` is the merge of :func:`tagged_head_context` (F04.4 for the defaults).
 
     Raises:
         ValueError: if a size is < 1.
@@ -264,7 +265,7 @@ def merge_layout(batch: int = 1, t: int = 3, n_heads: int = 2, head_dim: int = 3
             raise ValueError(f"{name} must be >= 1, got {v}")
     token = torch.arange(t).view(1, 1, t, 1).expand(batch, n_heads, t, head_dim)
     head = torch.arange(n_heads).view(1, n_heads, 1, 1).expand(batch, n_heads, t, head_dim)
-    ctx = f044_context(batch, n_heads, t, head_dim)
+    ctx = tagged_head_context(batch, n_heads, t, head_dim)
 
     def merge(z):
         if bug:
@@ -321,7 +322,7 @@ def show_merge_visualiser(static: bool | None = None):
         return _controls_box([b, t, h], out, header="<b>Merging heads</b>: which (token t, head h) fills each slot")
 
     return live_or_static("W04.2", build_live, lambda: draw_merge_layout(1, 3, 2, 3), static,
-                          caption="F04.4: B=1, T=3, H=2, head_dim=3.")
+                          caption="B=1, T=3, H=2, head_dim=3.")
 
 
 # ====================================================================== W04.3 mask translator

@@ -273,7 +273,7 @@ print("last 10: ", ["".join(m) for m in verdict_merges[-10:]])
 assert len(verdict_merges) == cfg["bpe_merges"]
 
 # %% [markdown]
-# ### Spot the bug: "just take the most frequent pair"
+# ### Why the tie-break must be written down
 #
 # The function below picks the pair to merge the way many tutorials do. Run the cell. It replays every
 # training step of a corpus of anagrams (every word has the same letters and count, so ties are
@@ -304,33 +304,9 @@ for step, want, forward, backward in replay(most_frequent_pair_buggy)[:3]:
 
 # %% [markdown]
 # `max` returns the *first* maximal key in the dict's iteration order, so ties go to whichever pair was
-# counted first, and that depends on the order of the words. **Your turn:** fix `choose_pair` so that it
-# follows the course's rule (highest count; among ties, the smallest `(left, right)` tuple).
-
-# %%
-def choose_pair(counts):
-    # TODO: follow the course's rule, whatever the order of `counts`
-    return max(counts, key=counts.get)
-
-
-def self_check_choose(choose):
-    bad = replay(choose)
-    print("✓ the same pair as the course rule at every step, in both orders" if not bad else
-          f"✗ not yet: {len(bad)} of {len(anagram_steps) - 1} steps differ, first {bad[0]}")
-    return not bad
-
-
-self_check_choose(choose_pair)
-
-# %% jupyter={"source_hidden": true}
-# Reference fix: find the top count, then take min() over the pairs that have it (tuples of strings
-# compare element by element, so min() is the lexicographically smallest pair).
-def choose_pair_reference(counts):
-    top = max(counts.values())
-    return min(p for p, c in counts.items() if c == top)
-
-
-assert self_check_choose(choose_pair_reference)
+# counted first, and that depends on the order of the words. The course's rule does not: the highest
+# count wins, and among tied pairs the smallest `(left, right)` tuple. Exercise 2's `bpe_train` must
+# follow it; its check trains on corpora full of ties, in several word orders.
 
 # %% [markdown]
 # ## 6. Encoding a word with the merges
@@ -612,6 +588,85 @@ for text in ["the picture", " 東京🙂", "Crème brûlée\n"]:
     assert symbols_to_text(symbols) == text
 
 # %% [markdown]
+# ### Spot the bug: printing tokens as they arrive
+#
+# A model generates one token at a time, and a chat interface prints each as it comes. The quick way
+# decodes every token on its own, `enc.decode([i])`. A GPT-2 token is a run of **bytes**, though, and a
+# character outside ASCII takes 2 to 4 bytes that can land in different tokens: decoded alone, each half
+# becomes the replacement character `�`.
+
+# %%
+stream_texts = ["नमस्ते", "Crème brûlée 🙂", "東京タワー"]
+
+
+def stream_quick(token_ids):
+    for i in token_ids:
+        yield enc.decode([i])
+
+
+for text in stream_texts:
+    chunks = list(stream_quick(enc.encode(text)))
+    print(f"{text!r:18} -> {''.join(chunks)!r}  ({sum(c.count(chr(0xFFFD)) for c in chunks)} replacement characters)")
+assert "".join(stream_quick(enc.encode(stream_texts[0]))) != stream_texts[0]
+
+# %% [markdown]
+# **Your fix.** `stream_text(token_ids)` yields one string per token: everything that the bytes received
+# so far complete and that was not printed yet (an empty string while a character is still incomplete).
+# Joined, the pieces give the text back. `enc.decode_single_token_bytes(i)` gives the bytes of one token.
+# The self-check compares, after every token, what was printed with the longest complete UTF-8 prefix of
+# the bytes so far.
+
+# %%
+def stream_text(token_ids):
+    # TODO: never print half a character, never hold back a complete one
+    for i in token_ids:
+        yield enc.decode([i])
+
+
+def longest_text_prefix(raw):
+    """The longest prefix of `raw` that is complete UTF-8, decoded (a character has at most 4 bytes)."""
+    for cut in range(len(raw), max(len(raw) - 4, 0) - 1, -1):
+        try:
+            return raw[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+def self_check_stream(stream):
+    for text in stream_texts + ["plain ASCII", verdict[:300]]:
+        token_ids = enc.encode(text)
+        shown, raw = "", b""
+        for k, chunk in enumerate(stream(token_ids)):
+            shown += chunk
+            raw += enc.decode_single_token_bytes(token_ids[k])
+            if shown != longest_text_prefix(raw):
+                print(f"✗ not yet: {text!r} after token {k + 1}: printed {shown!r}, expected {longest_text_prefix(raw)!r}")
+                return False
+        if shown != text:
+            print(f"✗ not yet: {text!r} printed as {shown!r}")
+            return False
+    print("✓ every character printed once, as soon as its last byte arrives")
+    return True
+
+
+self_check_stream(stream_text)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): an incremental UTF-8 decoder keeps an incomplete character's bytes until the
+# rest arrives.
+import codecs
+
+
+def stream_text_reference(token_ids):
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for i in token_ids:
+        yield decoder.decode(enc.decode_single_token_bytes(i))
+
+
+assert self_check_stream(stream_text_reference)
+
+# %% [markdown]
 # **Pitfalls a byte-level tokenizer brings (measured on GPT-2's).**
 #
 # * *Digits.* Numbers are split into whatever digit runs happened to be frequent, so the same digits can
@@ -689,50 +744,72 @@ assert all(torch.equal(ds1[i][0][1:], ds1[i][1][:-1]) for i in range(len(ds1))) 
 show_sliding_window([enc.decode([i]) for i in ids[:40]])
 
 # %% [markdown]
-# ### Spot the bug: the missing last window
+# ### Spot the bug: a validation split that overlaps the training text
 #
-# Here is a window count with a plausible-looking range. Run it and compare with the formula: with
-# stride 1 the last window should end exactly at the end of the text, so its target's last token must be
-# the text's last token.
+# To see overfitting, part of the text is held out for validation. A tempting way: make all windows,
+# shuffle them, keep 10 % for validation. With stride 1, neighbouring windows share all but one of their
+# tokens, so nearly every token a validation window reads also sits in some training window: the
+# "held-out" loss is measured on text the model trained on. To see it, run the split on token
+# **positions** (`torch.arange(n)` in place of the ids), so that every window says which positions of
+# the text it reads:
 
 # %%
-L = 4
-buggy_starts = range(0, len(ids) - L - 1, 1)
-last = buggy_starts[-1]
-print(f"{len(buggy_starts):,} windows; the last target ends at token {last + L + 1} of {len(ids)}")
-print("is the last token of the text ever a target?", last + L + 1 == len(ids))
+def split_windows_shuffled(token_ids, L, stride, val_fraction=0.1, seed=0):
+    ds = GPTWindowDataset(token_ids, L, stride)
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = int(len(ds) * val_fraction)
+    return [ds[i] for i in order[n_val:]], [ds[i] for i in order[:n_val]]
+
+
+def positions_read(windows):
+    """The positions of the text that a collection of (x, y) windows reads."""
+    return {p for k in range(len(windows)) for p in torch.cat(windows[k]).tolist()}
+
+
+train_w, val_w = split_windows_shuffled(torch.arange(len(ids)), 4, 1)
+shared = positions_read(train_w) & positions_read(val_w)
+print(f"{len(val_w)} validation windows read {len(positions_read(val_w)):,} positions; "
+      f"{len(shared):,} of them are also read by training windows")
+assert len(shared) > 0.9 * len(positions_read(val_w))
 
 # %% [markdown]
-# The range stops one start too early, so the text's final token is never a target. **Your turn:** fix
-# `window_starts` so that it returns every start `s` whose window `x = ids[s:s+L]`, `y = ids[s+1:s+L+1]`
-# fits in the text. The self-check tries several lengths and strides against the slices themselves.
+# **Your fix.** `split_windows(token_ids, L, stride, val_fraction)` returns `(train, val)`, two
+# collections of `(x, y)` windows (anything with `len` and indexing) such that no position of the text is
+# read by both, every window is a valid pair (`y` is `x` shifted by one token), and the validation windows
+# read about `val_fraction` of the text. The self-check runs it on positions with several `L` and strides.
 
 # %%
-def window_starts(n_tokens, L, stride):
-    # TODO: every valid start, in increasing order
-    return range(0, n_tokens - L - 1, stride)
+def split_windows(token_ids, L, stride, val_fraction=0.1):
+    # TODO: no position may be read by a training window and a validation window
+    return split_windows_shuffled(token_ids, L, stride, val_fraction)
 
 
-def self_check_starts(starts_fn):
-    for n, ctx, stride in [(len(ids), 4, 1), (len(ids), 4, 4), (10, 4, 1), (10, 4, 3), (5, 4, 1), (4, 4, 1)]:
-        want = [s for s in range(n) if s + ctx + 1 <= n and s % stride == 0]
-        got = list(starts_fn(n, ctx, stride))
-        if got != want:
-            print(f"✗ not yet: n={n}, L={ctx}, stride={stride}: {len(got)} starts, expected {len(want)}")
+def self_check_split(split):
+    n = len(ids)
+    for L_, stride in [(4, 1), (4, 4), (16, 3)]:
+        train, val = split(torch.arange(n), L_, stride, 0.1)
+        pairs = [train[k] for k in range(len(train))] + [val[k] for k in range(len(val))]
+        valid = all(len(x) == L_ and torch.equal(x + 1, y) for x, y in pairs)
+        overlap = len(positions_read(train) & positions_read(val))
+        share = len(positions_read(val)) / n
+        if not (valid and overlap == 0 and 0.05 <= share <= 0.15 and len(train) > 0):
+            print(f"✗ not yet: L={L_}, stride={stride}: valid windows {valid}, {overlap:,} positions read by both, "
+                  f"validation reads {share:.0%} of the text")
             return False
-    print(f"✓ every complete window, and no more: {len(starts_fn(len(ids), L, 1)):,} windows with stride 1")
+    print("✓ training and validation windows read disjoint parts of the text")
     return True
 
 
-self_check_starts(window_starts)
+self_check_split(split_windows)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix: a start s is valid while s + L + 1 <= n_tokens, i.e. s < n_tokens - L.
-def window_starts_reference(n_tokens, L, stride):
-    return range(0, n_tokens - L, stride)
+# Reference fix (folded): cut the token stream once, then make the windows on each side of the cut.
+def split_windows_reference(token_ids, L, stride, val_fraction=0.1):
+    cut = int(len(token_ids) * (1 - val_fraction))
+    return GPTWindowDataset(token_ids[:cut], L, stride), GPTWindowDataset(token_ids[cut:], L, stride)
 
 
-assert self_check_starts(window_starts_reference) and len(window_starts_reference(len(ids), L, 1)) == len(ds1)
+assert self_check_split(split_windows_reference)
 
 # %% [markdown]
 # Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Shuffling

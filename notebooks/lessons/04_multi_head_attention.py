@@ -279,6 +279,39 @@ print("head counts that divide 256:", ok_heads)
 assert 6 not in ok_heads and MultiHeadAttention(256, 256, num_heads=8).head_dim == 32
 
 # %% [markdown]
+# **Your fix.** Repair such a configuration before the module is built: `heads_for(d_out, wanted)` returns
+# the largest head count that is at most `wanted` and divides `d_out`. The self-check tries several widths.
+
+# %%
+def heads_for(d_out, wanted):
+    # TODO: the largest head count <= wanted that divides d_out
+    return wanted
+
+
+def self_check_heads_for(fn):
+    for d_out, wanted in [(256, 6), (256, 8), (768, 10), (512, 7), (12, 5), (7, 3)]:
+        got = fn(d_out, wanted)
+        ok = isinstance(got, int) and 1 <= got <= wanted and d_out % got == 0
+        ok = ok and not any(d_out % h_ == 0 for h_ in range(got + 1, wanted + 1))
+        if not ok:
+            print(f"✗ not yet: heads_for({d_out}, {wanted}) returned {got!r}")
+            return False
+    print("✓ every configuration gets the largest head count that divides its width")
+    return True
+
+
+self_check_heads_for(heads_for)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed): count down from the wanted number until one divides the width (1 always does).
+def heads_for_reference(d_out, wanted):
+    return next(h_ for h_ in range(wanted, 0, -1) if d_out % h_ == 0)
+
+
+assert self_check_heads_for(heads_for_reference)
+assert MultiHeadAttention(256, 256, num_heads=heads_for_reference(256, 6)).head_dim == 64
+
+# %% [markdown]
 # ## 4. All heads at once
 #
 # With `q, k, v` of shape `(B, H, T, hd)`, one matrix product gives every head's raw scores:
@@ -389,7 +422,7 @@ assert self_check_head_scores() and head_scores(q4, k4).shape == (2, 2, 5, 5)
 # number says which head (hundreds) and token (tens) it came from.
 
 # %%
-ctx = viz.f044_context()            # (B=1, H=2, T=3, hd=3)
+ctx = viz.tagged_head_context()            # (B=1, H=2, T=3, hd=3)
 good = ctx.transpose(1, 2).contiguous().view(1, 3, 6)
 bad = ctx.reshape(1, 3, 6)          # the bug: merge without transposing back
 print("correct merge:\n", good[0].int())
@@ -481,11 +514,14 @@ def self_check_causal_scores():
 fixed_mask_apply = self_check_causal_scores()
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (collapsed): assign the result of masked_fill. Running it replaces your version.
+# Reference fix (collapsed; masked attention is part of exercise 2, so here in words): `masked_fill` is not
+# in-place, it *returns* the masked scores; keep its result (or use `masked_fill_`) before the softmax.
+# Running this cell replaces your version by unit 03's finished attention, which passes the self-check.
+from llmcourse.nn.attention import scaled_dot_product_attention
+
+
 def causal_scores(q, k, mask):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return scaled_dot_product_attention(q, k, k, mask=mask)[1]
 
 
 assert self_check_causal_scores()
@@ -651,6 +687,67 @@ except RuntimeError as err:
     print(f"torch {torch.__version__} refuses: {str(err).splitlines()[0]}")
 fixed = F.scaled_dot_product_attention(qs, ks, ks, attn_mask=causal_mask(2, 5) & keep5)
 assert torch.isfinite(fixed).all()
+
+# %% [markdown]
+# **Your fix.** `attend_causal_padded(q, k, v, keep)` takes `q` `(B, H, T_q, hd)`, `k` and `v`
+# `(B, H, T_k, hd)` and a key-padding mask `keep` `(B, T_k)` bool (True = real token), and returns the
+# attention output of `F.scaled_dot_product_attention` for "causal (bottom-right, as in the course) **and**
+# not padding". The self-check compares with attention computed one query at a time, for `T_q = T_k` and
+# `T_q < T_k`.
+
+# %%
+def attend_causal_padded(q, k, v, keep):
+    # TODO: one boolean attn_mask, no is_causal
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], is_causal=True)
+
+
+def attention_one_query_at_a_time(q, k, v, keep):
+    """Self-check oracle: query i sits at position T_k − T_q + i and sees the real keys up to it."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = torch.zeros(q.shape[:-1] + v.shape[-1:])
+    for b_ in range(q.shape[0]):
+        for i in range(t_q):
+            allowed = (torch.arange(t_k) <= t_k - t_q + i) & keep[b_]
+            w = torch.softmax(q[b_, :, i:i + 1] @ k[b_][:, allowed].transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+            out[b_, :, i] = (w @ v[b_][:, allowed])[:, 0]
+    return out
+
+
+def self_check_causal_padded(fn):
+    torch.manual_seed(5)
+    for t_q, t_k in [(5, 5), (2, 5), (1, 4)]:
+        q_, k_, v_ = torch.randn(2, 2, t_q, 4), torch.randn(2, 2, t_k, 4), torch.randn(2, 2, t_k, 4)
+        keep_ = torch.ones(2, t_k, dtype=torch.bool)
+        keep_[1, -1] = False                               # the second sequence ends with a pad
+        want = attention_one_query_at_a_time(q_, k_, v_, keep_)
+        try:
+            got = fn(q_, k_, v_, keep_)
+        except RuntimeError as err:
+            print(f"✗ not yet: T_q={t_q}, T_k={t_k}: {str(err).splitlines()[0]}")
+            return False
+        if got.shape != want.shape or not torch.allclose(got, want, atol=1e-5):
+            print(f"✗ not yet: T_q={t_q}, T_k={t_k}: the output differs from causal-and-padding attention")
+            return False
+    print("✓ causal and padding masks combined, for T_q = T_k and T_q < T_k")
+    return True
+
+
+self_check_causal_padded(attend_causal_padded)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (collapsed; this call is part of exercise 5, so here in words): AND the bottom-right causal
+# mask `causal_mask(T_q, T_k)` with the padding mask broadcast over heads and queries
+# (`keep[:, None, None, :]`), and pass that one boolean mask as `attn_mask`, without `is_causal`. Unit 03's
+# finished attention, given the same combined mask, passes the self-check:
+from llmcourse.nn.attention import scaled_dot_product_attention
+
+
+def course_attention_causal_padded(q, k, v, keep):
+    combined = causal_mask(q.shape[-2], k.shape[-2]) & keep[:, None, None, :]
+    return scaled_dot_product_attention(q, k, v, mask=combined)[0]
+
+
+assert self_check_causal_padded(course_attention_causal_padded)
 
 # %% [markdown]
 # ### `nn.MultiheadAttention`

@@ -23,10 +23,11 @@
 # on, the course imports the finished versions from `llmcourse.nn`.
 #
 # Cells marked **Spot the bug** reproduce mistakes found in popular write-ups. Run the buggy cell and see
-# which property breaks. Where the fix is not itself one of the exercises, write it in the **TODO** cell
-# and run its self-check (it prints "not yet" until the fix is right); a reference fix follows in a
-# collapsed cell (click its margin to expand) that runs with the rest of the notebook. Where the fix *is*
-# an exercise (LayerNorm, the FFN, the encoder block), the property is your test for that exercise.
+# which property breaks, write your fix in the **TODO** cell and run its self-check (it prints "not yet"
+# until the fix is right). A reference follows in a collapsed cell (click its margin to expand) that runs
+# with the rest of the notebook. Where the fix *is* one of the exercises (LayerNorm, the FFN, the encoder
+# block), the collapsed cell says what to change in words and runs the self-check on the library's
+# finished version instead of showing code: your TODO cell is then a first test for that exercise.
 #
 # Conventions: activations are `(B, T, D)` = (batch, sequence, `d_model`); masks are boolean with
 # **`True` = may attend**; a key-padding mask has shape `(B, 1, 1, T_k)`.
@@ -202,7 +203,7 @@ def layer_norm_buggy(x, eps=1e-5):
     return (x - mean) / (x.std(-1, keepdim=True) + eps)      # unbiased std, eps outside the root
 
 
-def layer_norm_fixed(x, eps=1e-5):
+def layer_norm_library(x, eps=1e-5):
     return LayerNorm(x.shape[-1], eps=eps)(x).detach()
 
 
@@ -213,11 +214,37 @@ def parity(fn, x):
 torch.manual_seed(3)
 x_typical = torch.randn(4, 16)
 x_flat = torch.randn(4, 16) * 1e-3          # nearly constant tokens: here eps matters
-for name, fn in (("buggy", layer_norm_buggy), ("fixed", layer_norm_fixed)):
+for name, fn in (("buggy", layer_norm_buggy), ("library", layer_norm_library)):
     print(f"{name}: max diff vs F.layer_norm, typical tokens {parity(fn, x_typical):.2e}, "
           f"nearly-constant tokens {parity(fn, x_flat):.2e}")
 assert parity(layer_norm_buggy, x_typical) > 1e-2      # the wrong variance: about 3 % off for D = 16
-assert parity(layer_norm_fixed, x_typical) < 1e-5 and parity(layer_norm_fixed, x_flat) < 1e-4
+assert parity(layer_norm_library, x_typical) < 1e-5 and parity(layer_norm_library, x_flat) < 1e-4
+
+# %% [markdown]
+# **Your fix.** Rewrite `layer_norm_mine(x, eps)` (γ = 1, β = 0) so that it matches `F.layer_norm` on typical
+# and on nearly constant tokens. Then run the self-check.
+
+# %%
+def layer_norm_mine(x, eps=1e-5):
+    # TODO: which variance, and where does eps go?
+    mean = x.mean(-1, keepdim=True)
+    return (x - mean) / (x.std(-1, keepdim=True) + eps)
+
+
+def self_check_layer_norm(fn):
+    typical, flat = parity(fn, x_typical), parity(fn, x_flat)
+    ok = typical < 1e-5 and flat < 1e-4
+    print("✓ matches F.layer_norm on typical and nearly constant tokens" if ok else
+          f"✗ not yet: max difference {typical:.2e} (typical tokens), {flat:.2e} (nearly constant tokens)")
+    return ok
+
+
+self_check_layer_norm(layer_norm_mine)
+
+# %% jupyter={"source_hidden": true}
+# Reference (collapsed; the fix is exercise 1, so here in words): use the biased variance (divide by D,
+# `unbiased=False`) and add eps to the variance *inside* the square root. The library's LayerNorm does both:
+assert self_check_layer_norm(layer_norm_library)
 
 # %% [markdown]
 # ### Spot the bug: "LayerNorm uses batch statistics in training and running statistics in evaluation"
@@ -255,6 +282,40 @@ x = torch.randn(2, 5, 16) * 3 + 1
 print("running-stats 'LayerNorm': train == eval and no buffers?", train_eval_agree(RunningStatsNorm(16), x))
 print("LayerNorm:                 train == eval and no buffers?", train_eval_agree(LayerNorm(16), x))
 assert not train_eval_agree(RunningStatsNorm(16), x) and train_eval_agree(LayerNorm(16), x)
+
+# %% [markdown]
+# **Your fix.** `TokenNorm(d_model, eps)` keeps γ, β and eps of `LayerNorm` and rewrites `forward`. It must
+# compute the same function in `train()` and `eval()`, hold no buffers, and match
+# `F.layer_norm(x, (d_model,), γ, β, eps)` for any γ and β.
+
+# %%
+class TokenNorm(LayerNorm):
+    def forward(self, x):
+        # TODO: whose statistics normalise a token?
+        flat = x.reshape(-1, x.shape[-1])
+        mean, var = flat.mean(0), flat.var(0, unbiased=False)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+def self_check_token_norm(cls, x=x):
+    norm = cls(16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.normal_()
+    want = F.layer_norm(x, (16,), norm.weight, norm.bias, norm.eps)
+    ok = train_eval_agree(norm, x) and torch.allclose(norm.eval()(x), want, atol=1e-5)
+    print("✓ each token normalised by its own features, in train and eval alike" if ok else
+          "✗ not yet: the output differs from F.layer_norm, between train() and eval(), or the module has buffers")
+    return ok
+
+
+self_check_token_norm(TokenNorm)
+
+# %% jupyter={"source_hidden": true}
+# Reference (collapsed; the fix is exercise 1, so here in words): take the mean and the biased variance of
+# each token over its own D features (the last axis, keepdim), never over the batch, and keep no running
+# statistics. The library's LayerNorm passes the same self-check:
+assert self_check_token_norm(LayerNorm)
 
 # %% [markdown]
 # Move γ and β, and pick another token: the histogram of the token's 16 features is standardised
@@ -406,6 +467,33 @@ x = torch.randn(2, 6, 8)
 print("FFN with inner dropout deterministic in train()?", deterministic_in_train(FFNWithInnerDropout(8, 32), x))
 print("course FeedForward deterministic in train()?    ", deterministic_in_train(FeedForward(8, 32), x))
 assert not deterministic_in_train(FFNWithInnerDropout(8, 32), x) and deterministic_in_train(FeedForward(8, 32), x)
+
+# %% [markdown]
+# **Your fix.** Rewrite `forward` of `FFNFixed` (same layers as the buggy module) so that the FFN itself is
+# deterministic: in `train()` it must give the same output twice, and the same output as in `eval()`.
+
+# %%
+class FFNFixed(FFNWithInnerDropout):
+    def forward(self, x):
+        # TODO: where does the dropout of this sublayer belong?
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
+
+def self_check_ffn(cls, x=x):
+    module = cls(8, 32)
+    ok = deterministic_in_train(module, x) and torch.equal(module.train()(x), module.eval()(x))
+    print("✓ the FFN is deterministic; the block's residual dropout does the regularising" if ok else
+          "✗ not yet: in train() the FFN's output is random")
+    return ok
+
+
+self_check_ffn(FFNFixed)
+
+# %% jupyter={"source_hidden": true}
+# Reference (collapsed; the FFN is exercise 3, so here in words): no dropout between the two linear layers;
+# the block applies one dropout to the sublayer's output before the residual add. The library's
+# FeedForward passes the same self-check:
+assert self_check_ffn(FeedForward)
 
 # %% [markdown]
 # ## 5. Post-LN versus pre-LN
@@ -703,6 +791,40 @@ claimed.norm_first = False
 as_post = to_torch_encoder(claimed)(x)                 # the same weights, post-LN reference
 print(f"matches pre-LN: {torch.allclose(out, as_pre, atol=1e-5)}; matches post-LN: {torch.allclose(out, as_post, atol=1e-5)}")
 assert not torch.allclose(out, as_pre, atol=1e-5) and torch.allclose(out, as_post, atol=1e-5)
+
+# %% [markdown]
+# **Your fix.** Rewrite `forward` of `ModernEncoderFixed` so that the block really is pre-LN: with the
+# same weights it must match `nn.TransformerEncoderLayer(norm_first=True)` (dropout off).
+
+# %%
+class ModernEncoderFixed(EncoderBlock):
+    def forward(self, x, mask=None):
+        # TODO: pre-LN: where do norm1 and norm2 go?
+        x = self.norm1(x + self.self_attn(x, mask=mask))
+        return self.norm2(x + self.ffn(x))
+
+
+def self_check_pre_ln(cls, x=x):
+    torch.manual_seed(8)
+    block = cls(16, 4, 32, dropout=0.0, norm_first=True).eval()
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if name.startswith("norm"):
+                p.add_(0.3 * torch.randn_like(p))
+        got, want = block(x), to_torch_encoder(block)(x)
+    ok = torch.allclose(got, want, atol=1e-5)
+    print("✓ the block matches the pre-LN reference layer" if ok else
+          f"✗ not yet: max difference from the pre-LN reference {(got - want).abs().max().item():.3f}")
+    return ok
+
+
+self_check_pre_ln(ModernEncoderFixed)
+
+# %% jupyter={"source_hidden": true}
+# Reference (collapsed; the encoder block is exercise 4, so here in words): each sublayer reads a
+# normalised copy of the stream and adds its output to the un-normalised stream, `x + sublayer(norm(x))`;
+# the stream itself is never normalised inside the block. The library's EncoderBlock passes:
+assert self_check_pre_ln(EncoderBlock)
 
 # %% [markdown]
 # ## 7. The decoder block

@@ -122,6 +122,66 @@ assert len(rows_csv) == 748 and n_splitlines == 1002 and len(imdb) == 1000
 odd = [line for line in imdb_text.split("\n") if any(c in line for c in "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e")]
 print(f"{len(odd)} IMDb lines hold a Unicode line separator, e.g. {odd[0][:70]!r}")
 
+# %% [markdown]
+# ### Spot the bug: reading `sentence<TAB>label` lines
+#
+# A reader written the quick way: `splitlines()`, then everything before the first tab is the sentence
+# and everything after it the label. Run it on the IMDb file and check two properties: one example per
+# review (1,000) and every label `0` or `1`.
+
+# %%
+def read_labelled_quick(text):
+    rows = []
+    for line in text.splitlines():
+        sentence, _, label = line.partition("\t")
+        rows.append((sentence, label))
+    return rows
+
+
+quick = read_labelled_quick(imdb_text)
+bad_labels = [row for row in quick if row[1] not in {"0", "1"}]
+print(f"{len(quick)} rows, {len(bad_labels)} of them without a 0/1 label, e.g. {bad_labels[0][0][:60]!r}")
+assert len(quick) != 1000 and bad_labels
+
+# %% [markdown]
+# **Your fix.** `read_labelled(text)` returns one `(sentence, label)` pair per line of the file, with
+# `label` an `int`, for all three files. Lines end at `"\n"` only, and a sentence may itself contain a
+# tab, so the label is what follows the **last** tab. The self-check compares with the course's reader on
+# the three files.
+
+# %%
+def read_labelled(text):
+    # TODO: one pair per "\n"-separated line; the label follows the last tab
+    return read_labelled_quick(text)
+
+
+def self_check_reader(read):
+    for src, name in S.SENTIMENT_FILES.items():
+        text = llmcourse.load_text("uci-sentiment", name)
+        want = [(e.text, e.label) for e in S.parse_labelled_lines(text, src)]
+        got = list(read(text))
+        if got != want:
+            print(f"✗ not yet: {src}: {len(got)} rows, expected {len(want)}; first difference at row "
+                  f"{next((k for k, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))}")
+            return False
+    print("✓ 3 × 1,000 examples, sentences and labels as the course reads them")
+    return True
+
+
+self_check_reader(read_labelled)
+
+# %% jupyter={"source_hidden": true}
+# Reference fix (folded): split on "\n" only, drop the final empty line, cut each line at its last tab.
+def read_labelled_reference(text):
+    pairs = []
+    for line in text.rstrip("\n").split("\n"):
+        sentence, _, label = line.rpartition("\t")
+        pairs.append((sentence, int(label)))
+    return pairs
+
+
+assert self_check_reader(read_labelled_reference)
+
 # %%
 examples = S.load_sentiment()
 counts = {(src, lab): sum(1 for e in examples if e.source == src and e.label == lab)
@@ -215,9 +275,8 @@ assert per_block == 49_984
 # ## 4. Input formatting and the attention mask
 #
 # Each sentence becomes `[CLS] content [SEP]`, then `[PAD]` up to the longest row of the batch. A
-# row may hold at most `max_len` ids, so the **content** is truncated to `max_len − 2` first; `[CLS]`
-# and `[SEP]` are added afterwards and always survive. The attention mask is True for every real
-# token, `[CLS]` and `[SEP]` included.
+# row may hold at most `max_len` ids; `[CLS]` and `[SEP]` always survive, so what does not fit is the
+# end of the **content**. The attention mask is True for every real token, `[CLS]` and `[SEP]` included.
 
 # %%
 ids, mask = S.encode_batch(["Great phone!", "Not bad at all, great value."], enc, small_vocab, max_len=8)
@@ -235,59 +294,16 @@ print(f"training rows: median {int(lengths.median())} ids, longest {int(lengths.
       f"{n_long} of {len(lengths)} exceed max_len = {cfg['max_len']} and lose their tail")
 
 # %% [markdown]
-# ### Spot the bug: truncation that drops `[SEP]`
-#
-# A tempting shortcut frames first and cuts afterwards: `([CLS] + content + [SEP])[:max_len]`. Run it on
-# a long sentence and check the property "every row ends its real tokens with exactly one `[SEP]`".
+# The property to keep in mind for exercise 2: **every row ends its real tokens with exactly one `[SEP]`**,
+# however long the sentence. Truncating a row *after* framing it (`[CLS] … [SEP]`, then cut to `max_len`)
+# breaks it for every sentence longer than the room left. Here is the property on the library's
+# `encode_batch` for the longest training review:
 
 # %%
-def encode_cut_after(texts, enc, vocab, max_len):
-    rows = [([1] + [vocab.get(i, 3) for i in enc.encode(t)] + [2])[:max_len] for t in texts]
-    length = max(map(len, rows))
-    return torch.tensor([r + [0] * (length - len(r)) for r in rows])
-
-
-def sep_ok(ids):
-    return bool(((ids == 2).sum(1) == 1).all())
-
-
 long_review = max((e.text for e in splits["train"]), key=lambda s: len(enc.encode(s)))
-buggy = encode_cut_after([long_review, "Great phone!"], enc, vocab, 16)
-print("cut after framing:", buggy[0].tolist(), "-> one [SEP] per row?", sep_ok(buggy))
-assert not sep_ok(buggy)
-
-# %% [markdown]
-# **Your fix.** `frame_row(content, max_len)` receives the mapped content ids of one sentence and must
-# return `[CLS] … [SEP]` with at most `max_len` ids, `[SEP]` always last, and as much of the content's
-# head as fits. The self-check tries contents shorter than, equal to and longer than the room left.
-
-# %%
-def frame_row(content, max_len):
-    # TODO: fix the order of framing and cutting
-    return ([1] + content + [2])[:max_len]
-
-
-def self_check_framing(frame):
-    ok = True
-    for n in (0, 3, 14, 15, 40):
-        content = list(range(4, 4 + n))
-        row = frame(content, 16)
-        ok &= len(row) == min(n + 2, 16) and row[0] == 1 and row[-1] == 2 and row.count(2) == 1
-        ok &= row[1:-1] == content[: len(row) - 2]
-    print("✓ [SEP] survives truncation" if ok else "✗ not yet: some row loses its [SEP] or has the wrong length")
-    return ok
-
-
-self_check_framing(frame_row)
-
-# %% jupyter={"source_hidden": true}
-# Reference fix (folded): cut the content to the room that is left, then add [CLS] and [SEP].
-def frame_row_reference(content, max_len):
-    room = max_len - 2
-    return [1] + content[:room] + [2]
-
-
-assert self_check_framing(frame_row_reference)
+long_ids, long_mask = S.encode_batch([long_review, "Great phone!"], enc, vocab, 16)
+print(f"a review of {len(enc.encode(long_review))} GPT-2 tokens, max_len = 16:", long_ids[0].tolist())
+assert bool(((long_ids == 2).sum(1) == 1).all()) and int(long_mask[0].sum()) == 16 and long_ids[0, -1] == 2
 
 # %% [markdown]
 # Keeping `[SEP]` does not rescue the lost words: head-only truncation silently drops the **end** of
@@ -356,14 +372,15 @@ print(f"max |Δ logits| after appending 5 [PAD] columns: {(base - padded).abs().
 assert torch.allclose(base, padded, atol=1e-5)
 
 # %% [markdown]
-# ### Spot the bug: mean pooling over the padding
+# ### Why the mean must be masked
 #
 # `h.mean(dim=1)` looks like mean pooling, but it averages the `[PAD]` positions too, so a sentence's
-# logits depend on how long the **other** sentences of its batch are.
+# logits depend on how long the **other** sentences of its batch are. Exercise 4 asks for the masked
+# version; its check uses exactly this property.
 
 # %%
 def plain_mean(h, mask):
-    return h.mean(dim=1)                     # the bug: pads included
+    return h.mean(dim=1)                     # pads included
 
 
 def padding_shift(pool):
@@ -374,36 +391,9 @@ def padding_shift(pool):
     return (short - long).abs().max().item(), short
 
 
-print(f"plain mean: max |Δ logits| after padding = {padding_shift(plain_mean)[0]:.2e}")
+print(f"plain mean: max |Δ logits| after padding = {padding_shift(plain_mean)[0]:.2e}; "
+      f"the library's pooling='mean' model: {(base - padded).abs().max():.2e}")
 assert padding_shift(plain_mean)[0] > 1e-3
-
-# %% [markdown]
-# **Your fix.** `masked_mean(h, mask)` takes final states `h` `(B, L, D)` and the attention mask `(B, L)`
-# bool and returns `(B, D)`: the mean over the real positions of each row. The self-check asks for
-# padding invariance and for the logits of the library's `pooling="mean"` model (`base`, computed above).
-
-# %%
-def masked_mean(h, mask):
-    # TODO: average over the real positions only
-    return h.mean(dim=1)
-
-
-def self_check_masked_mean(pool):
-    shift, logits = padding_shift(pool)
-    ok = shift < 1e-5 and torch.allclose(logits, base, atol=1e-5)
-    print("✓ padding changes nothing" if ok else f"✗ not yet: the logits move by {shift:.2e} when the batch is padded")
-    return ok
-
-
-self_check_masked_mean(masked_mean)
-
-# %% jupyter={"source_hidden": true}
-# Reference fix (folded): one row at a time, keep the real positions and average them.
-def masked_mean_reference(h, mask):
-    return torch.stack([row[keep].mean(dim=0) for row, keep in zip(h, mask)])
-
-
-assert self_check_masked_mean(masked_mean_reference)
 
 # %% [markdown]
 # ### Spot the bug: heads that do not divide the width
@@ -533,66 +523,73 @@ print(f"{n_small:,} parameters vs {n_train_tokens:,} training tokens ({n_small /
 assert best["epoch"] == viz.best_epoch(history) or history["val_accuracy"][viz.best_epoch(history)] == best["accuracy"]
 
 # %% [markdown]
-# ### Spot the bug: evaluating with dropout on
+# ### Spot the bug: a best checkpoint that keeps training
 #
-# Forgetting `model.eval()` leaves dropout active: two evaluations of the same model disagree. The
-# course's `evaluate` switches to eval mode and restores the previous mode afterwards.
+# `fit` keeps the best epoch's weights with `copy.deepcopy(model.state_dict())`. A common shortcut
+# stores `model.state_dict()` itself. Its tensors are the model's own parameters (the same storage, not
+# a copy), so every later optimizer step rewrites the "best" checkpoint too. Watch it on a copy of the
+# model, with one more training step after the checkpoint is taken:
 
 # %%
-def val_loss_as_is(model, loader):
-    """Mean validation loss per example, in whatever mode the model is in."""
-    with torch.no_grad():
-        losses = [F.cross_entropy(model(i, m), y, reduction="sum") for i, m, y in loader]
-    return float(sum(losses)) / sum(len(y) for *_, y in loader)
+def one_more_step(net):
+    """One AdamW step on the first training batch (what the next epoch would do to the weights)."""
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    ids_, mask_, labels_ = next(iter(train_loader))
+    net.train()
+    F.cross_entropy(net(ids_, mask_), labels_).backward()
+    opt.step()
+    net.eval()
 
 
-model.train()   # as it is in the middle of a training loop
-a, b = val_loss_as_is(model, val_loader), val_loss_as_is(model, val_loader)
-print(f"two evaluations of the same weights: {a:.4f} vs {b:.4f}")
-assert a != b
+def checkpoint_moves(take_checkpoint):
+    """max |Δ| of the checkpoint's tensors caused by one more training step of the model it came from."""
+    net = copy.deepcopy(model)
+    ckpt = take_checkpoint(net)
+    before = {k: v.detach().clone() for k, v in ckpt.items()}
+    one_more_step(net)
+    return max((ckpt[k] - before[k]).abs().max().item() for k in before)
+
+
+def checkpoint_shortcut(net):
+    return net.state_dict()
+
+
+print(f"the stored 'best' weights moved by up to {checkpoint_moves(checkpoint_shortcut):.2e} after one more step")
+assert checkpoint_moves(checkpoint_shortcut) > 0
 
 # %% [markdown]
-# **Your fix.** `val_loss_fixed(model, loader)` must give the same number every time and leave the model
-# in the mode it found it (here: training, because the loop goes on after the evaluation).
+# **Your fix.** `take_checkpoint(net)` returns a dict with the keys of `net.state_dict()` whose tensors
+# hold the current weights and do not change when `net` trains on. The self-check trains one more step and
+# also loads the checkpoint back into a fresh model.
 
 # %%
-def val_loss_fixed(model, loader):
-    # TODO: evaluate without dropout, then leave the model as it was
-    return val_loss_as_is(model, loader)
+def take_checkpoint(net):
+    # TODO: the checkpoint must not share storage with the model
+    return net.state_dict()
 
 
-def self_check_eval_mode(fn):
-    model.train()
-    first, second = fn(model, val_loader), fn(model, val_loader)
-    ok = first == second and model.training and abs(first - evaluate(model, val_loader)["loss"]) < 1e-5
-    print("✓ deterministic, mode restored" if ok else
-          f"✗ not yet: {first:.4f} vs {second:.4f}, model.training afterwards: {model.training}")
+def self_check_checkpoint(take):
+    moved = checkpoint_moves(take)
+    fresh = EncoderClassifier(V, max_len=cfg["max_len"], dropout=cfg["dropout"]).eval()
+    fresh.load_state_dict(take(model))
+    ids_, mask_, _ = next(iter(val_loader))
+    with torch.no_grad():
+        same = torch.equal(fresh(ids_, mask_), model.eval()(ids_, mask_))
+    ok = moved == 0 and same
+    print("✓ the checkpoint stays put and restores the model" if ok else
+          f"✗ not yet: the checkpoint moved by {moved:.2e}; restores the model's outputs: {same}")
     return ok
 
 
-self_check_eval_mode(val_loss_fixed)
+self_check_checkpoint(take_checkpoint)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (folded): a context manager that turns dropout off for the duration of the evaluation.
-from contextlib import contextmanager
+# Reference fix (folded): copy every tensor (detach().clone()); copy.deepcopy(net.state_dict()) works too.
+def take_checkpoint_reference(net):
+    return {name: tensor.detach().clone() for name, tensor in net.state_dict().items()}
 
 
-@contextmanager
-def eval_mode(module):
-    previous = module.training
-    module.eval()
-    try:
-        yield module
-    finally:
-        module.train(previous)
-
-
-def val_loss_reference(model, loader):
-    with eval_mode(model):
-        return val_loss_as_is(model, loader)
-
-
-assert self_check_eval_mode(val_loss_reference)
+assert self_check_checkpoint(take_checkpoint_reference)
 _ = model.eval()
 
 # %% [markdown]

@@ -322,8 +322,8 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/00_pytorch_essentials/00_pytorch_essentials.ipynb`
-# in a terminal for the full report. From the next units on, the course imports the finished
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# From the next units on, the course imports the finished
 # versions: `llmcourse.split_heads`, `llmcourse.merge_heads`, `llmcourse.causal_mask`,
 # `llmcourse.label_smoothed_cross_entropy`, `llmcourse.make_noam_scheduler` and
 # `llmcourse.nn.ResidualStack`.

@@ -334,7 +334,7 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/01_tokenization/01_tokenization.ipynb` in a terminal
-# for the full report. From unit 02 on, the course imports the finished versions from `llmcourse`
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# From unit 02 on, the course imports the finished versions from `llmcourse`
 # (`llmcourse.CharTokenizer`, `llmcourse.bpe_train`, `llmcourse.load_gpt2_encoding`,
 # `llmcourse.create_dataloader`).

@@ -318,7 +318,7 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/02_embeddings_and_positions/02_embeddings_and_positions.ipynb`
-# in a terminal for the full report. From here on the course imports the finished pieces from `llmcourse`:
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# From here on the course imports the finished pieces from `llmcourse`:
 # `llmcourse.nn.InputEmbeddings` and `llmcourse.nn.PositionalEncoding` return in the encoder–decoder of
 # unit 06, and GPT-2's learned positions in unit 08.

@@ -259,6 +259,6 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/03_self_attention/03_self_attention.ipynb` in a
-# terminal for the full report. In the lesson's last section the same `CausalSelfAttention` is
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# In the lesson's last section the same `CausalSelfAttention` is
 # trained on Shakespeare; from unit 04 on, the course imports the finished version from `llmcourse`.

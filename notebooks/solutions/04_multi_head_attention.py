@@ -196,9 +196,10 @@ print("visible tests passed")
 # return a causal `MultiHeadAttention` that gives the same output:
 # - `num_heads = len(wrapper.heads)`, `d_out = num_heads · head_dim`, the same `d_in`, dropout
 #   probability (`heads[0].dropout.p`), `context_length` (`heads[0].context_length`) and `qkv_bias`;
-# - `W_query.weight = cat([heads[h].W_query.weight for h in heads], dim=0)`: the rows of head `h` are
-#   rows `h·head_dim … (h+1)·head_dim − 1` (same for `W_key`, `W_value`, and their biases if any);
-# - `out_proj.weight = I`, `out_proj.bias = 0` (the wrapper has no output projection).
+# - after the split into heads, head `h` of the returned module must compute exactly what
+#   `wrapper.heads[h]` computes, for the query, key and value projections and their biases if any:
+#   which rows of `W_query.weight` (shape `(d_out, d_in)`) does head `h` read? (the lesson's section 6);
+# - the output projection must pass the concatenated heads through unchanged (the wrapper has none).
 #
 # Copy values inside `with torch.no_grad():` using `param.copy_(...)`.
 # It builds **your** `MultiHeadAttention` from exercise 2, so finish that one first.
@@ -350,6 +351,6 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/04_multi_head_attention/04_multi_head_attention.ipynb`
-# in a terminal for the full report. From unit 05 on, the course imports the finished
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# From unit 05 on, the course imports the finished
 # `MultiHeadAttention` from `llmcourse.nn`: it is the attention inside every block we build next.

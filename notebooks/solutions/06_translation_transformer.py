@@ -389,6 +389,6 @@ print("visible tests passed")
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/06_translation_transformer/06_translation_transformer.ipynb`
-# in a terminal for the full report. The lesson trains this model on English→Hindi pairs, decodes with
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
+# The lesson trains this model on English→Hindi pairs, decodes with
 # `greedy_translate`, scores with `chrf` and draws the cross-attention alignments.

@@ -93,7 +93,7 @@ print("visible tests passed")
 
 # %% tags=["solution:07.encode_batch"]
 def encode_batch(texts, enc, vocab, max_len):
-    """(ids (B, L) long, attention_mask (B, L) bool): [CLS] content[:max_len-2] [SEP] [PAD]…"""
+    """(ids (B, L) long, attention_mask (B, L) bool): rows [CLS] content [SEP] [PAD]…, at most max_len ids each."""
     ### BEGIN SOLUTION
     rows = []
     for text in texts:
@@ -113,12 +113,12 @@ def encode_batch(texts, enc, vocab, max_len):
 ### BEGIN HIDDEN TESTS
 from grader import grade; grade("07.encode_batch")  # noqa: E702
 ### END HIDDEN TESTS
-f071_vocab = {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}
-ids, mask = encode_batch(["Great phone!", "Not bad at all, great value."], enc, f071_vocab, max_len=8)
+example_vocab = {0: 4, 13: 5, 3072: 6, 6555: 7, 13681: 8, 22069: 9}
+ids, mask = encode_batch(["Great phone!", "Not bad at all, great value."], enc, example_vocab, max_len=8)
 assert ids.shape == (2, 8) and ids.dtype == torch.long, f"ids: expected (2, 8) long, got {tuple(ids.shape)} {ids.dtype}"
 assert ids.tolist() == [[1, 8, 6, 4, 2, 0, 0, 0], [1, 3, 3, 3, 3, 3, 3, 2]], f"ids of the example: got {ids.tolist()}"
 assert mask.dtype == torch.bool and mask.sum(1).tolist() == [5, 8], f"mask: True for real tokens, got {mask}"
-short, _ = encode_batch(["a very long sentence indeed, much longer than four"], enc, f071_vocab, max_len=4)
+short, _ = encode_batch(["a very long sentence indeed, much longer than four"], enc, example_vocab, max_len=4)
 assert short[0, -1] == 2, f"[SEP] must survive truncation; got {short.tolist()}"
 print("visible tests passed")
 
@@ -136,8 +136,11 @@ print("visible tests passed")
 #   `self.pos = nn.Embedding(max_len, d_model)`, `self.seg = nn.Embedding(type_vocab_size, d_model)`,
 #   `self.norm = LayerNorm(d_model)` (imported above; `nn.LayerNorm` has the same keys),
 #   `self.dropout = nn.Dropout(dropout)`.
-# - Positions are `0, 1, …, L−1` (`torch.arange(L)`); `segment_ids=None` means segment 0 everywhere.
-# - Return `dropout(norm(tok(ids) + pos(positions) + seg(segment_ids)))`.
+# - Positions are `0, 1, …, L−1`; `segment_ids=None` means segment 0 everywhere.
+# - The output is BERT's input embedding of the lesson's section 5, built from these five modules: in
+#   eval mode each output vector is normalised over its features, and the check compares it with its own
+#   computation after loading the same `state_dict` into your module; in train mode dropout acts on that
+#   normalised output (with `dropout=0.5` the survivors are exactly twice the eval output).
 
 # %% tags=["solution:07.BertEmbeddings"]
 class BertEmbeddings(nn.Module):
@@ -361,5 +364,4 @@ print("batch", tuple(ids.shape), "->", evaluate(model, [(ids, mask, torch.tensor
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/07_encoder_classifier/07_encoder_classifier.ipynb`
-# in a terminal for the full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
