@@ -152,6 +152,11 @@ print("visible tests passed")
 #   next depth's input.
 # - `"loss" = loss_main + mtp_lambda / D · Σ_k loss_mtp[k−1]`.
 #
+# Conventions: the text above is the course's (depth 1 reads `h0` before `model.norm`; `h_k` is the module's output
+# after its `post_norm`). vLLM's DeepSeek-V3 MTP code feeds depth 1 the state after the final norm and passes the
+# block output before the head's norm to the next depth; the report does not settle it, and the check accepts
+# either choice.
+#
 # Initialise like unit 11: `L11.Llama3Model` initialises itself; give the new linear maps `N(0, 0.02²)` weights.
 
 # %% tags=["solution:15.MTPLanguageModel"]
