@@ -168,7 +168,8 @@ print("visible tests passed")
 # ## Exercise 3 — the block-scaled GEMM (5 points)
 #
 # ```python
-# def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128) -> Tensor: ...
+# def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128,
+#                          acc_bits: int | None = None) -> Tensor: ...
 # ```
 #
 # `qa (M, K)`, `sa (M, ceil(K/chunk))` from `quantize_act_tiles(x, chunk)`; `qw (N, K)`,
@@ -177,11 +178,18 @@ print("visible tests passed")
 # (FP8 values turned into float32) is multiplied by activation scale `sa[m, c]` of its row and by weight
 # scale `sw[n // chunk, c]` of its output column, and the scaled partial products are summed in float32.
 # The result equals the product of the two dequantised matrices up to float32 rounding.
+#
+# `acc_bits` emulates the tensor core's limited accumulator and its promotion: when it is an int, each chunk's raw
+# partial product (the FP8 values' product, before any scale) is rounded to `acc_bits` significant bits with
+# `llmcourse.quant.fp8.round_mantissa(partial, acc_bits)` (it returns float64: turn it back into float32) and only
+# then scaled and added to the float32 sum. With `acc_bits=None` nothing is rounded.
 
 # %% tags=["solution:16.fp8_blockwise_matmul"]
-def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128):
+def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128, acc_bits=None):
     """(M, K) x (N, K) FP8 with per-tile/per-block scales -> (M, N) float32."""
     ### BEGIN SOLUTION
+    from llmcourse.quant.fp8 import round_mantissa
+
     M, K = qa.shape
     N = qw.shape[0]
     w_scale_per_row = sw.float().repeat_interleave(chunk, dim=0)[:N]   # (N, chunks)
@@ -189,6 +197,8 @@ def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128):
     for c in range(math.ceil(K / chunk)):
         cols = slice(c * chunk, min(K, (c + 1) * chunk))
         part = qa[:, cols].float() @ qw[:, cols].float().T
+        if acc_bits is not None:
+            part = round_mantissa(part, acc_bits).float()
         y += part * sa[:, c].float().unsqueeze(1) * w_scale_per_row[:, c].unsqueeze(0)
     return y
     ### END SOLUTION
