@@ -38,7 +38,6 @@ from __future__ import annotations
 import functools
 
 import torch
-
 import torch.nn.functional as F
 
 from ..core import check, module_facts, unwrap
