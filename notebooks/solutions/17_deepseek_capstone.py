@@ -401,8 +401,11 @@ print("visible tests passed")
 #
 # Train every model for `steps` steps on **the same batches**: step `s` uses
 # `get_batch(train_data, batch_size, context_length, torch.Generator().manual_seed(seed + s))` and learning rate
-# `lr_fn(s)`, AdamW (unit 10's `configure_optimizer`), clipping at 1.0. A `DeepSeekLM` trains with your
-# `train_step`; other models return logits from `model(x)` and train on the cross-entropy. Return one row per model,
+# `lr_fn(s)`, AdamW (unit 10's `configure_optimizer`), clipping at 1.0. A DeepSeek model trains with your
+# `train_step` (main + MTP loss, router-bias update); the check passes the course's
+# `llmcourse.models.deepseek.DeepSeekLM`, not your class, so recognise a DeepSeek model by what it has (both
+# classes have `update_router_biases`) rather than by your own class. Other models return logits from `model(x)`
+# and train on the cross-entropy. Return one row per model,
 # in input order: `{"name", "total_params", "active_params", "ms_per_step", "val_loss", "cache_elems_per_token"}`.
 # Parameters count the main path (MTP modules excluded, a tied weight once); **active** parameters drop, in every MoE
 # layer, the routed experts a token does not use. `val_loss`: the mean main-head loss over 10 validation batches
@@ -448,7 +451,7 @@ def compare_models(models, train_data, val_data, steps, batch_size, context_leng
             for g in opt.param_groups:
                 g["lr"] = lr_fn(s)
             t0 = time.perf_counter()
-            if isinstance(model, DeepSeekLM):
+            if hasattr(model, "update_router_biases"):
                 train_step(model, opt, x, y)
             else:
                 opt.zero_grad(set_to_none=True)
