@@ -204,7 +204,9 @@ def check_mtp_module(t):
              f"eh_proj.weight (D, 2D) without bias, post_norm.weight (D,) and the given block under mtp_block.*; "
              f"differences: {sorted(set(keys) ^ set(expected_keys))[:4] or 'shapes'} (D = {D})")
     t.compare(_module_probe(cfg, state, inputs), expected, "forward(h_prev, emb, cos, sin, mask) with a llama3-tiny "
-              "decoder layer as the block and seeded weights (2 rows of 7 positions)", atol=1e-4, rtol=1e-4)
+              "decoder layer as the block and seeded weights (2 rows of 7 positions): eh_proj reads "
+              "[enorm(emb); hnorm(h_prev)], the released checkpoints' order (the paper's [h; e] order, or a sum "
+              "instead of a concatenation, gives other outputs)", atol=1e-4, rtol=1e-4)
     # the norms act on their own inputs: scaling emb or h_prev by a constant changes nothing
     h, e, cos, sin, mask = inputs
     scaled = (h * 4.0, e * 2.0, cos, sin, mask)
@@ -462,8 +464,9 @@ def check_speculative_generate(t):
         tr = speculative_trace(ref, prompt, n)
         calls, drafts = len(got["main_calls"]), len(got["drafts"])
         t.expect(calls <= n - tr["accepted"] + 1, f"({what}) {calls} main-model calls for {n} tokens with "
-                 f"{tr['accepted']} acceptable drafts: each verification call must also yield the next token, so at "
-                 f"most {n - tr['accepted'] + 1} calls are needed")
+                 f"{tr['accepted']} acceptable drafts: each verification call must also yield the next token (its "
+                 f"last position), so at most {n - tr['accepted'] + 1} calls are needed; a fresh main-model call "
+                 "after every kept draft saves nothing")
         t.expect(drafts > 0, f"({what}) the depth-1 module (model.mtp[0]) was never called: it drafts the tokens")
         tol = 1.0 / max(tr["drafts"], 1) + 1e-9
         t.expect(abs(got["rate"] - tr["rate"]) <= tol, f"({what}) the acceptance rate must be accepted drafts / "

@@ -202,7 +202,9 @@ def check_quantize_blockwise(t):
     got = _unwire(t.run(probe))
     _check_payload(t, got, "quantize_act_tiles on a (5, 200) input")
     t.compare(probe, sa_ref, "activation scales s (5, 2) of a (5, 200) input: one per row and 128-wide K tile (the "
-              "last tile holds 72 columns), s = max(amax, 1e-12) / 448", atol=0.0, rtol=1e-6, pick=lambda o: o["s"])
+              "last tile holds 72 columns), s = max(amax, 1e-12) / 448: the tile's amax lands on E4M3's largest finite value "
+              "(not 448/amax, which inverts the convention; not amax/240, the maximum of the fnuz variant; not "
+              "amax/57344, E5M2's; not one scale for the whole tensor)", atol=0.0, rtol=1e-6, pick=lambda o: o["s"])
     t.compare(probe, qa_ref.float(), "activation payload q (5, 200)", atol=0.0, rtol=0.0,
               pick=lambda o: _unwire(o["q"]).float())
     t.expect(torch.equal(_bits(got["q"]), _bits(qa_ref)), "activation payload: the values match but the bit patterns "
@@ -592,7 +594,8 @@ def check_convert(t):
     head2 = got2["head"]
     if got2["kinds"]["lm_head"]["fp8"] or head2 is None or not torch.equal(head2, state["embed_tokens.weight"] * 2.0):
         t.fail("with skip=('gate',) the tied lm_head was converted: a Linear whose weight is shared with another "
-               "module must never be converted (the copy breaks the tie)", bug="B16.tie_broken")
+               "module must never be converted, whatever skip says (the FP8 copy breaks the tie: recognise it by its "
+               "weight's storage, not by its name)", bug="B16.tie_broken")
 
     # untied model, custom skip: names are matched on their last component
     cfg_u, state_u = _llama_state(False, 1)

@@ -307,7 +307,8 @@ def check_generate(t):
     expected = greedy_uncached(_course_model(state).eval(), prompt, 12)
     got = t.run(run)
     t.compare(run, expected, "greedy tokens for a (2, 5) prompt and 12 new tokens (equal to uncached greedy "
-              "decoding with the main head)", atol=0, rtol=0, pick=lambda o: o["tokens"])
+              "decoding with the main head; the MTP module has no part in it: its logits predict one token further, and "
+              "mixing them in or appending its token changes the text)", atol=0, rtol=0, pick=lambda o: o["tokens"])
     n = 5 + 12 - 1
     t.expect(got["c_kv"] == [[2, n, 64]] * 4 and got["k_pe"] == [[2, n, 16]] * 4,
              f"the cache must hold, per layer, c_kv (B, T, d_c) = (2, {n}, 64) and k_pe (B, T, d_R) = (2, {n}, 16) "
@@ -488,7 +489,9 @@ def check_compare(t):
                    "expert, k routed experts and everything dense: 872,960", bug="B17.active_counts_total")
         t.expect(r.get("total_params") == tot and r.get("active_params") == act,
                  f"{r['name']}: total/active parameters must be {tot:,}/{act:,} (main path, tied head once, MTP "
-                 f"excluded); got {r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
+                 f"excluded; active: the router, the shared expert and k of the E routed experts in every MoE layer "
+                 f"plus everything dense, not all E experts, not without the shared expert or the router); got "
+                 f"{r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
         t.expect(r.get("cache_elems_per_token") == cache, f"{r['name']}: cache elements per token must be {cache}; got "
                  f"{r.get('cache_elems_per_token')!r}")
         v, ms = r.get("val_loss"), r.get("ms_per_step")
