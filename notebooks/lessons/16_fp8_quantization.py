@@ -190,6 +190,23 @@ print(f"largest |q| per tile: {sorted(set(qa.float().abs().view(256, 4, 128).ama
 # Every tile's largest magnitude lands exactly on 448, and the round-trip error printed above is the rounding
 # error of 3 mantissa bits on Gaussian-looking values.
 #
+# **The released checkpoint's layout.** DeepSeek-V3's FP8 checkpoint stores each quantised linear weight as two
+# tensors: `weight` in `float8_e4m3fn` with the layer's `(N, K)` shape, and `weight_scale_inv` in float32 with one
+# entry per 128 × 128 block, `(ceil(N/128), ceil(K/128))`. Despite its name, `weight_scale_inv` is the factor that
+# *multiplies* the stored values back (the inverse of the factor that quantised them): it plays the role of our
+# block scale `s`, and dequantising is `weight.float()` times the entry of its block, as
+# `Q.dequantize_weight_blocks(weight, weight_scale_inv)` does. The shapes for two of V3's projections (its hidden
+# size 7,168 and expert width 2,048) and our weight above:
+
+# %%
+for name, (n_out, k_in) in {"an expert's down_proj (V3)": (7168, 2048), "an expert's gate_proj (V3)": (2048, 7168),
+                            "our seeded weight": tuple(w.shape)}.items():
+    grid = (-(-n_out // 128), -(-k_in // 128))
+    print(f"{name:>28}: weight {n_out} × {k_in} float8_e4m3fn, weight_scale_inv {grid[0]} × {grid[1]} float32 "
+          f"({grid[0] * grid[1] * 4 / (n_out * k_in):.3%} of the FP8 bytes)")
+assert tuple(sw.shape) == (-(-w.shape[0] // 128), -(-w.shape[1] // 128))
+
+# %% [markdown]
 # ## 5. The block-scaled matrix product
 #
 # `y = x wᵀ` with `x (M, K)` and `w (N, K)`. Split K into chunks `c` of 128. Inside one chunk every activation
