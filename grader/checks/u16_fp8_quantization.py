@@ -8,6 +8,18 @@ validation batches (the loss delta of the converted character Llama, ``assets/ll
 compared bit for bit (``q.view(torch.uint8)``). Converted-model structure (module types, buffer dtypes) shapes
 feedback; the tie is re-derived from returned tensors (the embedding is changed inside the probe and the head read
 back).
+
+Contract clauses and the probes that cover them (every argument is probed at a non-default value once):
+
+* ``16.fp8_info``: every field of both FP8 dtypes against the bit patterns; other dtypes raise.
+* ``16.quantize_blockwise``: scales (formula, per 1×128 tile / 128×128 block, partial and all-zero tiles), payload bit
+  patterns, dequantisation, the round-trip bound; ``tile=64`` / ``block=64``; inputs left unchanged (side effect).
+* ``16.fp8_blockwise_matmul``: the per-chunk product with partial chunks; ``chunk=64``; ``acc_bits`` (every chunk's
+  raw partial product rounded on its own before the scales: the per-chunk structure); error level vs float32.
+* ``16.FP8Linear``: buffers/parameter layout, ``bias=False``, ``from_linear`` payload, forward against the
+  reference, ``block=64``; a forward in eval and train mode leaves the state unchanged (side effect).
+* ``16.convert_linears_to_fp8``: in place, default ``skip``, custom ``skip``, ``skip=()``, tied heads never
+  converted (re-derived from returned logits), MoE experts converted and routers kept, the trained model's loss.
 """
 
 from __future__ import annotations
@@ -231,6 +243,30 @@ def check_quantize_blockwise(t):
     t.expect(torch.equal(_bits(gotw["q"]), _bits(qw_ref)), "weight payload: the values match but the bit patterns "
              "do not; q must be exactly clamp(w / s, −448, 448).to(torch.float8_e4m3fn)")
 
+    # --- non-default tile and block (64) and no side effect on the inputs
+    from llmcourse.quant import fp8 as Qr
+
+    qa64, sa64 = Qr.quantize_act_tiles(x, 64)
+    qw64, sw64 = Qr.quantize_weight_blocks(w, 64)
+
+    def probe64(impl):
+        xc, wc = x.clone(), w.clone()
+        q, s_ = impl.quantize_act_tiles(xc, 64)
+        qw_, sw_ = impl.quantize_weight_blocks(wc, 64)
+        return {"sa": s_, "sw": sw_, "xa": impl.dequantize_act_tiles(q, s_, 64),
+                "xw": impl.dequantize_weight_blocks(qw_, sw_, 64),
+                "untouched": bool(torch.equal(xc, x) and torch.equal(wc, w))}
+
+    t.compare(probe64, sa64, "activation scales with tile=64: (5, 4) for a (5, 200) input", atol=0.0, rtol=1e-6,
+              pick=lambda o: o["sa"])
+    t.compare(probe64, sw64, "weight scales with block=64: (5, 4) for a (300, 200) weight", atol=0.0, rtol=1e-6,
+              pick=lambda o: o["sw"])
+    t.compare(probe64, Qr.dequantize_act_tiles(qa64, sa64, 64), "round trip of the activations with tile=64",
+              atol=0.0, rtol=1e-6, pick=lambda o: o["xa"])
+    t.compare(probe64, Qr.dequantize_weight_blocks(qw64, sw64, 64), "round trip of the weights with block=64",
+              atol=0.0, rtol=1e-6, pick=lambda o: o["xw"])
+    t.expect(t.run(probe64)["untouched"], "quantising must not change its input tensor (work on a copy)")
+
     # --- dequantisation from given payloads, checked against q·s in float64
     def expand(s, n, k):
         return s.double().repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
@@ -437,6 +473,36 @@ def check_fp8linear(t):
               "on the fly, block-scaled product, plus the float32 bias", atol=1e-5, rtol=1e-5, pick=lambda o: o["y"])
     err = _rel(got["y"], y_fp32)
     t.expect(err < 0.06, f"relative error against the original nn.Linear is {err:.3f}; it must stay below 0.06")
+
+    # block=64, and no side effects: forwards in eval and train mode leave every buffer and parameter as it was
+    ref64 = FP8Linear.from_linear(ref_lin, block=64)
+    with torch.no_grad():
+        y64 = ref64(x)
+
+    def probe64(impl):
+        lin = nn.Linear(200, 300)
+        lin.load_state_dict(state)
+        m = impl.FP8Linear.from_linear(lin, block=64) if not hasattr(impl.FP8Linear, "__wrapped__") else \
+            InstanceGuard(run_learner(impl.FP8Linear.__wrapped__.from_linear, "FP8Linear.from_linear", (lin,),
+                                      {"block": 64}), "FP8Linear")
+        before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
+        outs = []
+        for train in (False, True):
+            unwrap(m).train(train)
+            with torch.no_grad():
+                outs.append(m(x.clone()))
+        changed = sorted(k for k, v in unwrap(m).state_dict().items()
+                         if k not in before or v.view(torch.uint8).ne(before[k].view(torch.uint8)).any())
+        return {"y": outs[0], "changed": changed, "scale_shape": list(before["weight_scale"].shape)
+                if "weight_scale" in before else None}
+
+    got64 = t.run(probe64)
+    t.expect(got64["scale_shape"] == [5, 4], f"FP8Linear.from_linear(lin, block=64) on a (300, 200) weight must hold "
+             f"(5, 4) weight scales; got {got64['scale_shape']}")
+    t.compare(probe64, y64, "FP8Linear.from_linear(lin, block=64)(x): 1×64 tiles and 64×64 blocks", atol=1e-5,
+              rtol=1e-5, pick=lambda o: o["y"])
+    t.expect(got64["changed"] == [], f"a forward must not change the layer's buffers or parameters; changed: "
+             f"{got64['changed']}")
 
 
 # ================================================================== 16.convert_linears_to_fp8
