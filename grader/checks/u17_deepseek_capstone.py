@@ -11,6 +11,20 @@ the sign rule re-derived here from the loads a training step returns; batches re
 
 ``17.generate_latent_cached``, ``17.train_step`` and ``17.fp8_inference`` run the learner's function on the course's
 ``DeepSeekLM`` (the answer of another exercise), so a wrong model costs its own points only.
+
+Contract clauses and the probes that cover them (every argument at a non-default value once):
+
+* ``17.DeepSeekLM``: keys/shapes, buffers vs parameters, tied head (re-derived by changing the embedding), counts;
+  parity with ``DeepseekV3ForCausalLM`` through ``load_hf_deepseek``; causality; losses with ``targets`` and the MTP
+  leakage rule; ``update_router_biases`` from the last training forward; forwards in eval and train mode change no
+  parameter or buffer (side effect: the bias moves only in ``update_router_biases``).
+* ``17.generate_latent_cached``: tokens equal uncached greedy decoding; cache shapes and bytes; one prefill call,
+  then T = 1 calls; the model's mode is restored.
+* ``17.train_step``: expert loads, the sign rule, the returned losses, clipping with ``max_norm=0.05`` (SGD probe).
+* ``17.compare_models``: identical batches with ``seed=5``; a non-constant ``lr_fn`` (weights against the reference
+  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches.
+* ``17.fp8_inference``: the trained asset (``seed=10_000``, 3 batches) and a heavy-tailed seeded model (2 batches),
+  two-sided against the reference conversion; the original model unchanged (side effect).
 """
 
 from __future__ import annotations
@@ -236,6 +250,21 @@ def check_deepseek_lm(t):
     t.expect(torch.allclose(a[:, :12], b[:, :12], atol=1e-6, rtol=0), "changing token 12 changed the logits at "
              "positions 0…11: a position may only read tokens at or before it")
 
+    # side effects: forwards in eval and train mode (with targets) leave every parameter and buffer as it was
+    def side(impl):
+        m = _learner_model(impl, hf_state)
+        before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
+        changed = []
+        for train in (False, True):
+            unwrap(m).train(train)
+            with torch.no_grad():
+                m(idx[:, :-1], idx[:, 1:])
+            changed += [k for k, v in unwrap(m).state_dict().items() if k in before and not torch.equal(v, before[k])]
+        return sorted(set(changed))
+    moved = t.run(side)
+    t.expect(moved == [], f"a forward must not change parameters or buffers (the router bias moves only in "
+             f"update_router_biases); changed: {moved[:4]}")
+
     # losses and MTP
     x, y = idx[:, :-1], idx[:, 1:]
     x2, y2 = x.clone(), y.clone()
@@ -319,6 +348,16 @@ def check_generate(t):
              f"{got['nbytes']:,}", bug="B17.cache_full_kv")
     t.expect(got["lengths"] == [5] + [1] * 11, f"one prefill call with the 5 prompt tokens, then one call with T = 1 "
              f"per new token; the model's first layer saw sequence lengths {got['lengths']}")
+
+    def modes(impl):
+        out = []
+        for train in (True, False):
+            m = _course_model(state).train(train)
+            impl.generate_latent_cached(m, prompt[:1, :3], 2)
+            out.append(bool(m.training))
+        return out
+    t.expect(t.run(modes) == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
+             "(train mode stays train mode, eval stays eval)")
 
 
 # ================================================================== 17.train_step
