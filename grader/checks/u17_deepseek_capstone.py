@@ -507,6 +507,12 @@ def check_compare(t):
         gap = _update_gap(got["states"][name], start_models[name].state_dict(), start[name])
         if gap > 0.05:
             frozen = _update_gap(got["states"][name], start[name], start[name]) == 0.0
+            mtp_keys = [k for k in start[name] if k.startswith("mtp.") or k.endswith("e_score_correction_bias")]
+            if name == "deepseek" and not frozen and all(
+                    torch.equal(got["states"][name].get(k, start[name][k]), start[name][k]) for k in mtp_keys):
+                t.fail("deepseek: its MTP module and router biases never changed, so it trained as a plain model; a "
+                       "DeepSeek model trains with your train_step (MTP loss, bias update). The check passes the "
+                       "course's DeepSeekLM, not your class: recognise it by its update_router_biases method")
             t.fail(f"{name}: after 3 steps with lr_fn = (0, 2e-3, 5e-4) the weights differ from the reference "
                    f"training by {gap:.0%} of its update: step s must use lr_fn(s) (AdamW, unit 10's groups, "
                    "clipping at 1.0)" + ("; the weights never moved (a constant lr_fn(0)?)" if frozen else ""),
