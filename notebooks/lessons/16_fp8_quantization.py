@@ -314,6 +314,64 @@ viz.show_accumulation_lab(rows=cfg["accum_rows"], curves=curves)
 # What the emulation does show is the range: with 14 bits, rounding to nearest stays well under the report's
 # figure, truncation lands well above it, and the measured hardware sits in between. Both are fixed by the same
 # remedy: promotion every 128 elements keeps every limited partial sum short. (The widget has a rounding switch.)
+#
+# ### Spot the bug: a long dot product on a limited accumulator
+#
+# A kernel author emulates a 14-bit tensor-core accumulator for a row-wise dot product. Its result is fine for
+# short rows and drifts for long ones. Run it at growing `K` and read the symptom:
+
+# %%
+def limited_dot(a, b, bits=14):
+    acc = torch.zeros(a.shape[0], dtype=torch.float64)
+    for k in range(a.shape[1]):
+        acc = Q.round_mantissa(acc + a[:, k].double() * b[:, k].double(), bits)
+    return acc
+
+
+g_dot = torch.Generator().manual_seed(4)
+a_dot, b_dot = torch.rand(4, K, generator=g_dot), torch.rand(4, K, generator=g_dot)
+
+
+def dot_error(fn, k):
+    exact = (a_dot[:, :k].double() * b_dot[:, :k].double()).sum(1)
+    return float(((fn(a_dot[:, :k], b_dot[:, :k]) - exact).abs() / exact).max())
+
+
+for k in (128, K // 8, K):
+    print(f"K = {k:>5}: worst relative error {dot_error(limited_dot, k):.3%}")
+
+# %% [markdown]
+# **Your fix.** The error grows with `K` although every product is exact: find why, and repair `limited_dot_fixed`
+# so that the worst relative error stays under a fixed bound at every `K` (the self-check prints it; the buggy
+# version meets it only for the shortest rows) while the accumulator keeps its 14 bits.
+
+# %%
+def limited_dot_fixed(a, b, bits=14):
+    # TODO: keep the 14-bit accumulator, but stop the error from growing with K
+    return limited_dot(a, b, bits)
+
+
+def self_check_limited_dot(fn=None):
+    fn = fn or limited_dot_fixed
+    bound = 2e-4
+    worst = max(dot_error(fn, k) for k in (128, K // 8, K))
+    ok = worst < bound
+    print(f"✓ worst relative error {worst:.4%} < {bound:.2%} at every K" if ok else
+          f"✗ not yet: the worst relative error is {worst:.3%}, above {bound:.2%}")
+    return ok
+
+
+self_check_limited_dot();
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: one running sum of 14 bits keeps absorbing small products into an ever larger total, so each
+# addition loses more of them. Promote: every 128 products, move the partial sum into a float32 total and restart
+# the limited accumulator from zero (the library's emulation does exactly that with interval=128).
+def limited_dot_reference(a, b, bits=14):
+    return Q.accumulate_limited(a, b, bits, interval=128)
+
+
+assert self_check_limited_dot(limited_dot_reference)
 
 # %% [markdown]
 # ## 6. Which FP8 format, and when to scale
