@@ -85,3 +85,13 @@ def test_forward_time_breakdown_attributes_every_part():
         assert parts[key] > 0, key
     assert forward_time_breakdown(m, x, repeats=1)["MTP module"] == 0.0         # no targets: no MTP pass
     assert not any(h for mod in m.modules() for h in (mod._forward_hooks, mod._forward_pre_hooks))   # hooks removed
+
+
+def test_generation_lengths_of_every_profile_fit_the_trained_window():
+    from llmcourse.runtime import profile
+    from llmcourse.train.deepseek_char import DEEPSEEK_CHAR_TINY_RECIPE
+
+    for name in ("ci", "laptop", "gpu"):
+        p = profile("17", name)
+        assert len("ROMEO:") + p["gen_tokens"] <= DEEPSEEK_CHAR_TINY_RECIPE["context_length"], name
+        assert len("ROMEO:") + p["panel_tokens"] <= p["context_length"], name
