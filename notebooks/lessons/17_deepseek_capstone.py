@@ -287,15 +287,17 @@ for part, ms_part in parts.items():
 moe_ms = sum(v for k, v in parts.items() if k.startswith("MoE")) / n_moe
 print(f"one forward pass of {B}×{T} tokens: {parts['total']:.1f} ms; per MoE layer {moe_ms:.1f} ms vs "
       f"{parts['dense FFN']:.1f} ms for the dense feed-forward of layer 0 (timings of this machine, not asserted)")
+print(f"rows per routed expert on average: B·T·k/E = {B * T * ds_cfg.num_experts_per_tok // ds_cfg.n_routed_experts}")
 
 # %% [markdown]
-# Read the printed breakdown rather than a story about it. The routed experts' GEMMs are a large part of an MoE
-# layer, and on a CPU torch's grouped GEMM still computes one small matrix product per expert (a few hundred rows
-# each at this batch), which a CPU runs far below its peak; the shared expert, the router (a linear map, sigmoid,
-# group and top-k selection) and the elementwise work of SwiGLU and the gate weights come on top, while the sort,
-# gather and scatter of the dispatch are a small share. The MTP module, a whole extra block plus the head, is
-# paid on every training step and never at inference. MoE pays off when experts are large and spread over many
-# accelerators, where each expert's GEMM is big enough to run near peak.
+# What the breakdown separates: the routed experts' GEMMs (on a CPU, torch's grouped GEMM still computes one matrix
+# product per expert, with the rows per expert printed last, small products that run far below the CPU's peak);
+# the shared expert; the router (a linear map, sigmoid, group and top-k selection); the dispatch (sort, gather,
+# scatter); and the elementwise work of SwiGLU and the gate weights. Compare their sum per MoE layer with the dense
+# feed-forward of layer 0, and the dispatch with the GEMMs: on this machine's numbers, which part would you
+# optimise first? The MTP module, a whole extra block plus a second pass through the head, is paid on every
+# training step and never at inference. MoE pays off when experts are large and spread over many accelerators,
+# where each expert's GEMM is big enough to run near peak.
 #
 # ## 7. Generation with the latent cache, inside the trained context
 #
