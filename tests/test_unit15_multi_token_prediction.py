@@ -374,3 +374,67 @@ def test_speculative_demo_fits_the_trained_models_context_in_every_profile():
 
     for name in ("ci", "laptop", "gpu"):
         assert len("ROMEO:\n") + profile("15", name)["spec_tokens"] <= MTP_CHAR_TINY_RECIPE["context_length"], name
+
+
+# ---------------------------------------------------------------- the two accepted chain conventions
+
+
+class _VLLMConvention(MTPLanguageModel):
+    """vLLM's DeepSeek-V3 MTP convention (vllm/model_executor/models/deepseek_mtp.py): depth 1 reads the hidden state
+    **after** the main model's final norm, and the state chained to the next depth is the block output before the
+    head's norm (``shared_head.norm``; here ``post_norm``)."""
+
+    h0_after_norm, chain_before_post_norm = True, True
+
+    def forward(self, x, y):
+        t, m = x.shape[1], self.model
+        h0 = self.trunk(x)
+        logits = m.lm_head(m.norm(h0))
+        loss_main = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        h_prev = m.norm(h0) if self.h0_after_norm else h0
+        mtp_logits, loss_mtp = [], []
+        for k in range(1, self.mtp_depth + 1):
+            mod = self.mtp[k - 1]
+            h = mod.eh_proj(torch.cat([mod.enorm(m.embed_tokens(x[:, k:])), mod.hnorm(h_prev[:, :t - k])], -1))
+            pre = mod.mtp_block(h, m.rope_cos[k:t], m.rope_sin[k:t], m.causal[:t - k, :t - k])
+            lg = m.lm_head(mod.post_norm(pre))
+            mtp_logits.append(lg)
+            loss_mtp.append(F.cross_entropy(lg.reshape(-1, V), y[:, k:].reshape(-1)))
+            h_prev = pre if self.chain_before_post_norm else mod.post_norm(pre)
+        loss = loss_main + self.mtp_lambda / self.mtp_depth * torch.stack(loss_mtp).sum()
+        return {"logits": logits, "mtp_logits": mtp_logits, "loss_main": loss_main, "loss_mtp": loss_mtp,
+                "loss": loss}
+
+
+@pytest.mark.parametrize("h0_after_norm,chain_before", [(True, True), (True, False), (False, True)])
+def test_check_accepts_vllms_mtp_convention(h0_after_norm, chain_before):
+    """A learner who follows vLLM's DeepSeek-V3 MTP code (post-final-norm state in, pre-norm state chained) gets
+    full points: the report does not settle the convention, so neither choice is graded as a bug."""
+    from grader.runner import run_check
+
+    cls = type("M", (_VLLMConvention,), {"h0_after_norm": h0_after_norm, "chain_before_post_norm": chain_before})
+    # the convention really differs from the course's on the check's weights (else this test proves nothing)
+    torch.manual_seed(0)
+    ref = make_model(depth=2, scale=3.0)
+    alt = cls(small_cfg(), mtp_depth=2)
+    alt.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        for name, p in alt.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+        ref.load_state_dict(alt.state_dict())
+        x, y = windows()
+        assert not torch.allclose(alt.eval()(x, y)["mtp_logits"][1], ref(x, y)["mtp_logits"][1], atol=1e-3)
+    verdict = run_check("15.MTPLanguageModel", namespace={"MTPLanguageModel": cls})
+    assert verdict.status == "passed", verdict.render()
+
+
+def test_check_of_speculative_generate_fails_loudly_without_the_asset(monkeypatch):
+    """The trained model is the case where one verification call yields two tokens: without the asset the check
+    fails and says why, instead of skipping the case."""
+    from grader.checks import u15_multi_token_prediction as C
+    from grader.runner import run_check
+
+    monkeypatch.setattr(C, "_trained", lambda: None)
+    verdict = run_check("15.speculative_generate", namespace={"speculative_generate": speculative_generate})
+    assert verdict.status == "failed" and "mtp_char_tiny.pt" in verdict.render(), verdict.render()

@@ -313,3 +313,68 @@ def test_converter_on_a_deepseek_moe_model_keeps_the_router():
     with torch.no_grad():
         after = m(idx)
     assert after.shape == before.shape and torch.isfinite(after).all()
+
+
+# ---------------------------------------------------------------- rounding modes and the per-chunk accumulator
+
+
+def test_round_mantissa_modes():
+    from llmcourse.quant.fp8 import round_mantissa
+
+    x = torch.tensor([1.0 + 3 * 2.0 ** -6, -(1.0 + 3 * 2.0 ** -6)], dtype=torch.float64)   # 1.000011b
+    assert round_mantissa(x, 5).tolist() == [1.0 + 2.0 ** -4, -(1.0 + 2.0 ** -4)]          # to nearest: up
+    assert round_mantissa(x, 5, "truncate").tolist() == [1.0, -1.0]                       # toward zero
+    with pytest.raises(ValueError):
+        round_mantissa(x, 5, "up")
+
+
+def test_truncating_accumulator_loses_far_more_than_rounding():
+    """At 14 bits and K = 4096 rounding to nearest stays under the DeepSeek-V3 report's ~2 % and truncation lands
+    above it; promotion every 128 shrinks both."""
+    from llmcourse.viz.fp8 import accumulation_curves
+
+    near = accumulation_curves(14, 128, 4096, rows=8, points=4)
+    trunc = accumulation_curves(14, 128, 4096, rows=8, points=4, rounding="truncate")
+    assert near["sequential"][-1] < 0.02 < trunc["sequential"][-1]
+    assert trunc["promoted"][-1] < trunc["sequential"][-1] / 10
+
+
+def test_a_chunks_float32_sum_is_not_exact_in_general():
+    """Each FP8×FP8 product is exact in float32, but the sum of a chunk of them is rounded when the products span
+    more than 24 bits: the docstring must not call it exact."""
+    from llmcourse.quant.fp8 import fp8_blockwise_matmul
+
+    a = torch.zeros(1, 128)
+    a[0, 0], a[0, 1] = 448.0, 2.0 ** -9          # largest E4M3 value and the smallest subnormal
+    w = torch.zeros(1, 128)
+    w[0, 0], w[0, 1] = 448.0, 2.0 ** -9
+    qa, qw = a.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+    one = torch.ones(1, 1)
+    y = fp8_blockwise_matmul(qa, one, qw, one)
+    exact = 448.0 ** 2 + 2.0 ** -18
+    assert float(y) != exact and abs(float(y) - exact) == 2.0 ** -18
+
+
+def test_acc_bits_rounds_every_chunk_before_scaling():
+    from llmcourse.quant.fp8 import (
+        dequantize_act_tiles,
+        dequantize_weight_blocks,
+        fp8_blockwise_matmul,
+        quantize_act_tiles,
+        quantize_weight_blocks,
+        round_mantissa,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    qa, sa = quantize_act_tiles(torch.randn(3, 300, generator=g))
+    qw, sw = quantize_weight_blocks(torch.randn(140, 300, generator=g))
+    y = fp8_blockwise_matmul(qa, sa, qw, sw, acc_bits=6)
+    want = torch.zeros(3, 140, dtype=torch.float64)
+    swr = sw.double().repeat_interleave(128, 0)[:140]
+    for c, k0 in enumerate(range(0, 300, 128)):
+        raw = qa[:, k0:k0 + 128].double() @ qw[:, k0:k0 + 128].double().T
+        want += round_mantissa(raw, 6) * sa[:, c, None].double() * swr[None, :, c]
+    assert torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5)
+    total = dequantize_act_tiles(qa, sa) @ dequantize_weight_blocks(qw, sw).T
+    assert not torch.allclose(y, round_mantissa(total, 6).float(), rtol=1e-4)   # rounding the total differs
+    assert torch.equal(fp8_blockwise_matmul(qa, sa, qw, sw), fp8_blockwise_matmul(qa, sa, qw, sw, acc_bits=None))

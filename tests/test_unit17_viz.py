@@ -49,3 +49,49 @@ def test_static_fallbacks():
     for fig, wid in zip(figs, ["W17.1", "W17.2", "W17.3"]):
         assert fig.widget_id == wid
         assert fig._repr_png_()[:4] == b"\x89PNG"
+
+
+def test_generation_record_stops_at_the_trained_window():
+    """The panel never asks a model for positions beyond the window it was trained on."""
+    torch.manual_seed(0)
+    ds = DeepSeekLM(DeepSeekConfig(**SMALL)).eval()
+    rec = viz.generation_record({"ds": ds}, _Tok(), "ROMEO:", 50, context_length=16)
+    assert rec["new_tokens"] == 16 - 6 and len(rec["text"]["ds"]) == 10
+    assert viz.generation_record({"ds": ds}, _Tok(), "ROMEO:", 5, context_length=16)["new_tokens"] == 5
+
+
+def test_capstone_lesson_generates_inside_the_assets_trained_window():
+    """The asset was trained on 64-token windows while its config allows 256 positions: the lesson must cap the
+    latent-cache generation and the panel at the trained window, in every profile."""
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "notebooks/lessons/17_deepseek_capstone.py").read_text()
+    assert 'n_gen = min(cfg["gen_tokens"], trained_ctx - prompt.shape[1])' in src
+    assert "context_length=T)" in src
+    from llmcourse.train.deepseek_char import DEEPSEEK_CHAR_TINY_RECIPE
+
+    assert DEEPSEEK_CHAR_TINY_RECIPE["context_length"] < DeepSeekConfig().context_length   # why the cap is needed
+
+
+def test_forward_time_breakdown_attributes_every_part():
+    from llmcourse.models.deepseek import forward_time_breakdown
+
+    torch.manual_seed(0)
+    m = DeepSeekLM(DeepSeekConfig(**SMALL)).eval()
+    x = torch.randint(0, 65, (2, 12))
+    parts = forward_time_breakdown(m, x[:, :-1], x[:, 1:], repeats=1)
+    assert parts["total"] > 0 and abs(sum(v for k, v in parts.items() if k != "total") - parts["total"]) < 1e-6
+    for key in ("attention", "dense FFN", "MoE router", "MoE expert GEMMs", "MTP module"):
+        assert parts[key] > 0, key
+    assert forward_time_breakdown(m, x, repeats=1)["MTP module"] == 0.0         # no targets: no MTP pass
+    assert not any(h for mod in m.modules() for h in (mod._forward_hooks, mod._forward_pre_hooks))   # hooks removed
+
+
+def test_generation_lengths_of_every_profile_fit_the_trained_window():
+    from llmcourse.runtime import profile
+    from llmcourse.train.deepseek_char import DEEPSEEK_CHAR_TINY_RECIPE
+
+    for name in ("ci", "laptop", "gpu"):
+        p = profile("17", name)
+        assert len("ROMEO:") + p["gen_tokens"] <= DEEPSEEK_CHAR_TINY_RECIPE["context_length"], name
+        assert len("ROMEO:") + p["panel_tokens"] <= p["context_length"], name

@@ -1,10 +1,13 @@
 """Bug catalog of unit 15 (multi-token prediction): one known-wrong implementation per syllabus entry.
 
 Each mutant is the reference (:mod:`llmcourse.models.mtp`) with exactly one mistake. Alignment and module
-mutants are named by their outputs (``detect="mutant"``); the model mutants by their logits (parallel heads,
-normalised trunk state), by the leakage check (target embedded, block without mask), by the loss formula
+mutants are named by their outputs (``detect="mutant"``); the model mutants by their logits (parallel heads),
+by the leakage check (target embedded, block without mask), by the loss formula
 (λ not divided by D) or by the state_dict (a head per depth, one norm for both inputs); the unverified drafter
 by its tokens.
+
+Not a bug: feeding depth 1 the trunk state **after** the final norm, or chaining the block output before
+``post_norm``, is vLLM's DeepSeek-V3 MTP convention; the check accepts it (``tests/test_unit15_*`` proves it).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class _MTPModel(MTPLanguageModel):
         h0 = self.trunk(x)
         logits = m.lm_head(m.norm(h0))
         loss_main = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-        start = m.norm(h0) if self.variant == "h0_after_norm" else h0
+        start = h0
         h_prev, mtp_logits, loss_mtp = start, [], []
         for k in range(1, self.mtp_depth + 1):
             e, tgt = x[:, k:], y[:, k:]
@@ -120,7 +123,6 @@ class _OwnHead(_MTPModel):
 for _id, _variant, _hint, _detect in [
     ("B15.leak_target_embedding", "leak", "Depth k embeds token i+k and predicts token i+k+1.", "detector"),
     ("B15.parallel_heads", "parallel", "Depth k reads the output of depth k−1 (sequential chain).", "mutant"),
-    ("B15.h0_after_norm", "h0_after_norm", "Use the trunk output before `model.norm`.", "mutant"),
     ("B15.lambda_not_divided", "lambda", "Average over depths: λ/D.", "detector"),
     ("B15.block_not_causal", "no_mask", "Every depth attends causally over the full sequence.", "detector"),
 ]:

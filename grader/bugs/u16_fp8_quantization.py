@@ -149,21 +149,48 @@ bug_group("B16.wrong_max", Q, "E4M3 (fn) saturates at 448.",
 # ---------------------------------------------------------------- the block-scaled GEMM
 
 
-def _mm_mean(qa, sa, qw, sw, chunk=128):
+def _mm_mean(qa, sa, qw, sw, chunk=128, acc_bits=None):
     return (qa.float() @ qw.float().T) * sa.float().mean() * sw.float().mean()
 
 
-def _mm_modulo(qa, sa, qw, sw, chunk=128):
+def _mm_modulo(qa, sa, qw, sw, chunk=128, acc_bits=None):
     rows = torch.arange(qw.shape[0]) % sw.shape[0]          # block index wrapped instead of n // chunk
-    return _mm_rows(qa, sa, qw, sw.float()[rows], chunk)
+    return _mm_rows(qa, sa, qw, sw.float()[rows], chunk, acc_bits)
 
 
-def _mm_rows(qa, sa, qw, sw_rows, chunk):
+def _mm_rows(qa, sa, qw, sw_rows, chunk, acc_bits=None):
     """Per-chunk product with one weight scale row per output row (``sw_rows (N, n_chunks)``)."""
+    from llmcourse.quant.fp8 import round_mantissa
+
     M, K = qa.shape
     y = torch.zeros(M, qw.shape[0])
     for c, k0 in enumerate(range(0, K, chunk)):
-        y += (qa[:, k0:k0 + chunk].float() @ qw[:, k0:k0 + chunk].float().T) * sa[:, c, None] * sw_rows[None, :, c]
+        part = qa[:, k0:k0 + chunk].float() @ qw[:, k0:k0 + chunk].float().T
+        if acc_bits is not None:
+            part = round_mantissa(part, acc_bits).float()
+        y += part * sa[:, c, None] * sw_rows[None, :, c]
+    return y
+
+
+def _mm_dequant_first(qa, sa, qw, sw, chunk=128, acc_bits=None):
+    """Dequantise both operands, one float32 matmul; the accumulator's rounding applied to the finished sum."""
+    from llmcourse.quant.fp8 import dequantize_act_tiles, dequantize_weight_blocks, round_mantissa
+
+    y = dequantize_act_tiles(qa, sa, chunk) @ dequantize_weight_blocks(qw, sw, chunk).T
+    return y if acc_bits is None else round_mantissa(y, acc_bits).float()
+
+
+def _mm_round_scaled(qa, sa, qw, sw, chunk=128, acc_bits=None):
+    """Per chunk, but the rounding is applied after the scales (the accumulator never holds scaled values)."""
+    from llmcourse.quant.fp8 import round_mantissa
+
+    M, K = qa.shape
+    N = qw.shape[0]
+    sw_rows = sw.float().repeat_interleave(chunk, dim=0)[:N]
+    y = torch.zeros(M, N)
+    for c, k0 in enumerate(range(0, K, chunk)):
+        part = (qa[:, k0:k0 + chunk].float() @ qw[:, k0:k0 + chunk].float().T) * sa[:, c, None] * sw_rows[None, :, c]
+        y += part if acc_bits is None else round_mantissa(part, acc_bits).float()
     return y
 
 
@@ -171,6 +198,12 @@ bug_group("B16.mean_scales", f"{U}.fp8_blockwise_matmul",
           "Each K-chunk has its own scales; apply them per chunk before summing.", {"fp8_blockwise_matmul": _mm_mean})
 bug_group("B16.block_index", f"{U}.fp8_blockwise_matmul", "Output row n belongs to block `n // 128`.",
           {"fp8_blockwise_matmul": _mm_modulo})
+bug_group("B16.dequant_then_matmul", f"{U}.fp8_blockwise_matmul",
+          "The limited accumulator holds one chunk's raw partial product: round and promote every chunk, not the "
+          "finished sum.", {"fp8_blockwise_matmul": _mm_dequant_first}, detect="detector")
+bug_group("B16.round_after_scaling", f"{U}.fp8_blockwise_matmul",
+          "The accumulator holds the raw FP8 partial product; the scales are applied after promotion.",
+          {"fp8_blockwise_matmul": _mm_round_scaled}, detect="detector")
 
 
 # ---------------------------------------------------------------- FP8Linear with an FP8 bias

@@ -176,3 +176,50 @@ def compare_active_total(models, train_data, val_data, steps, batch_size, contex
 
 bug_group("B17.active_counts_total", f"{U}.compare_models", "Active = shared + k routed experts + everything dense.",
           {"compare_models": compare_active_total})
+
+
+def compare_constant_lr(models, train_data, val_data, steps, batch_size, context_length, lr_fn, seed=0, **kw):
+    """The first learning rate for every step: the schedule is never followed."""
+    first = lr_fn(0)
+    return compare_models(models, train_data, val_data, steps, batch_size, context_length, lambda s: first, seed, **kw)
+
+
+def compare_val_with_mtp(models, train_data, val_data, steps, batch_size, context_length, lr_fn, seed=0, **kw):
+    """Validation with the training objective (main + λ/D·MTP) instead of the main head's loss."""
+    from llmcourse.data.corpus import get_batch
+    from llmcourse.models.deepseek import DeepSeekLM
+
+    rows = compare_models(models, train_data, val_data, steps, batch_size, context_length, lr_fn, seed, **kw)
+    for r, m in zip(rows, models.values()):
+        if isinstance(m, DeepSeekLM):
+            m.eval()
+            with torch.no_grad():
+                losses = [float(m(*get_batch(val_data, batch_size, context_length,
+                                             torch.Generator().manual_seed(10_000 + i)))["loss"]) for i in range(10)]
+            r["val_loss"] = sum(losses) / len(losses)
+    return rows
+
+
+bug_group("B17.constant_lr", f"{U}.compare_models", "Step s uses lr_fn(s): follow the schedule, not its first value.",
+          {"compare_models": compare_constant_lr}, detect="detector")
+bug_group("B17.val_with_mtp", f"{U}.compare_models",
+          "Validate the main head only: the MTP term is a training objective, not the model's loss.",
+          {"compare_models": compare_val_with_mtp}, detect="detector")
+
+# ---------------------------------------------------------------- 17.fp8_inference
+
+
+def fp8_eval_one_layer(model, val_data, n_batches, seed=0, **kw):
+    """Only the first block is converted to FP8."""
+    from llmcourse.models.deepseek import _deepcopy_model, _val_loss
+    from llmcourse.quant.fp8 import convert_linears_to_fp8
+
+    fp8 = _deepcopy_model(model)
+    convert_linears_to_fp8(fp8.layers[0], skip=("lm_head", "gate"))
+    a = _val_loss(model, val_data, 32, 64, n_batches, seed)
+    b = _val_loss(fp8, val_data, 32, 64, n_batches, seed)
+    return {"val_loss_fp32": a, "val_loss_fp8": b, "delta": b - a}
+
+
+bug_group("B17.fp8_partial", f"{U}.fp8_inference", "Convert every main-path linear layer of every block.",
+          {"fp8_eval": fp8_eval_one_layer})

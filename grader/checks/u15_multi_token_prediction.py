@@ -6,6 +6,26 @@ tokens, from the loss formula applied to the learner's own components, from prop
 when one token changes) and, for speculative decoding, from plain greedy decoding of the main model written out
 here as a loop over unit 11's cache-free ``Llama3Model``.
 
+Two conventions for the MTP chain's hidden states are accepted by ``15.MTPLanguageModel`` (the DeepSeek-V3 report
+does not settle them): the course feeds depth 1 the trunk output **before** the final norm and chains each
+depth's output after its ``post_norm`` (the module's own output); vLLM's DeepSeek-V3 MTP code
+(``vllm/model_executor/models/deepseek_mtp.py``) feeds the hidden state **after** the main model's final norm and
+chains the block output before ``shared_head.norm`` (here: before ``post_norm``). The check finds which of the
+four combinations the learner's depth-1 and depth-2 logits follow and grades everything against that one.
+
+Contract clauses and the probes that cover them:
+
+* ``15.mtp_alignment``: return two tensors (B, T−k); embedded tokens ``x[:, k:]``, targets ``y[:, k:]`` (worked
+  window at k = 1, 2; distinct tokens at k = 1, 3, 5: every argument at a non-default value); inputs untouched
+  (the probe passes clones and compares the returned values only).
+* ``15.MTPModule``: keys and shapes; forward against the reference with seeded weights; each half normalised on
+  its own (scaled inputs); forward leaves parameters and buffers unchanged (side-effect probe, eval and train).
+* ``15.MTPLanguageModel``: keys, shared embedding/head, parameter count; causality per depth (leakage probes);
+  main/MTP logits and losses against the reference (either accepted convention); the loss weighting at two
+  (D, λ) pairs (non-default λ = 0.5 included).
+* ``15.speculative_generate``: tokens equal greedy decoding; main-model calls; the drafter is used; the reported
+  rate; the course's trained model is a required case (a missing asset fails loudly instead of skipping).
+
 Probes build the learner's objects in the worker from a config and a state dict and return tensors.
 ``speculative_generate`` runs on the course's ``MTPLanguageModel`` (not the learner's); forward hooks record the
 main-model calls and the drafter calls, which only shape feedback and a consistency check of the reported rate:
@@ -18,6 +38,7 @@ from __future__ import annotations
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from ..core import check, module_facts, unwrap
 
@@ -183,12 +204,33 @@ def check_mtp_module(t):
              f"eh_proj.weight (D, 2D) without bias, post_norm.weight (D,) and the given block under mtp_block.*; "
              f"differences: {sorted(set(keys) ^ set(expected_keys))[:4] or 'shapes'} (D = {D})")
     t.compare(_module_probe(cfg, state, inputs), expected, "forward(h_prev, emb, cos, sin, mask) with a llama3-tiny "
-              "decoder layer as the block and seeded weights (2 rows of 7 positions)", atol=1e-4, rtol=1e-4)
+              "decoder layer as the block and seeded weights (2 rows of 7 positions): eh_proj reads "
+              "[enorm(emb); hnorm(h_prev)], the released checkpoints' order (the paper's [h; e] order, or a sum "
+              "instead of a concatenation, gives other outputs)", atol=1e-4, rtol=1e-4)
     # the norms act on their own inputs: scaling emb or h_prev by a constant changes nothing
     h, e, cos, sin, mask = inputs
     scaled = (h * 4.0, e * 2.0, cos, sin, mask)
     t.compare(_module_probe(cfg, state, scaled), expected, "forward with h_prev × 4 and emb × 2 (each half is "
               "RMS-normalised on its own, so the output must not change)", atol=1e-4, rtol=1e-4)
+
+    # side effects: a forward in eval and in train mode leaves every parameter and buffer as it was
+    def side_probe(impl):
+        from llmcourse.models.llama3 import Llama3Block, Llama3Config
+
+        c = Llama3Config(**cfg)
+        m = impl.MTPModule(c.d_model, Llama3Block(c), c.rms_norm_eps)
+        unwrap(m).load_state_dict(state)
+        before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
+        changed = []
+        for train in (False, True):
+            unwrap(m).train(train)
+            with torch.no_grad():
+                m(*[x.clone() for x in inputs])
+            changed += [k for k, v in unwrap(m).state_dict().items() if not torch.equal(v, before[k])]
+        return sorted(set(changed))
+
+    moved = t.run(side_probe)
+    t.expect(moved == [], f"a forward must not change the module's parameters or buffers; changed: {moved[:4]}")
 
 
 # ================================================================== 15.MTPLanguageModel
@@ -278,24 +320,43 @@ def check_mtp_language_model(t):
         t.fail(f"the depth-{k} logits at position {i} ignore token {j}: depth k must embed the token at position "
                "i+k")
 
-    # values and losses against the reference with the same weights
+    # values and losses against the reference with the same weights, in the convention the learner follows
     xb, yb = _windows(2, 12, 4)
     with torch.no_grad():
         exp = ref2(xb, yb)
+        conv = {(h0n, chain): _convention_logits(ref2, xb, h0n, chain) for h0n in (False, True)
+                for chain in (False, True)}
     probe = _lm_probe(cfg, state2, 2, 0.3, [(xb, yb)])
     t.compare(probe, exp["logits"], "main logits (lm_head(norm(trunk)))", atol=1e-4, rtol=1e-4,
               pick=lambda o: o[0]["logits"])
-    t.compare(probe, exp["mtp_logits"][0], "depth-1 logits (mtp.0 on the trunk output before model.norm and the "
-              "embeddings of tokens 1…T−1)", atol=1e-4, rtol=1e-4, pick=lambda o: o[0]["mtp_logits"][0])
-    t.compare(probe, exp["mtp_logits"][1], "depth-2 logits (mtp.1 on the output of depth 1)", atol=1e-4, rtol=1e-4,
-              pick=lambda o: o[0]["mtp_logits"][1])
     got = t.run(probe)[0]
-    t.compare(probe, torch.stack([exp["loss_main"], *exp["loss_mtp"]]), "loss_main and loss_mtp (cross-entropy of "
-              "each depth against its shifted targets)", atol=1e-5, rtol=1e-5,
-              pick=lambda o: torch.stack([o[0]["loss_main"], *o[0]["loss_mtp"]]))
 
-    # the weighting, from the learner's own components
-    for depth, lam in ((2, 0.3), (1, 0.3)):
+    def _close(a, b) -> bool:
+        try:
+            return tuple(a.shape) == tuple(b.shape) and bool(torch.allclose(a.float(), b, atol=1e-4, rtol=1e-4))
+        except (AttributeError, RuntimeError, TypeError):
+            return False
+
+    h0n = _close(got["mtp_logits"][0], conv[(True, False)][0]) and not _close(got["mtp_logits"][0],
+                                                                                conv[(False, False)][0])
+    chain = len(got["mtp_logits"]) > 1 and _close(got["mtp_logits"][1], conv[(h0n, True)][1]) and not _close(
+        got["mtp_logits"][1], conv[(h0n, False)][1])
+    want = conv[(h0n, chain)]
+    state_in = "after model.norm (vLLM's convention)" if h0n else "before model.norm (the course's convention)"
+    chained = ("the output of depth 1 before its post_norm (vLLM's convention)" if chain else
+               "the output of depth 1 (after its post_norm, the course's convention)")
+    t.compare(probe, want[0], "depth-1 logits (mtp.0 on the trunk output before model.norm, or after it as in "
+              "vLLM's DeepSeek-V3 MTP code, and the embeddings of tokens 1…T−1)", atol=1e-4, rtol=1e-4,
+              pick=lambda o: o[0]["mtp_logits"][0])
+    t.compare(probe, want[1], f"depth-2 logits (mtp.1 on {chained}; trunk state {state_in})", atol=1e-4,
+              rtol=1e-4, pick=lambda o: o[0]["mtp_logits"][1])
+    want_losses = torch.stack([exp["loss_main"]] + [
+        F.cross_entropy(lg.reshape(-1, V), yb[:, k + 1:].reshape(-1)) for k, lg in enumerate(want)])
+    t.compare(probe, want_losses, "loss_main and loss_mtp (cross-entropy of each depth against its shifted "
+              "targets)", atol=1e-5, rtol=1e-5, pick=lambda o: torch.stack([o[0]["loss_main"], *o[0]["loss_mtp"]]))
+
+    # the weighting, from the learner's own components (λ at its default and at 0.5)
+    for depth, lam in ((2, 0.3), (1, 0.5)):
         ref_m, st = (ref2, state2) if depth == 2 else _ref_mtp_model(cfg, depth, lam, seed=2)
         o = t.run(_lm_probe(cfg, st, depth, lam, [(xb, yb)]))[0] if depth != 2 else got
         total = float(o["loss_main"]) + lam / depth * sum(float(v) for v in o["loss_mtp"])
@@ -304,6 +365,27 @@ def check_mtp_language_model(t):
             bug = "B15.lambda_not_divided" if abs(float(o["loss"]) - undivided) < 1e-5 else None
             t.fail(f"with λ = {lam} and D = {depth}, loss must be loss_main + λ/D·Σ loss_mtp = {total:.5f}; got "
                    f"{float(o['loss']):.5f}", bug=bug)
+
+
+@torch.no_grad()
+def _convention_logits(ref, x, h0_after_norm: bool, chain_before_post_norm: bool) -> list:
+    """Depth-k logits of the reference weights under one of the two accepted conventions for each choice: the
+    trunk state fed to depth 1 before (course) or after (vLLM) ``model.norm``; the state chained to the next
+    depth after (course) or before (vLLM, pre-``shared_head.norm``) the module's ``post_norm``."""
+    m = ref.model
+    t = x.shape[1]
+    h0 = ref.trunk(x)
+    h_prev = m.norm(h0) if h0_after_norm else h0
+    out = []
+    for k in range(1, ref.mtp_depth + 1):
+        mod = ref.mtp[k - 1]
+        e = m.embed_tokens(x[:, k:])
+        h = mod.eh_proj(torch.cat([mod.enorm(e), mod.hnorm(h_prev[:, :t - k])], dim=-1))
+        pre = mod.mtp_block(h, m.rope_cos[k:t], m.rope_sin[k:t], m.causal[:t - k, :t - k])
+        post = mod.post_norm(pre)
+        out.append(m.lm_head(post))
+        h_prev = pre if chain_before_post_norm else post
+    return out
 
 
 # ================================================================== 15.speculative_generate
@@ -358,7 +440,11 @@ def check_speculative_generate(t):
         prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(seed))
         cases.append(("seeded random weights", cfg, state, 1, prompt, 30, ref))
     asset = _trained()
-    if asset is not None:
+    if asset is None:
+        t.fail("the course's trained MTP model (assets/mtp_char_tiny.pt) is missing, so the case where one call "
+               "yields two tokens cannot be checked: restore the asset (python -m llmcourse.train.mtp_char) and "
+               "check again")
+    else:
         from llmcourse.models.llama3 import Llama3Config
         from llmcourse.models.mtp import MTPLanguageModel
 
@@ -378,8 +464,9 @@ def check_speculative_generate(t):
         tr = speculative_trace(ref, prompt, n)
         calls, drafts = len(got["main_calls"]), len(got["drafts"])
         t.expect(calls <= n - tr["accepted"] + 1, f"({what}) {calls} main-model calls for {n} tokens with "
-                 f"{tr['accepted']} acceptable drafts: each verification call must also yield the next token, so at "
-                 f"most {n - tr['accepted'] + 1} calls are needed")
+                 f"{tr['accepted']} acceptable drafts: each verification call must also yield the next token (its "
+                 f"last position), so at most {n - tr['accepted'] + 1} calls are needed; a fresh main-model call "
+                 "after every kept draft saves nothing")
         t.expect(drafts > 0, f"({what}) the depth-1 module (model.mtp[0]) was never called: it drafts the tokens")
         tol = 1.0 / max(tr["drafts"], 1) + 1e-9
         t.expect(abs(got["rate"] - tr["rate"]) <= tol, f"({what}) the acceptance rate must be accepted drafts / "

@@ -11,6 +11,20 @@ the sign rule re-derived here from the loads a training step returns; batches re
 
 ``17.generate_latent_cached``, ``17.train_step`` and ``17.fp8_inference`` run the learner's function on the course's
 ``DeepSeekLM`` (the answer of another exercise), so a wrong model costs its own points only.
+
+Contract clauses and the probes that cover them (every argument at a non-default value once):
+
+* ``17.DeepSeekLM``: keys/shapes, buffers vs parameters, tied head (re-derived by changing the embedding), counts;
+  parity with ``DeepseekV3ForCausalLM`` through ``load_hf_deepseek``; causality; losses with ``targets`` and the MTP
+  leakage rule; ``update_router_biases`` from the last training forward; forwards in eval and train mode change no
+  parameter or buffer (side effect: the bias moves only in ``update_router_biases``).
+* ``17.generate_latent_cached``: tokens equal uncached greedy decoding; cache shapes and bytes; one prefill call,
+  then T = 1 calls; the model's mode is restored.
+* ``17.train_step``: expert loads, the sign rule, the returned losses, clipping with ``max_norm=0.05`` (SGD probe).
+* ``17.compare_models``: identical batches with ``seed=5``; a non-constant ``lr_fn`` (weights against the reference
+  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches.
+* ``17.fp8_inference``: the trained asset (``seed=10_000``, 3 batches) and a heavy-tailed seeded model (2 batches),
+  two-sided against the reference conversion; the original model unchanged (side effect).
 """
 
 from __future__ import annotations
@@ -236,6 +250,21 @@ def check_deepseek_lm(t):
     t.expect(torch.allclose(a[:, :12], b[:, :12], atol=1e-6, rtol=0), "changing token 12 changed the logits at "
              "positions 0…11: a position may only read tokens at or before it")
 
+    # side effects: forwards in eval and train mode (with targets) leave every parameter and buffer as it was
+    def side(impl):
+        m = _learner_model(impl, hf_state)
+        before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
+        changed = []
+        for train in (False, True):
+            unwrap(m).train(train)
+            with torch.no_grad():
+                m(idx[:, :-1], idx[:, 1:])
+            changed += [k for k, v in unwrap(m).state_dict().items() if k in before and not torch.equal(v, before[k])]
+        return sorted(set(changed))
+    moved = t.run(side)
+    t.expect(moved == [], f"a forward must not change parameters or buffers (the router bias moves only in "
+             f"update_router_biases); changed: {moved[:4]}")
+
     # losses and MTP
     x, y = idx[:, :-1], idx[:, 1:]
     x2, y2 = x.clone(), y.clone()
@@ -307,7 +336,8 @@ def check_generate(t):
     expected = greedy_uncached(_course_model(state).eval(), prompt, 12)
     got = t.run(run)
     t.compare(run, expected, "greedy tokens for a (2, 5) prompt and 12 new tokens (equal to uncached greedy "
-              "decoding with the main head)", atol=0, rtol=0, pick=lambda o: o["tokens"])
+              "decoding with the main head; the MTP module has no part in it: its logits predict one token further, and "
+              "mixing them in or appending its token changes the text)", atol=0, rtol=0, pick=lambda o: o["tokens"])
     n = 5 + 12 - 1
     t.expect(got["c_kv"] == [[2, n, 64]] * 4 and got["k_pe"] == [[2, n, 16]] * 4,
              f"the cache must hold, per layer, c_kv (B, T, d_c) = (2, {n}, 64) and k_pe (B, T, d_R) = (2, {n}, 16) "
@@ -318,6 +348,16 @@ def check_generate(t):
              f"{got['nbytes']:,}", bug="B17.cache_full_kv")
     t.expect(got["lengths"] == [5] + [1] * 11, f"one prefill call with the 5 prompt tokens, then one call with T = 1 "
              f"per new token; the model's first layer saw sequence lengths {got['lengths']}")
+
+    def modes(impl):
+        out = []
+        for train in (True, False):
+            m = _course_model(state).train(train)
+            impl.generate_latent_cached(m, prompt[:1, :3], 2)
+            out.append(bool(m.training))
+        return out
+    t.expect(t.run(modes) == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
+             "(train mode stays train mode, eval stays eval)")
 
 
 # ================================================================== 17.train_step
@@ -378,14 +418,23 @@ def check_train_step(t):
 # ================================================================== 17.compare_models
 
 
+def _compare_init_models() -> dict:
+    from llmcourse.models import GPT2Config, GPT2Model, Llama3Config, Llama3Model
+
+    torch.manual_seed(0)
+    return {"gpt": GPT2Model(GPT2Config.preset("gpt2-char-tiny")),
+            "llama": Llama3Model(Llama3Config.preset("llama3-tiny")),
+            "deepseek": _course_model(seed=0)}
+
+
+def _compare_lr(s: int) -> float:
+    """A schedule that is not constant: a learner who uses lr_fn(0) throughout never moves the weights."""
+    return (0.0, 2e-3, 5e-4)[s]
+
+
 def _compare_probe(data):
     def probe(impl):
-        from llmcourse.models import GPT2Config, GPT2Model, Llama3Config, Llama3Model
-
-        torch.manual_seed(0)
-        models = {"gpt": GPT2Model(GPT2Config.preset("gpt2-char-tiny")),
-                  "llama": Llama3Model(Llama3Config.preset("llama3-tiny")),
-                  "deepseek": _course_model(seed=0)}
+        models = _compare_init_models()
         seen = {}
         for name, m in models.items():
             def fwd(idx, *a, _orig=m.forward, _m=m, _name=name, **k):
@@ -393,9 +442,43 @@ def _compare_probe(data):
                     seen.setdefault(_name, []).append(idx.clone())
                 return _orig(idx, *a, **k)
             m.forward = fwd
-        rows = impl.compare_models(models, data[:2500], data[2500:], 3, 4, 16, lambda s: 1e-3, 5)
-        return {"rows": [dict(r) for r in rows], "seen": seen}
+        rows = impl.compare_models(models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
+        states = {n: {k: v.detach().clone() for k, v in unwrap(models[n]).state_dict().items()}
+                  for n in ("llama", "deepseek")}
+        return {"rows": [dict(r) for r in rows], "seen": seen, "states": states}
     return probe
+
+
+@torch.no_grad()
+def _main_and_mtp_val(state: dict, val, batch_size: int, context_length: int, n: int = 10) -> tuple[float, float]:
+    """(main-head validation loss, main + λ/D·MTP loss) of a course DeepSeekLM with ``state`` on the contract's
+    batches: ``get_batch(val, B, T, Generator(10_000 + i))``, ``i < n``; computed here with torch's cross-entropy."""
+    import torch.nn.functional as F
+
+    from llmcourse.data.corpus import get_batch
+
+    m = _course_model(seed=0)
+    m.load_state_dict(state)
+    m.eval()
+    main = total = 0.0
+    for i in range(n):
+        x, y = get_batch(val, batch_size, context_length, _gen(10_000 + i))
+        out = m(x, y)
+        main += F.cross_entropy(out["logits"].reshape(-1, out["logits"].shape[-1]), y.reshape(-1)).item()
+        total += float(out["loss"])
+    return main / n, total / n
+
+
+def _update_gap(got: dict, want: dict, start: dict) -> float:
+    """‖W_learner − W_reference‖ / ‖W_reference − W_start‖ over every floating tensor: 0 for the same training."""
+    num = den = 0.0
+    for k, w in want.items():
+        if w.is_floating_point() and k in got and tuple(got[k].shape) == tuple(w.shape):
+            num += float((got[k].double() - w.double()).pow(2).sum())
+            den += float((w.double() - start[k].double()).pow(2).sum())
+        elif w.is_floating_point():
+            return float("inf")
+    return (num / max(den, 1e-30)) ** 0.5
 
 
 @check(f"{U}.compare_models", ["compare_models"], _ref_compare)
@@ -414,6 +497,35 @@ def check_compare(t):
         t.expect(ok, f"model {name!r} must train on exactly 3 batches, step s drawn with get_batch(train_data, 4, 16, "
                  f"torch.Generator().manual_seed(seed + s)); it saw {len(batches)} training batches"
                  + ("" if len(batches) != 3 else " that differ from those"), bug="B17.unequal_budget")
+    # the schedule and the validation loss, against the reference trained here from the same start on the same batches
+    from llmcourse.models.deepseek import compare_models as reference_compare
+
+    start_models = _compare_init_models()
+    start = {n: {k: v.clone() for k, v in start_models[n].state_dict().items()} for n in ("llama", "deepseek")}
+    reference_compare(start_models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
+    for name in ("llama", "deepseek"):
+        gap = _update_gap(got["states"][name], start_models[name].state_dict(), start[name])
+        if gap > 0.05:
+            frozen = _update_gap(got["states"][name], start[name], start[name]) == 0.0
+            mtp_keys = [k for k in start[name] if k.startswith("mtp.") or k.endswith("e_score_correction_bias")]
+            if name == "deepseek" and not frozen and all(
+                    torch.equal(got["states"][name].get(k, start[name][k]), start[name][k]) for k in mtp_keys):
+                t.fail("deepseek: its MTP module and router biases never changed, so it trained as a plain model; a "
+                       "DeepSeek model trains with your train_step (MTP loss, bias update). The check passes the "
+                       "course's DeepSeekLM, not your class: recognise it by its update_router_biases method")
+            t.fail(f"{name}: after 3 steps with lr_fn = (0, 2e-3, 5e-4) the weights differ from the reference "
+                   f"training by {gap:.0%} of its update: step s must use lr_fn(s) (AdamW, unit 10's groups, "
+                   "clipping at 1.0)" + ("; the weights never moved (a constant lr_fn(0)?)" if frozen else ""),
+                   bug="B17.constant_lr" if frozen else None)
+    row = next((r for r in rows if r.get("name") == "deepseek"), {})
+    main, with_mtp = _main_and_mtp_val(got["states"]["deepseek"], data[2500:], 4, 16)
+    v = row.get("val_loss")
+    if not (isinstance(v, (int, float)) and abs(v - main) < 1e-4):
+        t.fail(f"deepseek: val_loss must be the main head's mean cross-entropy over the 10 validation batches of its "
+               f"trained weights, {main:.5f}; got {v!r}" + (" (the main + MTP training loss)" if isinstance(
+                   v, (int, float)) and abs(v - with_mtp) < 1e-4 else ""),
+               bug="B17.val_with_mtp" if isinstance(v, (int, float)) and abs(v - with_mtp) < 1e-4 else None)
+
     expected = {"gpt": (809_856, 809_856, 1024), "llama": (795_904, 795_904, 512), "deepseek": (TOTAL, ACTIVE, 320)}
     for r in rows:
         tot, act, cache = expected[r["name"]]
@@ -422,7 +534,9 @@ def check_compare(t):
                    "expert, k routed experts and everything dense: 872,960", bug="B17.active_counts_total")
         t.expect(r.get("total_params") == tot and r.get("active_params") == act,
                  f"{r['name']}: total/active parameters must be {tot:,}/{act:,} (main path, tied head once, MTP "
-                 f"excluded); got {r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
+                 f"excluded; active: the router, the shared expert and k of the E routed experts in every MoE layer "
+                 f"plus everything dense, not all E experts, not without the shared expert or the router); got "
+                 f"{r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
         t.expect(r.get("cache_elems_per_token") == cache, f"{r['name']}: cache elements per token must be {cache}; got "
                  f"{r.get('cache_elems_per_token')!r}")
         v, ms = r.get("val_loss"), r.get("ms_per_step")
@@ -446,6 +560,18 @@ def _asset_info():
 
 
 FP8_BATCHES = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _fp8_case():
+    """Seeded main-path weights whose block linear maps have heavy tails (``× exp(1.5·N(0, 1))``): converting one
+    layer fewer or more moves the FP8 loss by ≥ 1e-3 nats, far above float noise; random validation tokens."""
+    state = course_state(seed=1777, std=0.08)
+    g = _gen(5)
+    for k in sorted(state):
+        if k.startswith("layers.") and k.endswith("proj.weight"):
+            state[k] = state[k] * torch.exp(1.5 * torch.randn(state[k].shape, generator=g))
+    return state, torch.randint(0, 65, (4000,), generator=_gen(9))
 
 
 @check(f"{U}.fp8_inference", ["fp8_eval"], _ref_fp8)
@@ -479,6 +605,23 @@ def check_fp8(t):
              f"conversion (main-path linear maps only; routers, head, embeddings and MTP in float32) loses "
              f"{cal['delta']:+.4f}")
     t.expect("FP8Linear" not in got["types"], "the original model now contains FP8Linear modules: convert a deep copy")
+
+    # which modules are converted: a seeded model with heavy-tailed weights, where every layer's FP8 error shows in
+    # the loss, against the reference conversion computed here on the same weights and batches (two-sided)
+    state, val = _fp8_case()
+
+    def probe_heavy(impl):
+        m = _course_model(state, seed=0).eval()
+        res = impl.fp8_eval(m, val.clone(), 2, 10_000)
+        return torch.tensor([float(res["val_loss_fp32"]), float(res["val_loss_fp8"])], dtype=torch.float64)
+
+    from llmcourse.models.deepseek import fp8_eval as reference_fp8
+
+    ref = reference_fp8(_course_model(state, seed=0).eval(), val, 2, 10_000)
+    t.compare(probe_heavy, torch.tensor([ref["val_loss_fp32"], ref["val_loss_fp8"]], dtype=torch.float64),
+              "val_loss_fp32 and val_loss_fp8 of a seeded DeepSeek-tiny with heavy-tailed weights (2 batches, seed "
+              "10,000): every main-path linear layer of every block converted, routers, head, embeddings and MTP "
+              "kept in float32", atol=2e-4, rtol=0)
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
 

@@ -45,7 +45,7 @@ from .llama3 import RMSNorm, SwiGLUFeedForward, rope_cos_sin, rope_inv_freq
 from .mtp import MTPModule, mtp_inputs_and_targets
 
 __all__ = ["DeepSeekAttention", "DeepSeekBlock", "DeepSeekConfig", "DeepSeekLM", "cache_elems_per_token",
-           "compare_models", "deepseek_param_breakdown", "deepseek_state_dict_from_hf", "fp8_eval",
+           "compare_models", "deepseek_param_breakdown", "deepseek_state_dict_from_hf", "forward_time_breakdown", "fp8_eval",
            "generate_latent_cached", "greedy_uncached", "hf_deepseek_config", "load_hf_deepseek", "model_logits",
            "param_counts", "random_hf_deepseek", "train_step"]
 
@@ -549,6 +549,95 @@ def compare_models(models: dict[str, nn.Module], train_data: Tensor, val_data: T
                      "val_loss": _val_loss(model, val_data, batch_size, context_length, eval_batches, eval_seed),
                      "cache_elems_per_token": cache_elems_per_token(model)})
     return rows
+
+
+_DISPATCH_OPS = ("sort", "argsort", "index_select", "index_add", "index", "gather", "scatter", "bincount", "cumsum",
+                 "repeat_interleave", "histc", "nonzero", "unique")
+
+
+def forward_time_breakdown(model: DeepSeekLM, x: Tensor, y: Tensor | None = None, repeats: int = 3) -> dict[str, float]:
+    """Where the CPU time of a :class:`DeepSeekLM` forward pass goes, in ms per forward (mean of ``repeats`` runs
+    after one warm-up), measured with ``torch.profiler`` (self CPU time of every operator, attributed by the
+    module that ran it).
+
+    Forward hooks open a profiler range around each attention module, dense feed-forward, MoE layer, router
+    (``mlp.gate``) and MTP module; every operator's self time goes to the innermost range, and inside an MoE layer
+    (outside its router) to its kind: ``"MoE expert GEMMs"`` (``grouped_mm`` and the matrix products it runs; the
+    per-expert loop's matmuls when grouped GEMMs are off: the routed experts), ``"MoE dispatch (sort, gather,
+    scatter)"``,
+    ``"MoE expert weights gathered (cat/stack)"`` or ``"MoE elementwise and other"``. The MTP module counts as one
+    item (``"MTP module"``, present when ``y`` is given). Keys also include ``"attention"``, ``"dense FFN"``,
+    ``"MoE router"``, ``"MoE shared expert"``, ``"embedding, norms, head, loss"`` and ``"total"`` (the sum). Runs under ``no_grad`` in the
+    model's current mode; the model is unchanged (the routers' last-call records aside).
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    labels: dict[nn.Module, str] = {}
+    for layer in model.layers:
+        labels[layer.self_attn] = "attention"
+        if isinstance(layer.mlp, DeepSeekMoE):
+            labels[layer.mlp] = "moe"
+            labels[layer.mlp.gate] = "router"
+            if getattr(layer.mlp, "shared_experts", None) is not None:
+                labels[layer.mlp.shared_experts] = "shared"
+        else:
+            labels[layer.mlp] = "dense"
+    for mod in model.mtp:
+        labels[mod] = "mtp"
+    stack: list = []
+
+    def pre(mod, args):
+        rf = record_function(f"ds::{labels[mod]}")
+        rf.__enter__()
+        stack.append(rf)
+
+    def post(mod, args, out):
+        stack.pop().__exit__(None, None, None)
+
+    handles = [m.register_forward_pre_hook(pre) for m in labels] + [m.register_forward_hook(post) for m in labels]
+    try:
+        with torch.no_grad():
+            model(x, y) if y is not None else model(x)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                for _ in range(repeats):
+                    model(x, y) if y is not None else model(x)
+    finally:
+        for h in handles:
+            h.remove()
+
+    out = {k: 0.0 for k in ("attention", "dense FFN", "MoE router", "MoE shared expert", "MoE expert GEMMs",
+                            "MoE dispatch (sort, gather, scatter)", "MoE expert weights gathered (cat/stack)",
+                            "MoE elementwise and other", "MTP module", "embedding, norms, head, loss")}
+    names = {"attention": "attention", "dense": "dense FFN", "router": "MoE router", "shared": "MoE shared expert",
+             "mtp": "MTP module"}
+    for ev in prof.events():
+        if ev.name.startswith("ds::") or ev.name.startswith("ProfilerStep"):
+            continue
+        chain, p = [], ev.cpu_parent
+        while p is not None:
+            chain.append(p.name)
+            p = p.cpu_parent
+        ranges = [c[4:] for c in chain if c.startswith("ds::")]
+        if "mtp" in ranges:
+            key = "MTP module"
+        elif not ranges:
+            key = "embedding, norms, head, loss"
+        elif ranges[0] != "moe":
+            key = names[ranges[0]]
+        else:
+            op = ev.name.removeprefix("aten::").strip("_")
+            if "grouped_mm" in ev.name or any("grouped_mm" in c for c in chain) or op in ("mm", "addmm", "matmul",
+                                                                                           "linear", "bmm"):
+                key = "MoE expert GEMMs"
+            elif op in _DISPATCH_OPS:
+                key = "MoE dispatch (sort, gather, scatter)"
+            elif op in ("cat", "stack"):
+                key = "MoE expert weights gathered (cat/stack)"
+            else:
+                key = "MoE elementwise and other"
+        out[key] += ev.self_cpu_time_total / 1000.0 / repeats
+    out["total"] = sum(out.values())
+    return out
 
 
 def _deepcopy_model(model: DeepSeekLM) -> DeepSeekLM:

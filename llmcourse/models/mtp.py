@@ -4,7 +4,7 @@ A main model predicts token ``i+1`` from positions ``0 … i``. An MTP chain of 
 ``k = 1 … D``; module ``k`` predicts token ``i+k+1`` at position ``i`` from two inputs:
 
 * the previous depth's hidden state at position ``i`` (depth 0 = the trunk output **before** the final
-  norm; depth ``k−1 ≥ 1`` = the output of module ``k−1``), and
+  norm; depth ``k−1 ≥ 1`` = the output of module ``k−1``; see "Conventions" below), and
 * the (shared) embedding of token ``i+k``, the token the previous depth was trained to predict.
 
 Each input is RMS-normalised (``enorm``, ``hnorm``), they are concatenated **embedding first**, projected
@@ -25,6 +25,17 @@ Concatenation order: the paper's eq. (21) writes ``[h; e]``; DeepSeek-V3's relea
 reads ``[enorm(e); hnorm(h)]``) put the embedding first, and so does this course. ``transformers`` 5.23
 has no MTP layer: there is no oracle here, the tests stand on properties and a hand-written reference.
 
+Conventions the report does not settle: this course feeds depth 1 the trunk output before the final norm and
+chains each module's output (after ``post_norm``). vLLM's DeepSeek-V3 MTP code
+(``vllm/model_executor/models/deepseek_mtp.py``) feeds the main model's hidden state **after** its final norm and
+chains the block output before ``shared_head.norm``. Both are consistent causal chains; a trained ``hnorm`` works
+with the one it was trained with. The grader accepts either.
+
+Information, not distance: depth ``k`` at position ``i`` sees every token ``≤ i+k`` and predicts ``i+k+1`` — the
+same information and the same target as the main head at position ``i+k``. So its best achievable loss is the
+main head's (the entropy of the next token given the prefix); what it lacks is the trunk's full computation at
+position ``i+k``. In practice ``L_k ≥ L_main`` on the same targets (the lesson measures it).
+
 Sources: Gloeckle et al., "Better & Faster Large Language Models via Multi-token Prediction" (2024);
 DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), §2.2, eqs. (21)–(25); the module and key names
 (``enorm``, ``hnorm``, ``eh_proj``, ``post_norm``) follow DeepSeek-V3's checkpoint layout.
@@ -38,8 +49,8 @@ from torch import Tensor, nn
 
 from .llama3 import Llama3Block, Llama3Config, Llama3Model, RMSNorm
 
-__all__ = ["MTPLanguageModel", "MTPModule", "mtp_inputs_and_targets", "mtp_param_count", "speculative_generate",
-           "speculative_trace"]
+__all__ = ["MTPLanguageModel", "MTPModule", "draft_agreement", "mtp_inputs_and_targets", "mtp_param_count",
+           "speculative_generate", "speculative_trace"]
 
 
 def mtp_inputs_and_targets(x: Tensor, y: Tensor, depth: int) -> tuple[Tensor, Tensor]:
@@ -175,6 +186,26 @@ class MTPLanguageModel(nn.Module):
             loss = loss_main + self.mtp_lambda / self.mtp_depth * torch.stack(loss_mtp).sum()
         return {"logits": logits, "mtp_logits": mtp_logits, "loss_main": loss_main, "loss_mtp": loss_mtp,
                 "loss": loss}
+
+
+@torch.no_grad()
+def draft_agreement(model: MTPLanguageModel, x: Tensor) -> float:
+    """Teacher-forced agreement of the depth-1 drafter with the main model on a given text ``x (B, T)`` long.
+
+    At position ``i`` depth 1 (trunk state at ``i``, embedding of the text's token ``i+1``) guesses token ``i+2``;
+    the main model at position ``i+1`` guesses the same token. Returns the fraction of the ``B·(T−1)`` positions
+    where the two argmaxes are equal: the acceptance rate greedy self-speculative decoding would have if the
+    text were its own output. Model mode is left unchanged (computed in eval mode).
+    """
+    was = model.training
+    model.eval()
+    try:
+        h0 = model.trunk(x)
+        main = model.model.lm_head(model.model.norm(h0[:, 1:])).argmax(-1)          # guesses of tokens 2 … T
+        draft = model.model.lm_head(model.mtp_hidden(1, h0[:, :-1], x[:, 1:])).argmax(-1)
+        return float((draft == main).float().mean())
+    finally:
+        model.train(was)
 
 
 def mtp_param_count(cfg: Llama3Config) -> int:

@@ -225,19 +225,26 @@ def dequantize_weight_blocks(q: Tensor, s: Tensor, block: int = 128) -> Tensor:
 # ------------------------------------------------------------------------------------------------
 
 
-def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128) -> Tensor:
+def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128,
+                         acc_bits: int | None = None) -> Tensor:
     """``y = x̂ ŵᵀ`` computed as DeepSeek-V3's FP8 GEMM does: per K-chunk products, per-chunk scales, FP32 sums.
 
     Args:
         qa: ``(M, K)`` FP8 activations, ``sa (M, ceil(K/chunk))`` their tile scales.
         qw: ``(N, K)`` FP8 weights, ``sw (ceil(N/chunk), ceil(K/chunk))`` their block scales.
         chunk: the K-chunk width = activation tile width = weight block size.
+        acc_bits: ``None`` (default): each chunk's raw partial product is kept in float32. An int: the partial
+            product of every chunk (unscaled, as the tensor core's limited accumulator holds it) is rounded to
+            ``acc_bits`` significant bits (:func:`round_mantissa`, to nearest) **before** it is scaled and
+            promoted into the float32 sum: the promotion of DeepSeek-V3 §3.3.2, one rounding per chunk.
 
     Returns:
-        ``(M, N)`` float32: ``Σ_c (qa[:, c].float() @ qw[:, c].float().T) · sa[:, c, None] · sw[n // chunk, c]``;
-        each chunk's partial product (exact: FP8×FP8 products and 128 sums fit float32 here) is scaled and
-        accumulated in float32. Equals ``dequantize_act_tiles(qa, sa) @ dequantize_weight_blocks(qw, sw).T``
-        up to float32 rounding.
+        ``(M, N)`` float32: ``Σ_c (qa[:, c].float() @ qw[:, c].float().T) · sa[:, c, None] · sw[n // chunk, c]``.
+        Every single FP8×FP8 product is exact in float32 (two 4-bit significands make at most 8 bits), but a
+        chunk's sum of ``chunk`` products is an ordinary float32 sum: when the products span more than float32's
+        24 bits of magnitude, low bits are rounded away (not exact in general). Equals
+        ``dequantize_act_tiles(qa, sa) @ dequantize_weight_blocks(qw, sw).T`` up to float32 rounding when
+        ``acc_bits`` is None.
     """
     _check_2d(qa, "qa")
     _check_2d(qw, "qw")
@@ -250,6 +257,8 @@ def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: 
     a = torch.nn.functional.pad(qa.float(), (0, pad)).view(M, nc, chunk).transpose(0, 1)     # (nc, M, chunk)
     w = torch.nn.functional.pad(qw.float(), (0, pad)).view(N, nc, chunk).permute(1, 2, 0)    # (nc, chunk, N)
     parts = torch.bmm(a, w)                                # (nc, M, N): one float32 partial product per chunk
+    if acc_bits is not None:                               # the limited accumulator's result, before promotion
+        parts = round_mantissa(parts, acc_bits).float()
     sw_rows = sw.float().repeat_interleave(chunk, dim=0)[:N]          # (N, nc): row n uses block n // chunk
     scale = sa.float().T[:, :, None] * sw_rows.T[:, None, :]          # (nc, M, N)
     y = torch.zeros(M, N, dtype=torch.float32, device=qa.device)
@@ -258,29 +267,44 @@ def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: 
     return y
 
 
-def round_mantissa(x: Tensor, bits: int) -> Tensor:
-    """Round float64 ``x`` to ``bits`` significant bits (implicit leading bit included), ties to even.
+ROUNDING_MODES = ("nearest", "truncate")
 
-    ``bits = 24`` is float32's significand, ``11`` float16's. Exponent range is unlimited (no over/underflow).
+
+def round_mantissa(x: Tensor, bits: int, rounding: str = "nearest") -> Tensor:
+    """Round float64 ``x`` to ``bits`` significant bits (implicit leading bit included).
+
+    ``rounding="nearest"``: to nearest, ties to even (IEEE's default); ``"truncate"``: toward zero (the dropped
+    bits are simply cut off, as an accumulator that shifts out low bits without rounding does). ``bits = 24`` is
+    float32's significand, ``11`` float16's. Exponent range is unlimited (no over/underflow).
+
+    Raises:
+        ValueError: an unknown ``rounding``.
     """
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"rounding must be one of {ROUNDING_MODES}, got {rounding!r}")
     mant, exp = torch.frexp(x.to(torch.float64))          # x = mant · 2^exp, |mant| in [0.5, 1)
-    return torch.ldexp(torch.round(torch.ldexp(mant, torch.tensor(bits))), exp - bits)
+    scaled = torch.ldexp(mant, torch.tensor(bits))
+    return torch.ldexp(torch.round(scaled) if rounding == "nearest" else torch.trunc(scaled), exp - bits)
 
 
-def accumulate_limited(a: Tensor, b: Tensor, bits: int, interval: int | None = None) -> Tensor:
+def accumulate_limited(a: Tensor, b: Tensor, bits: int, interval: int | None = None,
+                       rounding: str = "nearest") -> Tensor:
     """Row sums ``Σ_k a[:, k]·b[:, k]`` with an accumulator that keeps ``bits`` significant bits.
 
     Emulates a tensor core's limited accumulation (DeepSeek-V3 §3.3.2 reports about 14 bits on H800): products
-    are exact (float64), the running sum is rounded to ``bits`` bits after every addition. With ``interval``,
-    every ``interval`` products the limited partial sum is **promoted**: added to a float32 accumulator and
-    reset (the report promotes every 128 elements). Returns ``(rows,)`` float64.
+    are exact (float64), the running sum is rounded to ``bits`` bits after every addition, to nearest or by
+    truncation (``rounding``, see :func:`round_mantissa`). With ``interval``, every ``interval`` products the
+    limited partial sum is **promoted**: added to a float32 accumulator and reset (the report promotes every 128
+    elements). Returns ``(rows,)`` float64. A model, not the hardware: the real accumulator's alignment and
+    rounding inside one MMA instruction are not published, so the emulation brackets the report's error rather
+    than reproducing it.
     """
     prod = a.to(torch.float64) * b.to(torch.float64)
     R, K = prod.shape
     acc = torch.zeros(R, dtype=torch.float64)
     total = torch.zeros(R, dtype=torch.float32)
     for k in range(K):
-        acc = round_mantissa(acc + prod[:, k], bits)
+        acc = round_mantissa(acc + prod[:, k], bits, rounding)
         if interval is not None and (k + 1) % interval == 0:
             total = total + acc.float()
             acc = torch.zeros_like(acc)

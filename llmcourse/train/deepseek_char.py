@@ -116,7 +116,8 @@ def train_deepseek_char_tiny(save: bool = False, progress: bool = True, path: st
                    context_length=r["context_length"])
     fp8_check = fp8_eval(model, corpus.val, FP8_CHECK_BATCHES, r["eval_seed"])
     prompt = torch.tensor([tok.encode("ROMEO:")])
-    sample = tok.decode(generate_latent_cached(model, prompt, 100)[0][0, prompt.shape[1]:].tolist())
+    n_sample = min(100, r["context_length"] - prompt.shape[1])   # stay inside the trained window
+    sample = tok.decode(generate_latent_cached(model, prompt, n_sample)[0][0, prompt.shape[1]:].tolist())
     info = {"config": cfg.to_dict(), "recipe": r, "val_loss": val, "train_loss": train, "seconds": seconds,
             "ms_per_step": 1000 * seconds / max(r["steps"], 1), "history": hist, "fp8": fp8, "fp8_check": fp8_check,
             "sample": sample}

@@ -78,8 +78,13 @@ def show_capstone_dashboard(curves: dict, loads: dict, ms: dict, tokens_per_step
 # ------------------------------------------------------------------------------------------------ W17.2
 
 
-def generation_record(models: dict, tokenizer, prompt: str, max_new_tokens: int) -> dict:
+def generation_record(models: dict, tokenizer, prompt: str, max_new_tokens: int,
+                      context_length: int | None = None) -> dict:
     """Greedy continuations of ``prompt`` by each model and the bytes of their caches per generated position.
+
+    ``context_length`` (the window the models were **trained** on): when given, the continuation stops there
+    (``min(max_new_tokens, context_length − len(prompt))`` new tokens, at least 0), so no model is asked for
+    positions it never saw in training (``"new_tokens"`` in the record says how many were generated).
 
     ``models[name]`` is a course model (``DeepSeekLM``, ``Llama3Model``, ``GPT2Model``) in eval mode. The DeepSeek
     model generates with :func:`~llmcourse.models.deepseek.generate_latent_cached` and its bytes are read from the
@@ -92,6 +97,9 @@ def generation_record(models: dict, tokenizer, prompt: str, max_new_tokens: int)
     from ..models.deepseek import DeepSeekLM, cache_elems_per_token, generate_latent_cached, greedy_uncached
 
     ids = torch.tensor([tokenizer.encode(prompt)])
+    if context_length is not None:
+        ids = ids[:, -context_length:]
+        max_new_tokens = max(0, min(max_new_tokens, context_length - ids.shape[1]))
     text, per_tok, measured = {}, {}, None
     for name, m in models.items():
         if isinstance(m, DeepSeekLM):
@@ -102,7 +110,8 @@ def generation_record(models: dict, tokenizer, prompt: str, max_new_tokens: int)
             toks = greedy_uncached(m, ids, max_new_tokens)
             per_tok[name] = 4 * cache_elems_per_token(m)
         text[name] = tokenizer.decode(toks[0, ids.shape[1]:].tolist())
-    return {"text": text, "bytes_per_token": per_tok, "measured": measured, "prompt": prompt}
+    return {"text": text, "bytes_per_token": per_tok, "measured": measured, "prompt": prompt,
+            "new_tokens": max_new_tokens}
 
 
 def draw_generation(record: dict, selected: str | None = None, max_tokens: int = 2048):
@@ -128,8 +137,9 @@ def draw_generation(record: dict, selected: str | None = None, max_tokens: int =
 
 
 def show_generation_panel(models: dict, tokenizer, record: dict, max_new_tokens: int = 100,
-                          static: bool | None = None):
-    """W17.2: a prompt box, a model selector and a generate button. Static: ``record`` (the ``"ROMEO:"`` run)."""
+                          static: bool | None = None, context_length: int | None = None):
+    """W17.2: a prompt box, a model selector and a generate button. Static: ``record`` (the ``"ROMEO:"`` run).
+    ``context_length``: the trained window; generation stops there (see :func:`generation_record`)."""
 
     def build_live():
         import ipywidgets as widgets
@@ -141,7 +151,8 @@ def show_generation_panel(models: dict, tokenizer, record: dict, max_new_tokens:
         go = widgets.Button(description="generate")
 
         def run(_=None):
-            state["record"] = generation_record(models, tokenizer, prompt.value or "\n", max_new_tokens)
+            state["record"] = generation_record(models, tokenizer, prompt.value or "\n", max_new_tokens,
+                                                context_length)
             update(selected=None if pick.value == "(all)" else pick.value)
 
         go.on_click(run)

@@ -191,11 +191,13 @@ def show_scaling_lab(x: torch.Tensor, static: bool | None = None):
 # ------------------------------------------------------------------------------------------------ W16.3
 
 
-def accumulation_curves(bits: int, interval: int, K: int, rows: int = 16, seed: int = 1, points: int = 32) -> dict:
+def accumulation_curves(bits: int, interval: int, K: int, rows: int = 16, seed: int = 1, points: int = 32,
+                        rounding: str = "nearest") -> dict:
     """Worst relative error (over ``rows`` rows) of ``Σ_k a_k b_k`` (``a, b ~ U[0, 1)``, seeded) against float64,
-    after ``k`` terms, for an accumulator of ``bits`` significant bits: ``"sequential"`` (never promoted) and
-    ``"promoted"`` (the partial sum moved into a float32 total every ``interval`` terms). Returns
-    ``{"k": [..], "sequential": [..], "promoted": [..]}`` at ``points`` log-spaced ``k``."""
+    after ``k`` terms, for an accumulator of ``bits`` significant bits that rounds ``rounding`` (``"nearest"`` or
+    ``"truncate"``, see :func:`~llmcourse.quant.fp8.round_mantissa`) after every addition: ``"sequential"``
+    (never promoted) and ``"promoted"`` (the partial sum moved into a float32 total every ``interval`` terms).
+    Returns ``{"k": [..], "sequential": [..], "promoted": [..]}`` at ``points`` log-spaced ``k``."""
     g = torch.Generator().manual_seed(seed)
     a, b = torch.rand(rows, K, generator=g), torch.rand(rows, K, generator=g)
     prod = a.double() * b.double()
@@ -207,8 +209,8 @@ def accumulation_curves(bits: int, interval: int, K: int, rows: int = 16, seed: 
     out = {"k": [], "sequential": [], "promoted": []}
     mset = set(marks)
     for k in range(K):
-        seq = round_mantissa(seq + prod[:, k], bits)
-        part = round_mantissa(part + prod[:, k], bits)
+        seq = round_mantissa(seq + prod[:, k], bits, rounding)
+        part = round_mantissa(part + prod[:, k], bits, rounding)
         if (k + 1) % interval == 0:
             total, part = total + part.float(), torch.zeros_like(part)
         if k + 1 in mset:
@@ -238,33 +240,35 @@ def draw_accumulation(curves: list[tuple[str, dict]]):
 
 
 def show_accumulation_lab(rows: int = 16, static: bool | None = None, curves: dict | None = None):
-    """W16.3: accumulator bits, promotion interval, K. Static: 11 and 14 bits, promotion every 128, K = 4,096
-    (or the precomputed ``curves`` ``{bits: accumulation_curves(bits, 128, K, rows)}``)."""
+    """W16.3: accumulator bits, rounding mode (nearest / truncate), promotion interval, K. Static: 11 and 14 bits
+    rounding to nearest, promotion every 128, K = 4,096 (or the precomputed ``curves``: ``{label:
+    accumulation_curves(...)}``; an int label ``m`` reads "m bits")."""
 
     def build_live():
         import ipywidgets as widgets
 
-        def draw(bits, interval, K):
-            return draw_accumulation([(f"{bits} bits, every {interval}",
-                                       accumulation_curves(bits, interval, K, rows))])
+        def draw(bits, interval, K, rounding):
+            return draw_accumulation([(f"{bits} bits ({rounding}), every {interval}",
+                                       accumulation_curves(bits, interval, K, rows, rounding=rounding))])
 
         out, update = redrawing_output(draw)
         bits = widgets.IntSlider(value=14, min=8, max=24, description="accumulator bits")
         interval = widgets.Dropdown(options=[32, 64, 128, 256, 512, 1024, 2048, 4096], value=128,
                                     description="promote every")
         K = widgets.Dropdown(options=[256, 1024, 4096, 16384], value=4096, description="K")
+        rounding = widgets.Dropdown(options=["nearest", "truncate"], value="nearest", description="rounding")
 
         def redraw(_=None):
-            update(bits=bits.value, interval=interval.value, K=K.value)
+            update(bits=bits.value, interval=interval.value, K=K.value, rounding=rounding.value)
 
-        for w in (bits, interval, K):
+        for w in (bits, interval, K, rounding):
             w.observe(redraw, names="value")
         redraw()
-        return widgets.VBox([widgets.HBox([bits, interval, K]), out])
+        return widgets.VBox([widgets.HBox([bits, rounding, interval, K]), out])
 
     def build_static():
         if curves is not None:
-            return draw_accumulation([(f"{m} bits", c) for m, c in curves.items()])
+            return draw_accumulation([(f"{m} bits" if isinstance(m, int) else str(m), c) for m, c in curves.items()])
         return draw_accumulation([(f"{m} bits", accumulation_curves(m, 128, 4096, rows)) for m in (11, 14)])
 
     return live_or_static("W16.3", build_live, build_static, static,

@@ -190,6 +190,23 @@ print(f"largest |q| per tile: {sorted(set(qa.float().abs().view(256, 4, 128).ama
 # Every tile's largest magnitude lands exactly on 448, and the round-trip error printed above is the rounding
 # error of 3 mantissa bits on Gaussian-looking values.
 #
+# **The released checkpoint's layout.** DeepSeek-V3's FP8 checkpoint stores each quantised linear weight as two
+# tensors: `weight` in `float8_e4m3fn` with the layer's `(N, K)` shape, and `weight_scale_inv` in float32 with one
+# entry per 128 × 128 block, `(ceil(N/128), ceil(K/128))`. Despite its name, `weight_scale_inv` is the factor that
+# *multiplies* the stored values back (the inverse of the factor that quantised them): it plays the role of our
+# block scale `s`, and dequantising is `weight.float()` times the entry of its block, as
+# `Q.dequantize_weight_blocks(weight, weight_scale_inv)` does. The shapes for two of V3's projections (its hidden
+# size 7,168 and expert width 2,048) and our weight above:
+
+# %%
+for name, (n_out, k_in) in {"an expert's down_proj (V3)": (7168, 2048), "an expert's gate_proj (V3)": (2048, 7168),
+                            "our seeded weight": tuple(w.shape)}.items():
+    grid = (-(-n_out // 128), -(-k_in // 128))
+    print(f"{name:>28}: weight {n_out} × {k_in} float8_e4m3fn, weight_scale_inv {grid[0]} × {grid[1]} float32 "
+          f"({grid[0] * grid[1] * 4 / (n_out * k_in):.3%} of the FP8 bytes)")
+assert tuple(sw.shape) == (-(-w.shape[0] // 128), -(-w.shape[1] // 128))
+
+# %% [markdown]
 # ## 5. The block-scaled matrix product
 #
 # `y = x wᵀ` with `x (M, K)` and `w (N, K)`. Split K into chunks `c` of 128. Inside one chunk every activation
@@ -268,19 +285,93 @@ assert self_check_fp8_matmul(Q.fp8_blockwise_matmul)
 # partly rounded away. Their remedy is **promotion**: after every 128 elements (4 tensor-core instructions) the
 # partial sum is moved into a float32 register on the CUDA cores and the limited accumulator restarts from zero.
 #
-# Emulate it: sum `K` products of `U[0, 1)` pairs with a running sum rounded to `m` significant bits after every
+# Emulate it: sum `K` products of `U[0, 1)` pairs with a running sum cut to `m` significant bits after every
 # addition, and compare with float64 after every term (`Q.accumulate_limited` is the same emulation for one sum).
+# How the bits are cut matters as much as how many are kept: **rounding to nearest** makes errors that partly
+# cancel, while **truncation** (dropping the low bits, always toward zero) makes every addition lose a little in
+# the same direction, so the errors add up. We run both at 14 bits.
 
 # %%
 K = cfg["accum_k"]
 curves = {}
-for m in tqdm((11, 14), desc="accumulator bits"):
-    curves[m] = viz.accumulation_curves(m, 128, K, rows=cfg["accum_rows"])
-    print(f"{m} bits, K = {K:,}: worst relative error {curves[m]['sequential'][-1]:.3%} never promoted, "
-          f"{curves[m]['promoted'][-1]:.4%} promoted every 128")
+for m, rounding in tqdm(((11, "nearest"), (14, "nearest"), (14, "truncate")), desc="accumulators"):
+    curves[f"{m} bits, {rounding}"] = c = viz.accumulation_curves(m, 128, K, rows=cfg["accum_rows"], rounding=rounding)
+    print(f"{m} bits ({rounding:>8}), K = {K:,}: worst relative error {c['sequential'][-1]:.3%} never promoted, "
+          f"{c['promoted'][-1]:.4%} promoted every 128")
+near, trunc = curves["14 bits, nearest"]["sequential"][-1], curves["14 bits, truncate"]["sequential"][-1]
+report = 0.02   # "nearly 2 %" at K = 4096: the DeepSeek-V3 report's measurement on H800 tensor cores
+print(f"the report's ~{report:.0%} lies between the two 14-bit emulations ({near:.2%} and {trunc:.2%}): "
+      f"{near < report < trunc}")
+assert near < report < trunc
 
 # %%
 viz.show_accumulation_lab(rows=cfg["accum_rows"], curves=curves)
+
+# %% [markdown]
+# The DeepSeek-V3 report quotes a maximum relative error of nearly 2 % for `K = 4096` on its tensor cores. Neither
+# emulation reproduces it, and neither should be expected to: the report gives no rounding mode, no input
+# distribution and no detail of how a tensor core aligns the products of one instruction before adding them.
+# What the emulation does show is the range: with 14 bits, rounding to nearest stays well under the report's
+# figure, truncation lands well above it, and the measured hardware sits in between. Both are fixed by the same
+# remedy: promotion every 128 elements keeps every limited partial sum short. (The widget has a rounding switch.)
+#
+# ### Spot the bug: a long dot product on a limited accumulator
+#
+# A kernel author emulates a 14-bit tensor-core accumulator for a row-wise dot product. Its result is fine for
+# short rows and drifts for long ones. Run it at growing `K` and read the symptom:
+
+# %%
+def limited_dot(a, b, bits=14):
+    acc = torch.zeros(a.shape[0], dtype=torch.float64)
+    for k in range(a.shape[1]):
+        acc = Q.round_mantissa(acc + a[:, k].double() * b[:, k].double(), bits)
+    return acc
+
+
+g_dot = torch.Generator().manual_seed(4)
+a_dot, b_dot = torch.rand(4, K, generator=g_dot), torch.rand(4, K, generator=g_dot)
+
+
+def dot_error(fn, k):
+    exact = (a_dot[:, :k].double() * b_dot[:, :k].double()).sum(1)
+    return float(((fn(a_dot[:, :k], b_dot[:, :k]) - exact).abs() / exact).max())
+
+
+for k in (128, K // 8, K):
+    print(f"K = {k:>5}: worst relative error {dot_error(limited_dot, k):.3%}")
+
+# %% [markdown]
+# **Your fix.** The error grows with `K` although every product is exact: find why, and repair `limited_dot_fixed`
+# so that the worst relative error stays under a fixed bound at every `K` (the self-check prints it; the buggy
+# version meets it only for the shortest rows) while the accumulator keeps its 14 bits.
+
+# %%
+def limited_dot_fixed(a, b, bits=14):
+    # TODO: keep the 14-bit accumulator, but stop the error from growing with K
+    return limited_dot(a, b, bits)
+
+
+def self_check_limited_dot(fn=None):
+    fn = fn or limited_dot_fixed
+    bound = 2e-4
+    worst = max(dot_error(fn, k) for k in (128, K // 8, K))
+    ok = worst < bound
+    print(f"✓ worst relative error {worst:.4%} < {bound:.2%} at every K" if ok else
+          f"✗ not yet: the worst relative error is {worst:.3%}, above {bound:.2%}")
+    return ok
+
+
+self_check_limited_dot();
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: one running sum of 14 bits keeps absorbing small products into an ever larger total, so each
+# addition loses more of them. Promote: every 128 products, move the partial sum into a float32 total and restart
+# the limited accumulator from zero (the library's emulation does exactly that with interval=128).
+def limited_dot_reference(a, b, bits=14):
+    return Q.accumulate_limited(a, b, bits, interval=128)
+
+
+assert self_check_limited_dot(limited_dot_reference)
 
 # %% [markdown]
 # ## 6. Which FP8 format, and when to scale

@@ -12,7 +12,7 @@
 # 4. parameter accounting: total vs active; cache elements per token;
 # 5. the training step: MTP loss, clipping, optimizer step, router-bias update;
 # 6. the three-way comparison, measured honestly;
-# 7. generation with the latent cache;
+# 7. generation with the latent cache, inside the context the model was trained on;
 # 8. FP8 inference;
 # 9. what transfers from tiny scale, and what does not.
 #
@@ -24,6 +24,7 @@
 import time
 
 import torch
+import torch.nn.functional as F
 
 import llmcourse
 from llmcourse.data.corpus import char_corpus, get_batch
@@ -34,6 +35,7 @@ from llmcourse.models.deepseek import (
     cache_elems_per_token,
     compare_models,
     deepseek_param_breakdown,
+    forward_time_breakdown,
     fp8_eval,
     generate_latent_cached,
     greedy_uncached,
@@ -72,10 +74,13 @@ for field, value in ds_cfg.to_dict().items():
 # ## 2. The block and the model
 #
 # A block is pre-norm: `x + attention(norm(x))`, then `x + ffn(norm(x))`. The first `first_k_dense_replace` blocks
-# use a dense SwiGLU feed-forward; the rest use DeepSeekMoE. DeepSeek-V3 keeps its first three layers dense because
-# routing on barely-processed token embeddings is unstable; our tiny model keeps one. The model is an embedding,
-# the blocks, a final RMSNorm and a head tied to the embedding, plus one MTP module whose block is a dense block
-# of the same kind (it is used by the training loss only).
+# use a dense SwiGLU feed-forward; the rest use DeepSeekMoE. Why dense first layers: the DeepSeekMoE paper kept
+# its first layer dense because the load balance of a first-layer MoE converged slowly during training;
+# DeepSeek-V3 keeps its first three layers dense (`first_k_dense_replace = 3`); our tiny model keeps one. The
+# model is an embedding, the blocks, a final RMSNorm and a head tied to the embedding, plus one MTP module (used
+# by the training loss only). Its block is a **dense** block: a simplification. DeepSeek-V3's MTP module holds
+# a full block of the main model's later kind, MoE feed-forward included (its checkpoint stores routed and shared
+# experts under the MTP layer), which we skip to keep the tiny model's extra cost small.
 
 # %%
 torch.manual_seed(0)
@@ -172,6 +177,10 @@ print("DeepSeek breakdown:", deepseek_param_breakdown(model))
 # One step: clear the gradients, compute `loss = loss_main + λ/D · Σ loss_mtp`, back-propagate, clip the global
 # gradient norm, step AdamW, and **then** move each router's bias by `γ·sign(mean load − load)` using the loads of
 # this step's forward pass. The bias is a buffer: the optimizer never sees it.
+#
+# One normalisation detail: each `loss_mtp` here is a mean over the `T − k` positions depth `k` predicts, while
+# DeepSeek-V3's report writes its depth-`k` loss as a sum over those positions divided by `T`. The two differ by
+# the factor `(T − k)/T`, printed below for our windows; it matters for short windows only.
 
 # %%
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -182,6 +191,9 @@ load = rec["expert_load"][0]
 print(f"loss {rec['loss']:.4f} = main {rec['loss_main']:.4f} + {ds_cfg.mtp_lambda} × MTP {rec['loss_mtp'][0]:.4f}")
 print("layer-1 expert loads:", load.tolist())
 print("bias change        :", (model.layers[1].mlp.gate.e_score_correction_bias - bias_before).tolist())
+T_win = x.shape[1]
+print(f"depth-1 loss with V3's 1/T normalisation = {(T_win - 1) / T_win:.4f} × the mean over positions "
+      f"(T = {T_win}): {rec['loss_mtp'][0] * (T_win - 1) / T_win:.4f}")
 
 # %% [markdown]
 # Overloaded experts went down by γ, underloaded ones up: the next batches route a little more evenly without
@@ -258,39 +270,97 @@ print(f"spread of the validation losses: {spread:.3f} nats; slowest per step: {s
 # * At this size and budget the spread printed above is not evidence about architectures: the runs are short,
 #   early in training the ranking can change with the seed and the number of steps, and one seed is one sample.
 #   Nothing here predicts how large models compare.
-# * The MoE model is **not** faster on a CPU at this scale: every routed expert is a separate small matrix
-#   multiplication dispatched from Python, and the router, the gather and the scatter add work that a dense layer
-#   does not have. MoE pays off when the experts are large and spread over many accelerators.
+# * The MoE model is **not** faster on a CPU at this scale. The library's MoE layer dispatches once (one sort of
+#   the token–expert assignments, one gather, one grouped GEMM per projection, one scatter-add): there is no
+#   Python loop over experts. So where does the time go? The next cell profiles one forward pass of the trained
+#   comparison model on one training batch and attributes every operator's CPU time to the part that ran it.
 # * What does hold at every scale is the accounting: the cache per token (read off the table) and the active
 #   parameters per token.
 #
-# ## 7. Generation with the latent cache
+# %%
+prof_x, prof_y = get_batch(corpus.train, B, T, torch.Generator().manual_seed(0))
+parts = forward_time_breakdown(models["deepseek-tiny"].eval(), prof_x, prof_y)
+n_moe = sum(1 for layer in models["deepseek-tiny"].layers if layer.mlp.__class__.__name__ == "DeepSeekMoE")
+for part, ms_part in parts.items():
+    if part != "total":
+        print(f"{part:>42}: {ms_part:7.1f} ms ({ms_part / parts['total']:5.1%})")
+moe_ms = sum(v for k, v in parts.items() if k.startswith("MoE")) / n_moe
+print(f"one forward pass of {B}×{T} tokens: {parts['total']:.1f} ms; per MoE layer {moe_ms:.1f} ms vs "
+      f"{parts['dense FFN']:.1f} ms for the dense feed-forward of layer 0 (timings of this machine, not asserted)")
+print(f"rows per routed expert on average: B·T·k/E = {B * T * ds_cfg.num_experts_per_tok // ds_cfg.n_routed_experts}")
+
+# %% [markdown]
+# What the breakdown separates: the routed experts' GEMMs (on a CPU, torch's grouped GEMM still computes one matrix
+# product per expert, with the rows per expert printed last, small products that run far below the CPU's peak);
+# the shared expert; the router (a linear map, sigmoid, group and top-k selection); the dispatch (sort, gather,
+# scatter); and the elementwise work of SwiGLU and the gate weights. Compare their sum per MoE layer with the dense
+# feed-forward of layer 0, and the dispatch with the GEMMs: on this machine's numbers, which part would you
+# optimise first? The MTP module, a whole extra block plus a second pass through the head, is paid on every
+# training step and never at inference. MoE pays off when experts are large and spread over many accelerators,
+# where each expert's GEMM is big enough to run near peak.
+#
+# ## 7. Generation with the latent cache, inside the trained context
 #
 # Greedy generation: one call on the prompt, then one call per new token with `T = 1`; the MTP module is not used.
-# We use the course's trained DeepSeek (`assets/deepseek_char_tiny.pt`) and check that the cached tokens equal
-# decoding without a cache, then read the memory from the cache object itself.
+# We use the course's trained DeepSeek (`assets/deepseek_char_tiny.pt`), check that the cached tokens equal
+# decoding without a cache, and read the memory from the cache object itself.
+#
+# One limit first. The configuration allows more positions than the asset was trained on (its RoPE tables are
+# that long; both numbers are printed below): positions beyond the training windows never occurred in training.
+# The per-position validation loss on windows as long as the configuration allows shows what that means:
 
 # %%
 trained, tok = load_deepseek_char_tiny()
-prompt = torch.tensor([tok.encode("ROMEO:")])
-t0 = time.perf_counter()
-tokens, cache = generate_latent_cached(trained, prompt, cfg["gen_tokens"])
-dt = time.perf_counter() - t0
-same = torch.equal(tokens, greedy_uncached(trained, prompt, cfg["gen_tokens"]))
-print(tok.decode(tokens[0].tolist()))
-print(f"\nequal to uncached greedy decoding: {same}; {cfg['gen_tokens']} tokens in {dt:.2f} s")
-print(f"cache: {cache}; {cache.nbytes():,} bytes = {cache.nbytes() // cache.seq_len} bytes per position")
-
-# %%
-record = viz.generation_record({"deepseek-tiny": trained, "llama3-tiny": models["llama3-tiny"].eval(),
-                                "gpt2-char-tiny": models["gpt2-char-tiny"].eval()}, tok, "ROMEO:", cfg["panel_tokens"])
-viz.show_generation_panel({"deepseek-tiny": trained, "llama3-tiny": models["llama3-tiny"],
-                           "gpt2-char-tiny": models["gpt2-char-tiny"]}, tok, record, cfg["panel_tokens"])
+trained_ctx = trained.checkpoint_info["recipe"]["context_length"]
+long_x, long_y = get_batch(corpus.val, 8, trained.cfg.context_length, torch.Generator().manual_seed(3))
+with torch.no_grad():
+    lg = trained(long_x)["logits"]
+per_pos = F.cross_entropy(lg.transpose(1, 2), long_y, reduction="none").mean(0)
+print(f"configured context {trained.cfg.context_length}; trained on windows of {trained_ctx} tokens")
+spans = [(0, trained_ctx), (trained_ctx, 2 * trained_ctx), (2 * trained_ctx, trained.cfg.context_length)]
+for a, b in spans:
+    print(f"positions {a:>3}–{b - 1:>3}: mean validation loss {per_pos[a:b].mean():.3f} nats")
+fig, ax = llmcourse.viz.figure(1, 1, figsize=(7, 2.8))
+ax.plot(per_pos.tolist())
+ax.axvline(trained_ctx - 0.5, color="red", ls="--", label=f"trained window ({trained_ctx} tokens)")
+ax.set_xlabel("position in the window")
+ax.set_ylabel("validation loss (nats)")
+ax.legend(fontsize=8)
+inside, beyond = per_pos[:trained_ctx].mean().item(), per_pos[trained_ctx:].mean().item()
+assert beyond > inside, "the loss beyond the trained window should exceed the loss inside it"
+assert per_pos[trained_ctx:2 * trained_ctx].mean() < per_pos[2 * trained_ctx:].mean()
+fig
 
 # %% [markdown]
-# (The two baselines in the panel are the short comparison runs above, so their text is rougher than the trained
-# DeepSeek's.)
-#
+# Inside the trained window the loss stays near its training level; past it the loss climbs, the further the
+# worse (the printed means). So we generate only as many tokens as fit in the trained window after the prompt:
+
+# %%
+prompt = torch.tensor([tok.encode("ROMEO:")])
+n_gen = min(cfg["gen_tokens"], trained_ctx - prompt.shape[1])
+assert prompt.shape[1] + n_gen <= trained_ctx
+t0 = time.perf_counter()
+tokens, cache = generate_latent_cached(trained, prompt, n_gen)
+dt = time.perf_counter() - t0
+same = torch.equal(tokens, greedy_uncached(trained, prompt, n_gen))
+print(tok.decode(tokens[0].tolist()))
+print(f"\nequal to uncached greedy decoding: {same}; {n_gen} tokens in {dt:.2f} s "
+      f"(prompt + tokens = {tokens.shape[1]} ≤ {trained_ctx})")
+print(f"cache: {cache}; {cache.nbytes():,} bytes = {cache.nbytes() // cache.seq_len} bytes per position")
+
+# %% [markdown]
+# The panel compares the three models of the comparison in section 6: same batches, same steps, same schedule,
+# same windows, so none of them is better trained than the others (the asset above trained longer, see the
+# printed steps, and is not in the panel). Each continuation stops at the trained window.
+
+# %%
+panel_models = {name: models[name].eval() for name in ("deepseek-tiny", "llama3-tiny", "gpt2-char-tiny")}
+record = viz.generation_record(panel_models, tok, "ROMEO:", cfg["panel_tokens"], context_length=T)
+print(f"{record['new_tokens']} tokens per model after the prompt (window {T}); panel models trained {steps} steps "
+      f"each, the asset {trained.checkpoint_info['recipe']['steps']}")
+viz.show_generation_panel(panel_models, tok, record, cfg["panel_tokens"], context_length=T)
+
+# %% [markdown]
 # ## 8. FP8 inference
 #
 # We convert a copy's main-path linear layers to unit 16's block-scaled FP8 (routers, head, embeddings and the MTP

@@ -40,6 +40,7 @@ from llmcourse.models.deepseek import (
     DeepSeekLM,
     cache_elems_per_token,
     compare_models,
+    forward_time_breakdown,
     generate_latent_cached,
     greedy_uncached,
     model_logits,
@@ -291,6 +292,17 @@ print(f"slowest per step: {slow['name']} ({slow['ms_per_step'] / fast['ms_per_st
       f"{fast['name']})")
 
 # %% [markdown]
+# Where does DeepSeek's time go? One forward pass of the trained model on a validation batch (with targets, so the
+# MTP module runs as in training), every operator's CPU time attributed to the part that ran it (timings of this
+# machine):
+
+# %%
+parts = forward_time_breakdown(first["models"]["deepseek-tiny"].eval(), *val_batches[0])
+for part, ms_part in parts.items():
+    if part != "total":
+        print(f"{part:>42}: {ms_part:7.1f} ms ({ms_part / parts['total']:5.1%})")
+
+# %% [markdown]
 # ## Samples
 #
 # Greedy continuations of the same prompt by each trained model (first seed): DeepSeek decodes with its **latent**
@@ -303,7 +315,7 @@ n_new = min(cfg["lab_gen_tokens"], T - len(tok.encode(prompt)))
 trained = first["models"]
 for m in trained.values():
     m.eval()
-record = viz.generation_record(trained, tok, prompt, n_new)
+record = viz.generation_record(trained, tok, prompt, n_new, context_length=T)
 for name, text in record["text"].items():
     print(f"--- {name}\n{prompt}{text}\n")
 ids = torch.tensor([tok.encode(prompt)])
@@ -315,7 +327,7 @@ print(f"cache holding {cache.seq_len} positions: {cache.nbytes():,} bytes = {cac
           f"{n} {b} B" for n, b in record["bytes_per_token"].items() if n != "deepseek-tiny") + " per position")
 
 # %%
-viz.show_generation_panel(trained, tok, record, n_new)
+viz.show_generation_panel(trained, tok, record, n_new, context_length=T)
 
 # %% [markdown]
 # ## What the numbers say — and what they do not
@@ -331,7 +343,10 @@ viz.show_generation_panel(trained, tok, record, n_new)
 #   validation line of the table, say whether the later steps still buy generalisation; a model that fits the
 #   training stories faster can look better or worse depending on where the run stops.
 # * **Speed.** The slowest model per step and its ratio to the fastest are printed under the table. When it is
-#   DeepSeek, the causes are per-expert dispatch from Python, the router, and its MTP module with a second pass
-#   through the large output head: matching the active parameters does not make a step as cheap on a CPU.
+#   DeepSeek, read the breakdown under it: the library's MoE layer has no Python loop over experts (one sort, one
+#   gather, one grouped GEMM per projection, one scatter-add), but on a CPU the grouped GEMM still runs one small
+#   product per expert; the shared expert, the router and the elementwise work come on top, and the MTP module
+#   adds a block and a second pass through the large output head. Matching the active parameters does not make a
+#   step as cheap on a CPU.
 # * **What holds at every scale** is the accounting: total vs active parameters, and the cache per token — MLA's
 #   latent cache is the smallest of the three, read from the cache object itself.

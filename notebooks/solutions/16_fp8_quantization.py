@@ -22,10 +22,9 @@
 # a variable defined elsewhere in the notebook. Use `torch`, `math` and the standard library; later
 # exercises may call your earlier ones.
 #
-# **Conventions.** FP8 tensors are `torch.float8_e4m3fn` (E4M3, largest finite value 448). A scale `s`
-# maps real values to FP8 values: quantise `q = x / s`, dequantise `x̂ = q · s`, with `s = amax / 448`
-# so that the largest magnitude of each tile lands on ±448. Activations `x (M, K)` have one row per token;
-# weights `w (N, K)` use the `nn.Linear` layout (out × in).
+# **Conventions.** FP8 tensors are `torch.float8_e4m3fn` (E4M3). A scale `s` maps real values to FP8 values:
+# quantise `q = x / s`, dequantise `x̂ = q · s`; exercise 2 leaves the choice of `s` to you. Activations
+# `x (M, K)` have one row per token; weights `w (N, K)` use the `nn.Linear` layout (out × in).
 
 # %%
 import math  # noqa: F401
@@ -94,10 +93,12 @@ print("visible tests passed")
 # ```
 #
 # - **Activations** `x (M, K)` float32: one scale per row and per `tile`-wide slice of K (a 1 × 128 tile).
-#   Return `q (M, K)` `float8_e4m3fn` and `s (M, ceil(K/tile))` float32 with
-#   `s = max(amax, 1e-12) / 448` (amax over the tile's own elements) and
-#   `q = clamp(x / s, −448, 448).to(torch.float8_e4m3fn)`. The last tile may be narrower; it uses only
-#   its own elements.
+#   Return `q (M, K)` `float8_e4m3fn` and `s (M, ceil(K/tile))` float32. **Your decision: the scale.** The
+#   contract is the round trip `x̂ = q.float() · s`; choose `s` from the tile's own elements so that the tile's
+#   largest magnitude lands exactly on the largest finite E4M3 value (the full range, nothing saturated, so every
+#   normal value keeps E4M3's 2⁻⁴ relative precision), `q` the scaled tile cast to E4M3 (clamped to the format's
+#   range first), and an all-zero tile gives zeros and a finite scale (floor its amax at 1e-12). The last tile
+#   may be narrower; it uses only its own elements.
 # - **Weights** `w (N, K)`: the same with one scale per `block × block` square, `s (ceil(N/block),
 #   ceil(K/block))`; edge blocks may be partial.
 # - **Dequantise**: `x̂ = q.float() · s` of the element's tile or block, float32, the input's shape.
@@ -157,7 +158,8 @@ x = torch.randn(4, 200)
 q, s = quantize_act_tiles(x)
 assert q.dtype == E4M3 and q.shape == (4, 200), f"q: expected float8_e4m3fn (4, 200), got {q.dtype} {tuple(q.shape)}"
 assert s.shape == (4, 2), f"s: one scale per row and 128-wide tile -> (4, 2), got {tuple(s.shape)}"
-assert q[0, 128:].float().abs().max() == 448, "the largest value of every non-zero tile maps to ±448"
+assert q[0, 128:].float().abs().max() == torch.finfo(E4M3).max, "the largest |value| of a non-zero tile must map to " \
+    "E4M3's largest finite value"
 back = dequantize_act_tiles(q, s)
 assert ((back - x).abs() <= x.abs() / 16 + 1e-3).all(), "round trip: within 2^-4 relative"
 qw, sw = quantize_weight_blocks(torch.randn(300, 200) * 0.02)
@@ -168,7 +170,8 @@ print("visible tests passed")
 # ## Exercise 3 — the block-scaled GEMM (5 points)
 #
 # ```python
-# def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128) -> Tensor: ...
+# def fp8_blockwise_matmul(qa: Tensor, sa: Tensor, qw: Tensor, sw: Tensor, chunk: int = 128,
+#                          acc_bits: int | None = None) -> Tensor: ...
 # ```
 #
 # `qa (M, K)`, `sa (M, ceil(K/chunk))` from `quantize_act_tiles(x, chunk)`; `qw (N, K)`,
@@ -177,11 +180,18 @@ print("visible tests passed")
 # (FP8 values turned into float32) is multiplied by activation scale `sa[m, c]` of its row and by weight
 # scale `sw[n // chunk, c]` of its output column, and the scaled partial products are summed in float32.
 # The result equals the product of the two dequantised matrices up to float32 rounding.
+#
+# `acc_bits` emulates the tensor core's limited accumulator and its promotion: when it is an int, each chunk's raw
+# partial product (the FP8 values' product, before any scale) is rounded to `acc_bits` significant bits with
+# `llmcourse.quant.fp8.round_mantissa(partial, acc_bits)` (it returns float64: turn it back into float32) and only
+# then scaled and added to the float32 sum. With `acc_bits=None` nothing is rounded.
 
 # %% tags=["solution:16.fp8_blockwise_matmul"]
-def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128):
+def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128, acc_bits=None):
     """(M, K) x (N, K) FP8 with per-tile/per-block scales -> (M, N) float32."""
     ### BEGIN SOLUTION
+    from llmcourse.quant.fp8 import round_mantissa
+
     M, K = qa.shape
     N = qw.shape[0]
     w_scale_per_row = sw.float().repeat_interleave(chunk, dim=0)[:N]   # (N, chunks)
@@ -189,6 +199,8 @@ def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128):
     for c in range(math.ceil(K / chunk)):
         cols = slice(c * chunk, min(K, (c + 1) * chunk))
         part = qa[:, cols].float() @ qw[:, cols].float().T
+        if acc_bits is not None:
+            part = round_mantissa(part, acc_bits).float()
         y += part * sa[:, c].float().unsqueeze(1) * w_scale_per_row[:, c].unsqueeze(0)
     return y
     ### END SOLUTION
@@ -291,9 +303,12 @@ print("visible tests passed")
 # ```
 #
 # In place: replace every `nn.Linear` of `model` by `FP8Linear.from_linear(...)` unless the last component
-# of its name (`"gate"` in `"layers.1.mlp.gate"`) is in `skip`, or its weight is shared with another
-# module (a tied output head: converting it would make a copy and break the tie). Embeddings, norms and
-# every other module stay as they are. Return `model`.
+# of its name (`"gate"` in `"layers.1.mlp.gate"`) is in `skip`. Embeddings, norms and every other module stay as
+# they are. Return `model`.
+#
+# **Your decision.** The converted model must stay the same model apart from precision: in a model whose head is
+# tied to its embedding, changing `embed_tokens.weight` must still change the logits through the head after the
+# conversion, **whatever `skip` says**. Decide which linear layers that rules out and how to recognise them.
 
 # %% tags=["solution:16.convert_linears_to_fp8"]
 def convert_linears_to_fp8(model, skip=("lm_head", "gate")):

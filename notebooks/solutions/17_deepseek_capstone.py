@@ -303,8 +303,12 @@ print("visible tests passed")
 #
 # Greedy decoding of `max_new_tokens` tokens after the prompt `idx (B, T0)` with a fresh `LatentCache(n_layers)`:
 # one call on the prompt, then one call with a single token (`T = 1`) per new token; the last token is returned,
-# not fed. Plain decoding uses the main head only. Return `(tokens (B, T0 + max_new_tokens), cache)`; the tokens
-# equal greedy decoding without a cache. Leave the model in the mode you found it in.
+# not fed. Return `(tokens (B, T0 + max_new_tokens), cache)`. Leave the model in the mode you found it in.
+#
+# **Your decision: what the MTP module does here.** The evidence your tokens must meet: they equal greedy decoding
+# of the same model without a cache (`argmax` of `model(ids)["logits"][:, -1]`, one token at a time), for any
+# weights, and the cache holds exactly one latent and one rope key per layer and position. Decide whether the MTP
+# module has a part in that loop.
 
 # %% tags=["solution:17.generate_latent_cached"]
 @torch.no_grad()
@@ -401,11 +405,16 @@ print("visible tests passed")
 #
 # Train every model for `steps` steps on **the same batches**: step `s` uses
 # `get_batch(train_data, batch_size, context_length, torch.Generator().manual_seed(seed + s))` and learning rate
-# `lr_fn(s)`, AdamW (unit 10's `configure_optimizer`), clipping at 1.0. A `DeepSeekLM` trains with your
-# `train_step`; other models return logits from `model(x)` and train on the cross-entropy. Return one row per model,
+# `lr_fn(s)`, AdamW (unit 10's `configure_optimizer`), clipping at 1.0. A DeepSeek model trains with your
+# `train_step` (main + MTP loss, router-bias update); the check passes the course's
+# `llmcourse.models.deepseek.DeepSeekLM`, not your class, so recognise a DeepSeek model by what it has (both
+# classes have `update_router_biases`) rather than by your own class. Other models return logits from `model(x)`
+# and train on the cross-entropy. Return one row per model,
 # in input order: `{"name", "total_params", "active_params", "ms_per_step", "val_loss", "cache_elems_per_token"}`.
-# Parameters count the main path (MTP modules excluded, a tied weight once); **active** parameters drop, in every MoE
-# layer, the routed experts a token does not use. `val_loss`: the mean main-head loss over 10 validation batches
+# Parameters count the main path (MTP modules excluded, a tied weight once). **Your decision: `active_params`**, the
+# parameters one token's forward pass actually uses. Decide, for an MoE layer, which of its router, shared expert
+# and routed experts count (a token is sent to `num_experts_per_tok` of the `n_routed_experts`); a dense model's
+# active count is its total. `val_loss`: the mean main-head loss over 10 validation batches
 # (generator seed `10_000 + i`). Cache elements per token: unit 12's formulas (MLA: `L·(d_c + d_R)`; Llama: GQA;
 # GPT-2: MHA).
 
@@ -448,7 +457,7 @@ def compare_models(models, train_data, val_data, steps, batch_size, context_leng
             for g in opt.param_groups:
                 g["lr"] = lr_fn(s)
             t0 = time.perf_counter()
-            if isinstance(model, DeepSeekLM):
+            if hasattr(model, "update_router_biases"):
                 train_step(model, opt, x, y)
             else:
                 opt.zero_grad(set_to_none=True)
