@@ -351,3 +351,20 @@ def test_evaluate_accuracy_counts_correct_greedy_answers():
     want = sum(parse_completion(task.tokenizer.decode(s[task.prompt_len:])) == a + b
                for (a, b), s in zip(task.test_pairs.tolist(), seqs))
     assert acc == want / 20
+
+
+def test_run_post_training_tiny_is_seeded_and_keeps_the_reference():
+    from llmcourse.post.run import run_post_training
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, grpo_iters=2, prompts_per_step=2, group_size=4,
+              eval_every=1)
+    seen = []
+    a = run_post_training(0, callback=lambda phase, step, stats: seen.append((phase, step)), **kw)
+    b = run_post_training(0, **kw)
+    assert seen == [("sft", 0), ("sft", 1), ("sft", 2), ("grpo", 0), ("grpo", 1)]
+    for k in ("acc_before", "acc_sft", "acc_grpo"):
+        assert 0.0 <= a[k] <= 1.0 and a[k] == b[k]
+    assert a["sft_losses"] == b["sft_losses"] and len(a["grpo"]) == 2 and "test_accuracy" in a["grpo"][1]
+    assert all(not p.requires_grad for p in a["sft_model"].parameters())
+    # the reference is the model after SFT: the run's first-iteration KL is measured against it and is 0
+    assert a["grpo"][0]["kl"] == pytest.approx(0.0, abs=1e-6)
