@@ -368,3 +368,16 @@ def test_run_post_training_tiny_is_seeded_and_keeps_the_reference():
     assert all(not p.requires_grad for p in a["sft_model"].parameters())
     # the reference is the model after SFT: the run's first-iteration KL is measured against it and is 0
     assert a["grpo"][0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_sft_train_with_a_pool_only_sees_the_pool(monkeypatch):
+    import llmcourse.post.sft as sft
+
+    task = AdditionTask(2, n_test=10, seed=0)
+    pool = torch.tensor([[11, 22], [33, 44], [55, 66]])
+    seen = []
+    real = sft.sft_batch
+    monkeypatch.setattr(sft, "sft_batch", lambda t, pairs: seen.append(pairs) or real(t, pairs))
+    sft.sft_train(tiny_model(), task, steps=3, batch_size=8, lr=1e-3, seed=0, pool=pool)
+    drawn = {tuple(p) for batch in seen for p in batch.tolist()}
+    assert len(seen) == 3 and drawn <= {(11, 22), (33, 44), (55, 66)} and len(drawn) > 1

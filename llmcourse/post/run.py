@@ -12,6 +12,14 @@ GRPO step size: the update is a difference of many per-sequence gradients that m
 that an SFT run takes in its stride (Adam at ``lr`` 1e-4 on this model) moves the policy far enough to lower
 the log-probability of *every* sampled completion, the rewarded ones included (second-order effects win).
 Hence a small learning rate (3e-5) with a short linear warm-up, as RL fine-tuning recipes use.
+
+``sft_pool = n > 0`` fine-tunes on a fixed set of ``n`` training pairs (a small "cold start" set) instead of
+fresh pairs every step; GRPO always draws fresh training prompts (it needs no answers, only the verifier).
+
+Measured on a shared, heavily loaded 2-core machine (load 12-15; one thread), the default recipe, seeds
+0 / 1 / 2, held-out accuracy (500 pairs) before SFT 0.000 / 0.000 / 0.000, after SFT 0.126 / 0.628 / 0.410,
+after 100 GRPO iterations 0.172 / 0.652 / 0.430; SFT 62-128 s and GRPO 34-72 s wall per seed. The SFT phase
+ends near the step where this model "gets" carrying, so its accuracy varies widely between seeds.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ __all__ = ["POST_MODEL", "POST_RECIPE", "build_post_model", "run_post_training"]
 
 POST_MODEL = dict(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
                   context_length=16, rope_theta=10000.0)
-POST_RECIPE = dict(n_digits=2, n_test=500, split_seed=0, sft_steps=300, sft_batch=256, sft_lr=3e-3,
+POST_RECIPE = dict(n_digits=2, n_test=500, split_seed=0, sft_pool=0, sft_steps=300, sft_batch=256, sft_lr=3e-3,
                    grpo_iters=100, prompts_per_step=32, group_size=8, grpo_lr=3e-5, grpo_warmup=10,
                    temperature=1.0, clip_eps=0.2, beta=0.04, inner_steps=1, format_weight=0.1, eval_every=0)
 
@@ -62,8 +70,9 @@ def run_post_training(seed: int = 0, callback=None, **overrides) -> dict:
     out = {"recipe": r, "acc_before": evaluate_accuracy(model, task, task.test_pairs)}
     t0 = time.perf_counter()
     cb = None if callback is None else (lambda s, loss: callback("sft", s, {"loss": loss}))
+    pool = task.sample_train(r["sft_pool"], torch.Generator().manual_seed(3_000_017 + seed)) if r["sft_pool"] else None
     out["sft_losses"] = sft_train(model, task, r["sft_steps"], batch_size=r["sft_batch"], lr=r["sft_lr"],
-                                  seed=1_000_003 * seed, callback=cb)
+                                  seed=1_000_003 * seed, callback=cb, pool=pool)
     out["seconds_sft"] = time.perf_counter() - t0
     out["acc_sft"] = evaluate_accuracy(model, task, task.test_pairs)
     ref = frozen_copy(model)

@@ -84,11 +84,12 @@ def sft_loss(logits: Tensor, ids: Tensor, prompt_len: int, pad_id: int) -> Tenso
 
 def sft_train(model: nn.Module, task, steps: int, batch_size: int = 64, lr: float = 3e-3, seed: int = 0,
               warmup_steps: int = 20, weight_decay: float = 0.0, max_norm: float = 1.0,
-              callback=None) -> list[float]:
+              callback=None, pool: Tensor | None = None) -> list[float]:
     """Fine-tune ``model`` on freshly drawn training pairs for ``steps`` AdamW steps; return each step's loss.
 
-    Step ``s`` draws ``batch_size`` pairs with ``torch.Generator().manual_seed(seed + s)`` (never a test
-    pair), builds :func:`sft_batch`, minimises :func:`sft_loss` with unit 10's warm-up + cosine schedule
+    Step ``s`` draws ``batch_size`` pairs with ``torch.Generator().manual_seed(seed + s)``: uniformly from the
+    task's training pairs (never a test pair), or, when ``pool`` (``(n, 2)`` pairs) is given, with replacement
+    from that fixed set (a small SFT set, as the "cold start" data of DeepSeek-R1). It builds :func:`sft_batch`, minimises :func:`sft_loss` with unit 10's warm-up + cosine schedule
     (``lr`` down to ``lr/10``) and global-norm clipping at ``max_norm``. ``callback(step, loss)`` is called
     after every step when given. The model is left in eval mode.
     """
@@ -99,7 +100,10 @@ def sft_train(model: nn.Module, task, steps: int, batch_size: int = 64, lr: floa
     for s in range(steps):
         for g in opt.param_groups:
             g["lr"] = warmup_cosine_lr(s, lr, lr / 10, min(warmup_steps, max(steps - 1, 0)), max(steps, 1))
-        ids = sft_batch(task, task.sample_train(batch_size, torch.Generator().manual_seed(seed + s)))
+        g = torch.Generator().manual_seed(seed + s)
+        pairs = (task.sample_train(batch_size, g) if pool is None
+                 else pool[torch.randint(len(pool), (batch_size,), generator=g)])
+        ids = sft_batch(task, pairs)
         loss = sft_loss(model(ids), ids, task.prompt_len, tok.pad_id)
         opt.zero_grad(set_to_none=True)
         loss.backward()
