@@ -18,8 +18,10 @@ fresh pairs every step; GRPO always draws fresh training prompts (it needs no an
 
 Measured on a shared, heavily loaded 2-core machine (load 12-15; one thread), the default recipe, seeds
 0 / 1 / 2, held-out accuracy (500 pairs) before SFT 0.000 / 0.000 / 0.000, after SFT 0.126 / 0.628 / 0.410,
-after 100 GRPO iterations 0.172 / 0.652 / 0.430; SFT 62-128 s and GRPO 34-72 s wall per seed. The SFT phase
-ends near the step where this model "gets" carrying, so its accuracy varies widely between seeds.
+after 100 GRPO iterations 0.172 / 0.652 / 0.430 (after 200: 0.136 / 0.680 / 0.416); SFT 48-128 s and GRPO
+34-79 s wall per seed. The GRPO gains are small (+0.006 to +0.052) and not monotone in the iterations.
+The SFT phase ends near the step where this model "gets" carrying, so its accuracy varies widely between
+seeds.
 """
 
 from __future__ import annotations
