@@ -76,6 +76,10 @@ def test_reward_weights_and_parse():
     assert addition_reward("7<eos>", 7, correct_weight=2.0, format_weight=0.5) == 2.5
     assert addition_reward("8<eos>", 7, correct_weight=2.0, format_weight=0.0) == 0.0
     assert parse_completion("120<eos>99") == 120 and parse_completion("12") is None
+    # the length bonus counts tokens before the first <eos> (a special token is one token)
+    assert addition_reward("42<eos>", 42, length_weight=0.5) == pytest.approx(1.1 + 2 * 0.5)
+    assert addition_reward("0042", 42, length_weight=0.25) == pytest.approx(1.0)
+    assert addition_reward("4<pad>2<eos>", 42, format_weight=0.0, length_weight=1.0) == pytest.approx(3.0)
 
 
 def test_task_split_prompts_and_rewards():

@@ -42,7 +42,8 @@ POST_MODEL = dict(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2
                   context_length=16, rope_theta=10000.0)
 POST_RECIPE = dict(n_digits=2, n_test=500, split_seed=0, sft_pool=0, sft_steps=300, sft_batch=256, sft_lr=3e-3,
                    grpo_iters=100, prompts_per_step=32, group_size=8, grpo_lr=3e-5, grpo_warmup=10,
-                   temperature=1.0, clip_eps=0.2, beta=0.04, inner_steps=1, format_weight=0.1, eval_every=0)
+                   temperature=1.0, clip_eps=0.2, beta=0.04, inner_steps=1, format_weight=0.1, length_weight=0.0,
+                   eval_every=0)
 
 
 def build_post_model(seed: int, **overrides):
@@ -88,7 +89,8 @@ def run_post_training(seed: int = 0, callback=None, **overrides) -> dict:
         stats = grpo_step(model, ref, opt, task, task.sample_train(r["prompts_per_step"], g),
                           group_size=r["group_size"], temperature=r["temperature"], clip_eps=r["clip_eps"],
                           beta=r["beta"], inner_steps=r["inner_steps"], generator=g,
-                          reward_weights={"format_weight": r["format_weight"]})
+                          reward_weights={"format_weight": r["format_weight"],
+                                          "length_weight": r["length_weight"]})
         sched.step()
         if r["eval_every"] and (it + 1) % r["eval_every"] == 0:
             stats["test_accuracy"] = evaluate_accuracy(model, task, task.test_pairs)

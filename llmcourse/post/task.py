@@ -89,21 +89,29 @@ def parse_completion(completion: str) -> int | None:
     return int(head)
 
 
-def addition_reward(completion: str, answer: int, correct_weight: float = 1.0, format_weight: float = 0.1) -> float:
-    """Rule-based reward of one completion: ``correct_weight·correct + format_weight·well_formed``.
+def addition_reward(completion: str, answer: int, correct_weight: float = 1.0, format_weight: float = 0.1,
+                    length_weight: float = 0.0) -> float:
+    """Rule-based reward of one completion:
+    ``correct_weight·correct + format_weight·well_formed + length_weight·length``.
 
     Args:
         completion: the decoded completion (the tokens after the prompt), e.g. ``"42<eos><eos>"``.
         answer: the true sum ``a + b``.
+        length_weight: a bonus per token before the first ``<eos>`` (all tokens when there is none); 0 by
+            default. It exists to show reward hacking: a policy paid for length learns to write long.
 
     Returns:
         A float: with the defaults 0.0 (malformed), 0.1 (well-formed, wrong) or 1.1 (correct). See
         :func:`parse_completion` for "well-formed"; "correct" implies "well-formed".
     """
     value = parse_completion(completion)
+    bonus = 0.0
+    if length_weight:
+        head = completion.partition("<eos>")[0]
+        bonus = float(length_weight) * len(re.findall("|".join(re.escape(t) for t in SPECIAL_TOKENS) + "|.", head))
     if value is None:
-        return 0.0
-    return float(format_weight) + (float(correct_weight) if value == int(answer) else 0.0)
+        return bonus
+    return float(format_weight) + (float(correct_weight) if value == int(answer) else 0.0) + bonus
 
 
 class AdditionTask:
