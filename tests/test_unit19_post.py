@@ -1,0 +1,387 @@
+"""Unit 19 library: the addition task and its reward, the SFT loss mask, and the GRPO pieces.
+
+Oracles are independent of the code under test: hand computations on small fixed numbers, Python loops over
+the formulas of DeepSeekMath (2024) eq. 3 and 4 in float64, ``torch.distributions.kl_divergence`` for the
+expectation of the k3 estimator, an uncached prefix-by-prefix forward for the per-token log-probabilities,
+and unit 12's greedy ``generate_cached`` for the sampler's low-temperature limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from llmcourse.models.llama3 import Llama3Config, Llama3Model
+from llmcourse.models.llama3_cached import CachedLlama3Model, generate_cached
+from llmcourse.post import (
+    AdditionTask,
+    ChatTokenizer,
+    addition_reward,
+    completion_mask,
+    evaluate_accuracy,
+    frozen_copy,
+    group_relative_advantages,
+    grpo_loss,
+    grpo_step,
+    kl_k3,
+    parse_completion,
+    per_token_logps,
+    sample_completions,
+    sft_batch,
+    sft_labels,
+    sft_loss,
+    sft_train,
+)
+
+
+def tiny_model(seed=0, cached=True):
+    torch.manual_seed(seed)
+    cfg = Llama3Config(vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=64,
+                       context_length=16, rope_theta=10000.0)
+    return (CachedLlama3Model if cached else Llama3Model)(cfg).eval()
+
+
+# ---------------------------------------------------------------- task and reward
+
+def test_tokenizer_round_trip_and_errors():
+    tok = ChatTokenizer()
+    text = "<bos><user>07+35<assistant>42<eos>"
+    ids = tok.encode(text)
+    assert ids == [1, 3, 5, 12, 15, 8, 10, 4, 9, 7, 2]
+    assert tok.decode(ids) == text and tok.vocab_size == 16
+    with pytest.raises(ValueError, match="vocabulary"):
+        tok.encode("1-2")
+    with pytest.raises(ValueError, match="outside"):
+        tok.decode([16])
+
+
+@pytest.mark.parametrize("completion, answer, expected", [
+    ("42<eos>", 42, 1.1),                 # correct (and so well-formed)
+    ("42<eos><eos><eos>", 42, 1.1),       # the fill after the first <eos> is ignored
+    ("43<eos>", 42, 0.1),                 # well-formed, wrong
+    ("042<eos>", 42, 0.0),                # a leading zero is not the format
+    ("0<eos>", 0, 1.1),                   # ... but 0 itself is
+    ("42", 42, 0.0),                      # cut off: no <eos>
+    ("<eos>", 42, 0.0),                   # empty answer
+    ("4+2<eos>", 6, 0.0),
+    ("<pad>42<eos>", 42, 0.0),
+])
+def test_reward_table(completion, answer, expected):
+    assert addition_reward(completion, answer) == pytest.approx(expected)
+
+
+def test_reward_weights_and_parse():
+    assert addition_reward("7<eos>", 7, correct_weight=2.0, format_weight=0.5) == 2.5
+    assert addition_reward("8<eos>", 7, correct_weight=2.0, format_weight=0.0) == 0.0
+    assert parse_completion("120<eos>99") == 120 and parse_completion("12") is None
+    # the length bonus counts tokens before the first <eos> (a special token is one token)
+    assert addition_reward("42<eos>", 42, length_weight=0.5) == pytest.approx(1.1 + 2 * 0.5)
+    assert addition_reward("0042", 42, length_weight=0.25) == pytest.approx(1.0)
+    assert addition_reward("4<pad>2<eos>", 42, format_weight=0.0, length_weight=1.0) == pytest.approx(3.0)
+
+
+def test_task_split_prompts_and_rewards():
+    task = AdditionTask(2, n_test=300, seed=3)
+    assert task.prompt_len == 8 and task.max_new_tokens == 4 and task.test_pairs.shape == (300, 2)
+    # the held-out pairs are distinct and never drawn for training
+    assert len({tuple(p) for p in task.test_pairs.tolist()}) == 300
+    train = task.sample_train(5000, torch.Generator().manual_seed(0))
+    assert not task.is_test(train).any() and task.is_test(task.test_pairs).all()
+    assert int(train.min()) >= 0 and int(train.max()) <= 99
+    # seeded: the same split twice, another seed another split
+    assert torch.equal(AdditionTask(2, 300, 3).test_pairs, task.test_pairs)
+    assert not torch.equal(AdditionTask(2, 300, 4).test_pairs, task.test_pairs)
+    p = task.prompts(torch.tensor([[7, 35]]))
+    assert task.tokenizer.decode(p[0]) == "<bos><user>07+35<assistant>"
+    tok = task.tokenizer
+    comps = torch.tensor([tok.encode("42<eos><eos>"), tok.encode("41<eos><eos>"), tok.encode("4242")])
+    pairs = torch.tensor([[7, 35], [7, 35], [7, 35]])
+    assert task.rewards(pairs, comps).tolist() == pytest.approx([1.1, 0.1, 0.0])
+    assert task.correct(pairs, comps).tolist() == [True, False, False]
+    with pytest.raises(ValueError):
+        AdditionTask(4)
+    with pytest.raises(ValueError):
+        AdditionTask(1, n_test=100)
+
+
+# ---------------------------------------------------------------- SFT
+
+def test_sft_batch_and_labels_by_hand():
+    task = AdditionTask(1, n_test=10, seed=0)
+    ids = sft_batch(task, torch.tensor([[2, 3], [9, 8]]))
+    tok = task.tokenizer
+    assert tok.decode(ids[0]) == "<bos><user>2+3<assistant>5<eos><pad>"
+    assert tok.decode(ids[1]) == "<bos><user>9+8<assistant>17<eos>"
+    labels = sft_labels(ids, task.prompt_len, tok.pad_id)
+    X = -100
+    # position t-1 predicts token t; only t >= prompt_len (= 6) and not <pad> are targets
+    assert labels.tolist() == [[X, X, X, X, X, 10, 2, X], [X, X, X, X, X, 6, 12, 2]]
+
+
+def test_sft_loss_equals_a_loop_over_answer_tokens():
+    g = torch.Generator().manual_seed(0)
+    task = AdditionTask(2, n_test=10, seed=0)
+    ids = sft_batch(task, torch.tensor([[1, 2], [55, 66], [99, 99]]))
+    logits = torch.randn(*ids.shape, 16, generator=g, dtype=torch.float64)
+    total, count = 0.0, 0
+    for r in range(ids.shape[0]):
+        for t in range(task.prompt_len, ids.shape[1]):
+            if ids[r, t] == task.tokenizer.pad_id:
+                continue
+            row = logits[r, t - 1].tolist()
+            lse = math.log(sum(math.exp(v) for v in row))
+            total += lse - row[int(ids[r, t])]
+            count += 1
+    assert count == 2 + 4 + 4   # "3<eos>", "121<eos>", "198<eos>"
+    assert sft_loss(logits, ids, task.prompt_len, 0).item() == pytest.approx(total / count, rel=1e-12)
+
+
+def test_sft_loss_gives_no_gradient_to_prompt_positions():
+    task = AdditionTask(2, n_test=10, seed=0)
+    ids = sft_batch(task, torch.tensor([[12, 34], [5, 6]]))
+    logits = torch.randn(*ids.shape, 16, requires_grad=True)
+    sft_loss(logits, ids, task.prompt_len, 0).backward()
+    g = logits.grad.abs().sum(-1)
+    assert torch.all(g[:, : task.prompt_len - 1] == 0)          # prompt positions predict prompt tokens
+    assert torch.all(g[:, task.prompt_len - 1: task.prompt_len + 1] > 0)
+    assert g[1, -1] == 0                                          # row 1 "11<eos><pad>": last position is fill
+    with pytest.raises(ValueError):
+        sft_loss(logits[:, :-1], ids, task.prompt_len, 0)
+    with pytest.raises(ValueError):
+        sft_labels(ids, ids.shape[1], 0)
+
+
+def test_sft_train_lowers_the_loss():
+    task = AdditionTask(1, n_test=20, seed=0)
+    m = tiny_model()
+    losses = sft_train(m, task, steps=40, batch_size=32, lr=1e-2, seed=0)
+    assert len(losses) == 40 and sum(losses[-5:]) / 5 < 0.6 * sum(losses[:5]) / 5
+    assert not m.training
+
+
+# ---------------------------------------------------------------- GRPO pieces
+
+def test_group_relative_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 1.1, 0.1, 1.1, 0.1])
+    a = group_relative_advantages(r, 4)
+    # group 0: mean 0.25, sample std sqrt((0.75² + 3·0.25²)/3) = 0.5 -> (1.5, -0.5, -0.5, -0.5)
+    # group 1: no spread -> zeros; group 2: mean 0.6, sample std sqrt(4·0.25/3) -> ±0.5·sqrt(3)
+    h = 0.5 * math.sqrt(3)
+    assert a.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5, 0, 0, 0, 0, h, -h, h, -h], abs=1e-6)
+    assert torch.isfinite(group_relative_advantages(torch.zeros(6), 3)).all()
+    a_eps = group_relative_advantages(r, 4, eps=1e-4)
+    assert a_eps[0].item() == pytest.approx(0.75 / (0.5 + 1e-4), rel=1e-6) and a_eps[4] == 0
+    for bad in [(r, 1), (r, 5), (r.view(3, 4), 4)]:
+        with pytest.raises(ValueError):
+            group_relative_advantages(*bad)
+
+
+def test_group_relative_advantages_properties():
+    g = torch.Generator().manual_seed(1)
+    r = torch.rand(8 * 6, generator=g)
+    a = group_relative_advantages(r, 6).view(8, 6)
+    assert torch.allclose(a.mean(1), torch.zeros(8), atol=1e-6)
+    assert torch.allclose(a.std(1), torch.ones(8), atol=1e-5)
+    # the groups are independent: changing one group's rewards leaves the others' advantages
+    r2 = r.clone()
+    r2[:6] += 10
+    assert torch.equal(group_relative_advantages(r2, 6).view(8, 6)[1:], a[1:])
+
+
+def test_completion_mask_by_hand():
+    E = 2
+    c = torch.tensor([[5, 6, E, E], [E, E, E, E], [5, 5, 5, 5], [7, E, 8, E]])
+    assert completion_mask(c, E).int().tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+def test_per_token_logps_against_prefix_by_prefix_forward():
+    m = tiny_model(1, cached=False)
+    g = torch.Generator().manual_seed(2)
+    seqs = torch.randint(0, 16, (3, 11), generator=g)
+    P = 7
+    got = per_token_logps(m, seqs, P)
+    assert got.shape == (3, 4)
+    with torch.no_grad():
+        for t in range(4):
+            lp = torch.log_softmax(m(seqs[:, : P + t])[:, -1].double(), -1)
+            want = lp.gather(1, seqs[:, P + t: P + t + 1]).squeeze(1)
+            assert torch.allclose(got[:, t].double(), want, atol=1e-5)
+    with pytest.raises(ValueError):
+        per_token_logps(m, seqs, 0)
+    with pytest.raises(ValueError):
+        per_token_logps(m, seqs.float(), P)
+
+
+def test_kl_k3_formula_and_expectation():
+    p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    q = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
+    k = kl_k3(p.log(), q.log())
+    for i in range(3):
+        ratio = q[i].item() / p[i].item()
+        assert k[i].item() == pytest.approx(ratio - math.log(ratio) - 1, rel=1e-12)
+    assert (k >= 0).all() and kl_k3(p.log(), p.log()).abs().max() == 0
+    # unbiased: its expectation under the policy p is KL(p || q)
+    exact = torch.distributions.kl_divergence(torch.distributions.Categorical(p), torch.distributions.Categorical(q))
+    assert (p * k).sum().item() == pytest.approx(exact.item(), rel=1e-12)
+
+
+def _grpo_loss_loop(logps, old, ref, adv, mask, eps, beta):
+    """DeepSeekMath eq. 3 with eq. 4, term by term in Python floats."""
+    N, T = len(logps), len(logps[0])
+    total = 0.0
+    for i in range(N):
+        n_i = sum(mask[i])
+        s = 0.0
+        for t in range(T):
+            if not mask[i][t]:
+                continue
+            rho = math.exp(logps[i][t] - old[i][t])
+            clipped = min(max(rho, 1 - eps), 1 + eps)
+            surr = min(rho * adv[i], clipped * adv[i])
+            ratio_ref = math.exp(ref[i][t]) / math.exp(logps[i][t])
+            kl = ratio_ref - math.log(ratio_ref) - 1
+            s += surr - beta * kl
+        total += s / n_i if n_i else 0.0
+    return -total / N
+
+
+def test_grpo_loss_equals_the_paper_formula():
+    g = torch.Generator().manual_seed(3)
+    N, T = 6, 5
+    old = torch.log_softmax(torch.randn(N, T, 7, generator=g, dtype=torch.float64), -1)[..., 0]
+    logps = old + 0.4 * torch.randn(N, T, generator=g, dtype=torch.float64)   # ratios well outside 1 ± 0.2
+    ref = old + 0.3 * torch.randn(N, T, generator=g, dtype=torch.float64)
+    adv = torch.tensor([1.2, -0.7, 0.0, 2.0, -1.5, 0.3], dtype=torch.float64)
+    mask = torch.ones(N, T, dtype=torch.bool)
+    mask[0, 3:] = False
+    mask[4, 1:] = False
+    for eps, beta in [(0.2, 0.04), (0.1, 0.0), (0.3, 0.5)]:
+        want = _grpo_loss_loop(logps.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), eps, beta)
+        got = grpo_loss(logps, old, ref, adv, mask, clip_eps=eps, beta=beta)
+        assert got.item() == pytest.approx(want, rel=1e-10)
+    ratio = torch.exp(logps - old)
+    assert ((ratio - 1).abs() > 0.2).float().mean() > 0.3        # the clip is exercised
+
+
+def test_grpo_loss_hand_values_and_gradients():
+    # one row, two tokens, ratios e^{0.5} ≈ 1.65 (clipped to 1.2 for A > 0) and e^{-0.5} ≈ 0.61 (kept: min)
+    logps = torch.tensor([[0.0, -1.0]], requires_grad=True)
+    old = torch.tensor([[-0.5, -0.5]])
+    ref = logps.detach().clone()            # no KL
+    adv = torch.tensor([1.0])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    loss = grpo_loss(logps, old, ref, adv, mask, clip_eps=0.2, beta=0.04)
+    assert loss.item() == pytest.approx(-(1.2 + math.exp(-0.5)) / 2, rel=1e-6)
+    loss.backward()
+    # the clipped token has no gradient; the other has -ρ·A/|o|
+    assert logps.grad.tolist()[0] == pytest.approx([0.0, -math.exp(-0.5) / 2], rel=1e-6)
+    # at ratio 1 and beta 0 the gradient is -A_i/(|o_i|·N) on each of row i's tokens (a policy gradient)
+    lp = torch.zeros(2, 3, requires_grad=True)
+    m = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    grpo_loss(lp, lp.detach(), lp.detach(), torch.tensor([2.0, -3.0]), m, beta=0.0).backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-0.5, -0.5, 0.0], [0.5, 0.5, 0.5]]))
+    # the KL pulls toward the reference: its gradient at logps is beta·(1 - exp(ref - logps))
+    lp = torch.zeros(1, 1, requires_grad=True)
+    grpo_loss(lp, lp.detach(), torch.tensor([[-1.0]]), torch.zeros(1), torch.ones(1, 1), beta=0.5).backward()
+    assert lp.grad.item() == pytest.approx(0.5 * (1 - math.exp(-1.0)), rel=1e-6)
+    with pytest.raises(ValueError):
+        grpo_loss(lp, lp, lp, torch.zeros(2), torch.ones(1, 1))
+
+
+# ---------------------------------------------------------------- sampling and the step
+
+def test_sampling_low_temperature_is_greedy_and_seeded():
+    m = tiny_model(4)
+    task = AdditionTask(2, n_test=10, seed=0)
+    prompts = task.prompts(task.test_pairs[:5])
+    greedy = generate_cached(m, prompts, 4)
+    cold = sample_completions(m, prompts, 4, eos_id=-1, temperature=1e-4,
+                              generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cold, greedy)
+    a = sample_completions(m, prompts, 4, 2, 1.0, torch.Generator().manual_seed(5))
+    b = sample_completions(m, prompts, 4, 2, 1.0, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and torch.equal(a[:, :8], prompts)
+    with pytest.raises(ValueError):
+        sample_completions(m, prompts, 4, 2, 0.0)
+
+
+def test_sampling_follows_the_tempered_softmax():
+    m = tiny_model(5)
+    prompt = torch.tensor([[1, 3, 6, 7, 15, 8, 9, 4]])
+    with torch.no_grad():
+        probs = torch.softmax(m(prompt)[0, -1].double() / 0.7, -1)
+    n = 4000
+    out = sample_completions(m, prompt.repeat(n, 1), 1, eos_id=-1, temperature=0.7,
+                             generator=torch.Generator().manual_seed(6))
+    freq = torch.bincount(out[:, -1], minlength=16).double() / n
+    assert (freq - probs).abs().max() < 4 * math.sqrt(0.25 / n)
+
+
+def test_sampled_rows_stop_at_eos():
+    m = tiny_model(6)
+    E = 2
+    out = sample_completions(m, torch.tensor([[1, 3, 5]]).repeat(64, 1), 6, E, 3.0,
+                             torch.Generator().manual_seed(0))[:, 3:]
+    seen = torch.cumsum((out == E).long(), 1) > 0
+    shifted = torch.cat([torch.zeros(64, 1, dtype=torch.bool), seen[:, :-1]], 1)
+    assert torch.all(out[shifted] == E)                 # after an <eos> only <eos>
+
+
+def test_grpo_step_updates_the_policy_only():
+    task = AdditionTask(1, n_test=20, seed=0)
+    policy = tiny_model(7)
+    ref = frozen_copy(policy)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    assert all(not p.requires_grad for p in ref.parameters()) and not ref.training
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    stats = grpo_step(policy, ref, opt, task, task.sample_train(4, torch.Generator().manual_seed(0)),
+                      group_size=4, temperature=1.0, inner_steps=2, generator=torch.Generator().manual_seed(1))
+    assert set(stats) == {"reward", "accuracy", "length", "kl", "loss", "zero_std_groups", "clip_fraction"}
+    assert all(math.isfinite(v) for v in stats.values())
+    assert 1 <= stats["length"] <= task.max_new_tokens and stats["kl"] == pytest.approx(0.0, abs=1e-6)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(v, before[k])
+    if stats["zero_std_groups"] < 1:
+        assert any(not torch.equal(v, before[k]) for k, v in policy.state_dict().items())
+
+
+def test_evaluate_accuracy_counts_correct_greedy_answers():
+    task = AdditionTask(1, n_test=20, seed=0)
+    m = tiny_model(8)
+    acc = evaluate_accuracy(m, task, task.test_pairs, batch_size=7)
+    seqs = generate_cached(m, task.prompts(task.test_pairs), task.max_new_tokens, task.tokenizer.eos_id)
+    want = sum(parse_completion(task.tokenizer.decode(s[task.prompt_len:])) == a + b
+               for (a, b), s in zip(task.test_pairs.tolist(), seqs))
+    assert acc == want / 20
+
+
+def test_run_post_training_tiny_is_seeded_and_keeps_the_reference():
+    from llmcourse.post.run import run_post_training
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, grpo_iters=2, prompts_per_step=2, group_size=4,
+              eval_every=1)
+    seen = []
+    a = run_post_training(0, callback=lambda phase, step, stats: seen.append((phase, step)), **kw)
+    b = run_post_training(0, **kw)
+    assert seen == [("sft", 0), ("sft", 1), ("sft", 2), ("grpo", 0), ("grpo", 1)]
+    for k in ("acc_before", "acc_sft", "acc_grpo"):
+        assert 0.0 <= a[k] <= 1.0 and a[k] == b[k]
+    assert a["sft_losses"] == b["sft_losses"] and len(a["grpo"]) == 2 and "test_accuracy" in a["grpo"][1]
+    assert all(not p.requires_grad for p in a["sft_model"].parameters())
+    # the reference is the model after SFT: the run's first-iteration KL is measured against it and is 0
+    assert a["grpo"][0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_sft_train_with_a_pool_only_sees_the_pool(monkeypatch):
+    import llmcourse.post.sft as sft
+
+    task = AdditionTask(2, n_test=10, seed=0)
+    pool = torch.tensor([[11, 22], [33, 44], [55, 66]])
+    seen = []
+    real = sft.sft_batch
+    monkeypatch.setattr(sft, "sft_batch", lambda t, pairs: seen.append(pairs) or real(t, pairs))
+    sft.sft_train(tiny_model(), task, steps=3, batch_size=8, lr=1e-3, seed=0, pool=pool)
+    drawn = {tuple(p) for batch in seen for p in batch.tolist()}
+    assert len(seen) == 3 and drawn <= {(11, 22), (33, 44), (55, 66)} and len(drawn) > 1
