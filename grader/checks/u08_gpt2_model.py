@@ -297,6 +297,135 @@ def check_gpt2_model(t):
                      f"init_weights: {key} must be drawn from N(0, {target:.5f}²); its std is {std:.5f}"
                      + (" (the residual projections use 0.02/√(2·n_layers))" if target == resid else ""))
 
+    _check_train_mode_dropout(t)
+
+
+# ------------------------------------------------------------------ 08.GPT2Model: train-mode dropout, side effects
+
+DROP_P = 0.25
+DROP_CFG = dict(vocab_size=20, context_length=12, d_model=16, n_heads=2, n_layers=2, dropout=DROP_P)
+LEVELS = (1.0, 2.5)  # constant attention / feed-forward outputs: every subset sum is distinct
+
+
+def _block_state(cfg) -> dict:
+    """A reference block's random state with both sublayers made constant (weights 0, biases LEVELS)."""
+    from llmcourse.models.gpt2 import GPT2Block
+
+    torch.manual_seed(31)
+    st = {k: v.detach().clone() for k, v in GPT2Block(cfg).state_dict().items()}
+    for key, c in zip(("attn.out_proj", "ffn.fc2"), LEVELS):
+        st[f"{key}.weight"] = torch.zeros_like(st[f"{key}.weight"])
+        st[f"{key}.bias"] = torch.full_like(st[f"{key}.bias"], c)
+    return st
+
+
+def _block_dropout_probe(cfg, state, x):
+    def probe(impl):
+        blk = impl.GPT2Block(cfg)
+        unwrap(blk).load_state_dict(state)
+        unwrap(blk).train()
+        torch.manual_seed(7)
+        out = blk(x)
+        attn_p = [float(d.p) for d in unwrap(blk).attn.modules() if isinstance(d, nn.Dropout)] \
+            if isinstance(getattr(unwrap(blk), "attn", None), nn.Module) else None
+        return out, attn_p
+    return probe
+
+
+def _embedding_dropout_probe(cfg, idx):
+    """The input of blocks[0] in train mode (a pre-hook), and the two embedding tables."""
+    def probe(impl):
+        torch.manual_seed(3)
+        m = impl.GPT2Model(cfg)
+        seen = []
+        unwrap(m).blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+        unwrap(m).train()
+        torch.manual_seed(8)
+        m(idx)
+        return {"x0": seen[0] if seen else None, "tok": unwrap(m).tok_emb.weight.detach().clone(),
+                "pos": unwrap(m).pos_emb.weight.detach().clone()}
+    return probe
+
+
+def _side_effect_probe(cfg, idx):
+    """State before and after a forward in eval mode and in train mode (nothing may change)."""
+    def probe(impl):
+        torch.manual_seed(4)
+        m = impl.GPT2Model(cfg)
+        before = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        unwrap(m).eval()
+        with torch.no_grad():
+            m(idx)
+        after_eval = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        unwrap(m).train()
+        m(idx)
+        after_train = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        return before, after_eval, after_train
+    return probe
+
+
+def _check_train_mode_dropout(t):
+    """Residual dropout on each sublayer's output, embedding dropout, the attention's p; by properties."""
+    from ..dropout import zero_fraction_bounds
+
+    cfg = _cfg(**DROP_CFG)
+    x = torch.randn(6, 10, 16, generator=torch.Generator().manual_seed(32))
+    probe = _block_dropout_probe(cfg, _block_state(cfg), x)
+    out, attn_p = t.run(probe)
+    what = f"GPT2Block(dropout={DROP_P}) in train mode, with its attention and feed-forward outputs made constant"
+    t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(x.shape),
+             f"{what}: the output must keep the shape {tuple(x.shape)}; got {getattr(out, 'shape', out)}")
+    total = sum(LEVELS)
+    if bool(((out - x - total).abs() < 1e-4).all()):
+        t.fail(f"{what}: no sublayer output was dropped; in train mode each sublayer's output goes through dropout "
+               "before it is added to the residual stream", bug=t.diagnose(probe, (out, attn_p)) or "B08.resid_dropout_missing")
+    import itertools
+
+    sums = {sum(c for c, k in zip(LEVELS, keep) if k): keep for keep in itertools.product((False, True), repeat=2)}
+    grid = torch.tensor(sorted(sums), dtype=torch.float64)
+    d = ((out - x) * (1 - DROP_P)).double()
+    nearest = (d.unsqueeze(-1) - grid).abs().argmin(-1)
+    if not bool(((d - grid[nearest]).abs() < 1e-3).all()):
+        t.fail(f"{what}: out − x must be, entry by entry, a sum of the dropped or kept sublayer outputs (each kept one "
+               "× 1/(1−p)); it is not: dropout acts on something else (the residual sum x + sublayer, or the input)",
+               bug=t.diagnose(probe, (out, attn_p)) or "B08.dropout_on_sum")
+    keeps = torch.tensor([sums[v] for v in grid.tolist()])[nearest]
+    lo, hi = zero_fraction_bounds(DROP_P, d.numel())
+    for i, label in enumerate(("attention", "feed-forward")):
+        frac = 1.0 - float(keeps[..., i].float().mean())
+        t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the {label} output's entries were dropped; expected about "
+                 f"{DROP_P:.0%} (one dropout on each sublayer's output, with cfg.dropout)",
+                 bug="B08.resid_dropout_missing" if frac == 0 else None)
+    if attn_p is not None:
+        t.expect(any(abs(q - DROP_P) < 1e-9 for q in attn_p), f"{what}: the attention must drop its weights with "
+                 f"cfg.dropout = {DROP_P}; its dropout probabilities are {attn_p or 'none'}", bug="B08.attn_dropout_missing")
+
+    # embedding dropout: the input of the first block is dropout(tok_emb[idx] + pos_emb[0 … T−1])
+    idx = torch.randint(0, 20, (8, 12), generator=torch.Generator().manual_seed(33))
+    emb = t.run(_embedding_dropout_probe(cfg, idx))
+    if emb["x0"] is None:
+        t.fail("in train mode, blocks[0] was never called as a module (call each block, `x = block(x)`)")
+    clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
+    x0 = emb["x0"].double()
+    what = f"GPT2Model(dropout={DROP_P}) in train mode: the input of blocks[0]"
+    t.expect(tuple(x0.shape) == tuple(clean.shape), f"{what} must have shape {tuple(clean.shape)}; got {tuple(x0.shape)}")
+    if torch.allclose(x0, clean, atol=1e-6):
+        t.fail(f"{what} equals tok_emb + pos_emb: the embeddings are not dropped (dropout on their sum, before the "
+               "first block)", bug="B08.emb_dropout_missing")
+    kept = x0.abs() > 1e-9
+    t.expect(torch.allclose(x0[kept], clean[kept] / (1 - DROP_P), atol=1e-5, rtol=1e-4),
+             f"{what}: every kept entry must be (tok_emb + pos_emb)/(1−p) (inverted dropout of the sum)")
+    frac = 1.0 - float(kept.double().mean())
+    lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
+    t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
+
+    # side effects: a forward (eval, then train) leaves every parameter and buffer as it was
+    before, after_eval, after_train = t.run(_side_effect_probe(cfg, idx))
+    for label, after in (("in eval mode", after_eval), ("in train mode", after_train)):
+        moved = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+        t.expect(not moved, f"a forward pass {label} changed the model's state: {moved[:4]} (a forward must not "
+                 "write into parameters or buffers)")
+
 
 # ================================================================== 08.gpt2_param_count
 

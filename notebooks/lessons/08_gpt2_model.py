@@ -47,7 +47,7 @@ from llmcourse.models import (
     pretrained_gpt2_dir,
     random_hf_gpt2,
 )
-from llmcourse.nn import FeedForward, sinusoidal_pe
+from llmcourse.nn import FeedForward
 from llmcourse.nn.blocks import DecoderBlock
 from llmcourse.viz import figure
 from llmcourse.viz import gpt2 as viz
@@ -124,9 +124,56 @@ tiny_cfg = GPT2Config.preset("gpt2-char-tiny")
 tiny = GPT2Model(tiny_cfg)
 print("pos_emb is a", type(tiny.pos_emb).__name__, "| trainable:", tiny.pos_emb.weight.requires_grad,
       "| shape", tuple(tiny.pos_emb.weight.shape))
-pe = sinusoidal_pe(tiny_cfg.context_length, tiny_cfg.d_model)
-print(f"max |pos_emb − sinusoidal table| at initialisation: {(tiny.pos_emb.weight - pe).abs().max():.3f}")
 assert tiny.pos_emb.weight.requires_grad and "pos_emb.weight" in dict(tiny.named_parameters())
+
+# %% [markdown]
+# At initialisation the table is random noise: its rows are nearly orthogonal, so position 5 is no more
+# like position 6 than like position 60. Nothing tells the model that positions are *ordered*; training
+# has to discover it. The course's trained character model (`assets/gpt_char_tiny.pt`, trained in unit 10
+# with a context of 128 characters) shows what it found: the cosine similarity between every pair of its
+# learned position vectors, and the same for a freshly initialised table of the same shape.
+
+# %%
+from llmcourse.train.char_model import load_gpt_char_tiny  # noqa: E402
+
+trained, _ = load_gpt_char_tiny()
+fresh = GPT2Model(trained.cfg)
+
+
+def position_similarity(table):
+    unit = F.normalize(table.detach(), dim=-1)
+    return unit @ unit.T
+
+
+def mean_at_distance(sim, lo, hi):
+    dist = (torch.arange(sim.shape[0])[:, None] - torch.arange(sim.shape[0])[None, :]).abs()
+    return sim[(dist >= lo) & (dist <= hi)].mean().item()
+
+
+sim_trained, sim_fresh = position_similarity(trained.pos_emb.weight), position_similarity(fresh.pos_emb.weight)
+n_pos = sim_trained.shape[0]
+bands = [(1, 1), (2, 8), (9, 32), (33, n_pos // 2), (n_pos // 2 + 1, n_pos - 1)]
+for lo, hi in bands:
+    print(f"positions {lo:3d}–{hi:3d} apart: mean cosine similarity trained {mean_at_distance(sim_trained, lo, hi):+.3f}, "
+          f"at initialisation {mean_at_distance(sim_fresh, lo, hi):+.3f}")
+norms = trained.pos_emb.weight.detach().norm(dim=-1)
+print(f"row norms of the trained table: position 0 {norms[0]:.2f}, median {norms.median():.2f}")
+fig, axes = figure(ncols=2, figsize=(8, 3.6))
+for ax, sim, title in ((axes[0], sim_fresh, "at initialisation"), (axes[1], sim_trained, "after training")):
+    im = ax.imshow(sim.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
+    ax.set_title(f"cosine similarity of positions, {title}", fontsize=8)
+    ax.set_xlabel("position j")
+    ax.set_ylabel("position i")
+fig.colorbar(im, ax=axes, shrink=0.8)
+assert mean_at_distance(sim_trained, 1, 1) > 0.5 > abs(mean_at_distance(sim_fresh, 1, 1))
+assert mean_at_distance(sim_trained, 1, 1) > mean_at_distance(sim_trained, *bands[-1])
+fig
+
+# %% [markdown]
+# Training turned noise into a smooth code of order: neighbouring positions point the same way, and the
+# similarity falls with distance until far-apart positions point in *opposite* directions; a band along
+# the diagonal, as in the sinusoidal table of unit 02, but learned. Position 0, which always starts the
+# window and never has context, ended up with a much larger vector than the rest.
 
 # %% [markdown]
 # Because the table has `context_length` rows, the model cannot read a longer sequence: the forward
@@ -192,16 +239,25 @@ assert past < 1e-6 and future > 1e-3
 # bias=False)`. Its logits `(B, T, V)` score every vocabulary entry at every position; the loss
 # (unit 00) is the cross-entropy between the logits at position `t` and the token at `t + 1`.
 #
-# **Initialisation** (GPT-2 paper, §2.3): every linear and embedding weight ~ N(0, 0.02²), biases 0,
-# LayerNorms 1 and 0; the two projections that **write into the residual stream**, `attn.out_proj` and
-# `ffn.fc2`, get the smaller standard deviation 0.02/√(2L). Measured on the tiny model:
+# **Initialisation** has two sources. The N(0, 0.02²) draw for every linear and embedding weight (biases 0,
+# LayerNorms 1 and 0) is GPT-1's (Radford et al. 2018, §4.1); GPT-2's paper (§2.3) keeps it and adds one
+# change: the weights of the **residual layers** are scaled at initialisation by 1/√N, where N is the
+# number of residual layers. A residual layer is a sublayer whose output is added to the residual stream:
+# in each block `attn.out_proj` and `ffn.fc2` write into it, so N = 2L and their standard deviation is
+# 0.02/√(2L). (OpenAI's paper states the factor; the layers it applies to follow from where the adds are,
+# counted below on the model.) Measured on the tiny model:
 
 # %%
-resid_std = 0.02 / math.sqrt(2 * tiny_cfg.n_layers)
+writers = [name for name, _ in tiny.named_modules() if name.endswith(("attn.out_proj", "ffn.fc2"))]
+n_residual = len(writers)
+print(f"{n_residual} layers write into the residual stream ({writers[0]}, {writers[1]}, …) = 2·L = "
+      f"2·{tiny_cfg.n_layers}")
+assert n_residual == 2 * tiny_cfg.n_layers
+resid_std = 0.02 / math.sqrt(n_residual)
 for key in ("tok_emb.weight", "pos_emb.weight", "blocks.0.attn.W_query.weight", "blocks.0.ffn.fc1.weight",
             "blocks.0.attn.out_proj.weight", "blocks.0.ffn.fc2.weight"):
     print(f"{key:32s} std {tiny.state_dict()[key].std():.5f}")
-print(f"target for the residual projections: 0.02/√(2·{tiny_cfg.n_layers}) = {resid_std:.5f}")
+print(f"target for the residual projections: 0.02/√N = 0.02/√{n_residual} = {resid_std:.5f}")
 assert abs(tiny.blocks[0].ffn.fc2.weight.std().item() - resid_std) < 0.1 * resid_std
 
 # %% [markdown]

@@ -255,7 +255,9 @@ assert set(names_all) - set(names_unique) == {"lm_head.weight"}
 # What decay would do to a LayerNorm gain: with zero gradients, Adam's update is zero and only the
 # decay acts. The gain starts at 1 and shrinks geometrically; the gradient has to fight that pull at
 # every step, although nothing suggests the gain should be small. (A popular write-up decays
-# everything.)
+# everything.) The factor of one step is `1 − lr·wd` with **that step's** learning rate, so over a run
+# the shrink is the product `∏ₛ (1 − lr(s)·wd)` along the schedule of section 5 (warm-up, cosine to a
+# floor), not `(1 − max_lr·wd)^steps`. Both, and AdamW itself stepping through the schedule:
 
 # %%
 ln = model0.blocks[0].norm1.weight
@@ -266,9 +268,22 @@ decay_all.step()
 factor = float(ln.detach()[0] / before[0])
 with torch.no_grad():
     ln.copy_(before)
-print(f"one step: gain × {factor:.6f} (= 1 − lr·wd = {1 - cfg['max_lr'] * cfg['weight_decay']:.6f}); "
-      f"after {STEPS} steps: × {factor ** STEPS:.3f}")
-assert abs(factor - (1 - cfg["max_lr"] * cfg["weight_decay"])) < 1e-6
+wd = cfg["weight_decay"]
+sched = [warmup_cosine_lr(s, cfg["max_lr"], cfg["min_lr"], cfg["warmup_steps"], STEPS) for s in range(STEPS)]
+predicted = math.prod(1 - lr_s * wd for lr_s in sched)
+for lr_s in sched:                      # AdamW through the schedule, zero gradients: only the decay acts
+    for group in decay_all.param_groups:
+        group["lr"] = lr_s
+    ln.grad = torch.zeros_like(ln)
+    decay_all.step()
+measured = float(ln.detach()[0] / before[0])
+with torch.no_grad():
+    ln.copy_(before)
+print(f"one step at max_lr: gain × {factor:.6f} (= 1 − max_lr·wd = {1 - cfg['max_lr'] * wd:.6f})")
+print(f"after {STEPS} steps at a constant max_lr: × {factor ** STEPS:.4f}; along the schedule: "
+      f"∏(1 − lr(s)·wd) = {predicted:.4f}, AdamW measured {measured:.4f}")
+assert abs(factor - (1 - cfg["max_lr"] * wd)) < 1e-6
+assert abs(measured - predicted) < 1e-4 and predicted > factor ** STEPS
 
 # %% [markdown]
 # ## 5. Warm-up, then a cosine to a floor
@@ -614,14 +629,18 @@ viz.show_checkpoint_sampler(rows)
 # %% [markdown]
 # ## The course's trained model
 #
-# Units 09 and later use `assets/gpt_char_tiny.pt`: the same recipe with a context of 128 characters,
-# run for 2,500 steps by `python -m llmcourse.train.char_model`. The file holds the weights and the
-# config (plain data, no optimizer state), so the loader builds the model from the stored config.
+# Units 09 and later use `assets/gpt_char_tiny.pt`: the same recipe with a longer context, run by
+# `python -m llmcourse.train.char_model`. The file holds the weights, the config and the recipe (plain
+# data, no optimizer state), so the loader builds the model from the stored config; it also records how
+# long the run took on the machine that trained it. Both are read from the file, not typed here:
 
 # %%
 char_model, char_tok = load_gpt_char_tiny()
 info = char_model.checkpoint_info
 print({k: info["recipe"][k] for k in ("context_length", "steps", "batch_size", "max_lr", "min_lr")})
+if "seconds" in info:
+    print(f"recorded training time: {info['seconds']:.0f} s = {info['seconds'] / 60:.1f} min "
+          f"({1000 * info['seconds'] / info['recipe']['steps']:.0f} ms per step, evaluations included)")
 shipped_val = P.estimate_loss(char_model, corpus.val, 32, char_model.cfg.context_length, 20, P.EVAL_SEED)
 print(f"validation loss {shipped_val:.3f} (perplexity {perplexity(shipped_val):.2f}); recorded at training time "
       f"{info['val_loss']:.3f}; this notebook's run: {final_val:.3f}")
