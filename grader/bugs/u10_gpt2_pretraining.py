@@ -129,7 +129,8 @@ bug_group("B10.tied_in_two_groups", f"{U}.configure_optimizer",
 
 def _train_steps(variant):
     def train_steps(model, optimizer, data, n_steps, start_step, batch_size, context_length, lr_fn, max_norm, seed):
-        model.train()
+        if variant != "no_train_mode":
+            model.train()
         losses = []
         if variant == "no_zero_grad":
             optimizer.zero_grad()
@@ -156,6 +157,9 @@ bug_group("B10.clip_after_step", f"{U}.train_steps", "Clip between `backward()` 
           {"train_steps": _train_steps("clip_after_step")}, detect="detector")
 bug_group("B10.no_zero_grad", f"{U}.train_steps", "Call `optimizer.zero_grad()` every step.",
           {"train_steps": _train_steps("no_zero_grad")}, detect="detector")
+bug_group("B10.no_train_mode", f"{U}.train_steps",
+          "A model may arrive in eval mode (after an evaluation): training switches dropout on with `train()`.",
+          {"train_steps": _train_steps("no_train_mode")}, detect="detector")
 
 
 def _save_model_only(path, model, optimizer, step, config):
@@ -200,3 +204,24 @@ def _estimate_loss_stays_eval(model, data, batch_size, context_length, n_batches
 
 bug_group("B10.eval_not_restored", f"{U}.train_steps", "Restore `train()` after evaluating.",
           {"estimate_loss": _estimate_loss_stays_eval}, detect="detector")
+
+
+def _estimate_loss_variant(variant):
+    def estimate_loss(model, data, batch_size, context_length, n_batches, seed=0):
+        was_training = model.training
+        if variant != "train_mode":
+            model.eval()
+        total = 0.0
+        with torch.set_grad_enabled(variant == "with_grad"):
+            for i in range(n_batches):
+                x, y = get_batch(data, batch_size, context_length, torch.Generator().manual_seed(seed + i))
+                total += lm_loss(model(x), y).item()
+        model.train(was_training)
+        return total / n_batches
+    return estimate_loss
+
+
+bug_group("B10.eval_in_train_mode", f"{U}.train_steps", "Evaluate in `eval()` mode: dropout off.",
+          {"estimate_loss": _estimate_loss_variant("train_mode")}, detect="detector")
+bug_group("B10.eval_with_grad", f"{U}.train_steps", "Evaluate under `torch.no_grad()`: no graph is needed.",
+          {"estimate_loss": _estimate_loss_variant("with_grad")}, detect="detector")

@@ -237,6 +237,28 @@ def check_gpt2_model(t):
     t.expect(n_u == ref["gpt2_param_count"](untied), f"with tie_weights=False the model must have "
              f"{ref['gpt2_param_count'](untied):,} parameters (a separate (V, D) head without bias); got {n_u:,}")
 
+    # every config field at a non-default value: no Q/K/V biases, a large LayerNorm eps, an untied head
+    odd = _cfg(**{**STRUCT_CFG, "qkv_bias": False, "layer_norm_eps": 0.5, "tie_weights": False})
+    torch.manual_seed(9)
+    odd_ref = ref["GPT2Model"](odd).eval()
+    with torch.no_grad():
+        for prm in odd_ref.parameters():
+            prm.add_(0.3 * torch.randn(prm.shape))
+    odd_state = {k: v.detach().clone() for k, v in odd_ref.state_dict().items()}
+    odd_idx = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        odd_want = odd_ref(odd_idx)
+
+    def odd_probe(impl):
+        m = impl.GPT2Model(odd)
+        unwrap(m).load_state_dict(odd_state)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(odd_idx)
+
+    t.compare(odd_probe, odd_want, "logits of GPT2Model(qkv_bias=False, layer_norm_eps=0.5, tie_weights=False) with "
+              "random weights (every config field must be used)", atol=1e-5, rtol=1e-5)
+
     # parity with transformers (weights mapped by the reference loader; lm_head follows tok_emb)
     for cfg_p, _hf_sd, course_sd, hf_logits in _hf_cases():
         state = {k: v for k, v in course_sd.items() if k != "lm_head.weight"}

@@ -511,7 +511,9 @@ def check_generate(t):
                                  generator=torch.Generator().manual_seed(4)) for _ in range(2)]
         return {"greedy": impl.generate(m, batch.clone(), 30, C), "none": impl.generate(m, batch.clone(), 0, C),
                 "window4": impl.generate(m, batch.clone(), 10, 4),
-                "top_k1": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_k=1), "sampled": sampled}
+                "top_k1": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_k=1),
+                "top_p_tiny": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_p=1e-6,
+                                            generator=torch.Generator().manual_seed(5)), "sampled": sampled}
 
     got = t.run(scenarios)
     t.expect(isinstance(got, dict) and all(isinstance(v, torch.Tensor) for k, v in got.items() if k != "sampled"),
@@ -525,6 +527,9 @@ def check_generate(t):
     t.expect(torch.equal(got["top_k1"], free[:, : t0 + 10]),
              "generate(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and top_p "
              "on to sample_next_token")
+    t.expect(torch.equal(got["top_p_tiny"], free[:, : t0 + 10]),
+             "generate(..., temperature=1.0, top_p=1e-6) keeps only the most likely token at every step, so it must "
+             "equal greedy decoding: pass top_p on to sample_next_token")
     s1, s2 = got["sampled"]
     t.expect(isinstance(s1, torch.Tensor) and tuple(s1.shape) == (3, t0 + 12),
              f"sampled generation of 12 tokens must return (3, {t0 + 12}); got {tuple(getattr(s1, 'shape', ()))}")
