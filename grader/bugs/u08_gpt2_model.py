@@ -132,6 +132,12 @@ def _count_tied_twice_formula(cfg):
     return total + (cfg.vocab_size * cfg.d_model if cfg.tie_weights else 0)
 
 
+def _count_ignores_qkv_bias(cfg):
+    """The formula with Q/K/V biases always counted, whatever ``qkv_bias`` says."""
+    total = gpt2_param_count(cfg)
+    return total + (0 if cfg.qkv_bias else 3 * cfg.d_model * cfg.n_layers)
+
+
 def _count_state_dict(model):
     """Sums the ``state_dict`` tensors: a tied weight appears there under both names."""
     return sum(v.numel() for v in model.state_dict().values())
@@ -140,6 +146,9 @@ def _count_state_dict(model):
 _COUNT_HINT = "Count the shared tensor once."
 bug_group("B08.count_tied_twice", f"{U}.gpt2_param_count", _COUNT_HINT, {"gpt2_param_count": _count_tied_twice_formula})
 bug_group("B08.count_tied_twice", f"{U}.gpt2_param_count", _COUNT_HINT, {"count_parameters": _count_state_dict})
+bug_group("B08.count_ignores_qkv_bias", f"{U}.gpt2_param_count",
+          "Read the config: without Q/K/V biases a block has three D-vectors fewer.",
+          {"gpt2_param_count": _count_ignores_qkv_bias})
 
 # ---------------------------------------------------------------- load_hf_gpt2
 

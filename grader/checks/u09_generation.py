@@ -210,8 +210,8 @@ def check_top_p_filter(t):
             t.fail(f"top_p_filter(z, {p}) removed every token (softmax would give NaN): the token whose mass crosses "
                    "p must be kept, so the most likely token always survives", bug=bug)
         t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), _masked(Z, keep),
-                  f"top_p_filter(z, {p}) of the worked example (probabilities {F091_SOFTMAX}): keep sorted token i iff "
-                  "the mass before it is < p", atol=0, rtol=0)
+                  f"top_p_filter(z, {p}) of the worked example (probabilities {F091_SOFTMAX}): keep the shortest "
+                  "prefix of the sorted tokens whose mass reaches p", atol=0, rtol=0)
         t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), T(probs), f"softmax(top_p_filter(z, {p}))",
                   atol=1e-4, pick=lambda o: torch.softmax(o, -1))
     _check_not_inplace(t, "top_p_filter", Z, 0.8)
@@ -226,10 +226,15 @@ def check_top_p_filter(t):
 
     # the exact threshold: uniform over 4 tokens, the mass before the third is exactly 0.5
     u4 = torch.zeros(4)
-    got = t.run(lambda impl: impl.top_p_filter(u4.clone(), 0.5))
+
+    def u4_probe(impl):
+        return impl.top_p_filter(u4.clone(), 0.5)
+
+    got = t.run(u4_probe)
     n_kept = int(torch.isfinite(got).sum()) if isinstance(got, torch.Tensor) else -1
-    t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (the third token's mass before "
-             f"is exactly 0.5, and the rule is mass before < p); kept {n_kept}")
+    t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (two of them already reach "
+             f"p = 0.5; the third, with exactly 0.5 before it, is not needed); kept {n_kept}",
+             bug=t.diagnose(u4_probe, got) if n_kept != 2 else None)
     u8 = torch.zeros(8)
     for p, n in ((0.25, 2), (0.75, 6), (0.7501, 7)):
         got = t.run(lambda impl, pp=p: impl.top_p_filter(u8.clone(), pp))

@@ -335,14 +335,18 @@ def check_configure_optimizer(t):
     t.expect(not dup, f"{dup} listed more than once: the tied embedding / head weight is one tensor and must appear "
              "exactly once", bug="B10.tied_in_two_groups")
     g0, g1 = groups
-    t.expect(g1["weight_decay"] == 0.0, f"group 1 (biases and norm weights) must have weight_decay 0.0; got "
+    by_name = [n for n, p in model.named_parameters() if n.endswith("weight")]
+    if set(g0["names"]) == set(by_name) != set(decay):
+        t.fail(f"group 0 holds every tensor named '…weight', LayerNorm gains included ({len(by_name)} tensors); the "
+               "gains act on each feature alone and must not be decayed", bug="B10.decay_by_name")
+    t.expect(g1["weight_decay"] == 0.0, f"group 1 (not decayed) must have weight_decay 0.0; got "
              f"{g1['weight_decay']}", bug="B10.decay_everything" if set(g1["names"]) == set(no_decay) else None)
     t.expect(set(g0["names"]) == set(decay),
-             f"group 0 must hold exactly the parameters with ndim ≥ 2 ({len(decay)} tensors); missing "
+             f"group 0 must hold exactly the tensors that mix features ({len(decay)} tensors); missing "
              f"{sorted(set(decay) - set(g0['names']))[:4]}, unexpected {sorted(set(g0['names']) - set(decay))[:4]}",
              bug="B10.decay_everything" if set(g0["names"]) >= set(decay) else None)
     t.expect(set(g1["names"]) == set(no_decay),
-             f"group 1 must hold exactly the parameters with ndim < 2 ({len(no_decay)} tensors)")
+             f"group 1 must hold exactly the tensors that act on each feature alone ({len(no_decay)} tensors)")
     t.expect((g0["numel"], g1["numel"]) == (802_944, 6_912),
              f"for gpt2-char-tiny the groups must hold 802,944 and 6,912 parameters; got {g0['numel']:,} and "
              f"{g1['numel']:,}")

@@ -377,16 +377,12 @@ del big, logits
 # %% [markdown]
 # ## 6. Parameter accounting
 #
-# Reading the `state_dict` table block by block (D = `d_model`):
-#
-# * attention: `W_query`, `W_key`, `W_value`, `out_proj` — four `D×D` matrices and four bias vectors,
-#   `4D² + 4D`;
-# * feed-forward: `fc1` (`4D×D` + `4D`) and `fc2` (`D×4D` + `D`), `8D² + 5D`;
-# * two LayerNorms, `4D`;
-#
-# so a block has `12D² + 13D`. Add the token table `V·D`, the position table `C·D` and the final norm
-# `2D`; a tied head adds nothing. The library's `gpt2_param_count` is this formula; `count_parameters`
-# walks a model and counts each tensor once. Built on the `meta` device, even GPT-2 XL costs no memory:
+# Every parameter of GPT-2 is listed in its `state_dict` table: the token and position tables, per block
+# the attention projections, the feed-forward layers and two LayerNorms, then the final norm; a tied head is
+# the token table again. Summing that table gives a closed formula in V, C, D and L (you derive it in the
+# exercise; the library's `gpt2_param_count` holds it). Here we only *measure*: `count_parameters` walks a
+# model and counts each tensor once, and built on the `meta` device even GPT-2 XL costs no memory. The two
+# columns must agree:
 
 # %%
 millions, shares = {}, {}
@@ -461,8 +457,8 @@ assert tuple(hf_small.state_dict()["transformer.h.0.attn.c_attn.weight"].shape) 
 #
 # 1. **names**: `transformer.wte/wpe` are the two embeddings, `h.{i}` the blocks (`ln_1`, `attn`, `ln_2`,
 #    `mlp`), `ln_f` the final norm;
-# 2. a **fused** `c_attn` computes query, key and value in one matrix: its output `3D` columns are
-#    `[query | key | value]`;
+# 2. a **fused** `c_attn` computes query, key and value in one matrix, `3D` outputs per position; which
+#    outputs belong to which of the three is what the exercise's loader must get right (the logits tell);
 # 3. GPT-2's layers are `Conv1D`s, a name from OpenAI's TensorFlow code. A `Conv1D(nf, nx)` computes
 #    `y = x @ W + b` with `W` stored **`(in, out)`**, the transpose of `nn.Linear.weight`'s `(out, in)`.
 #
@@ -649,10 +645,9 @@ else:
 # * GPT-2 is a decoder-only stack: embeddings (token + **learned** position) → `L` pre-LN blocks (causal
 #   attention with Q/K/V biases, a `4D` tanh-GELU feed-forward network) → a final LayerNorm → a head
 #   **tied** to the token embedding.
-# * Its parameters follow from the config: `12D² + 13D` per block plus the embeddings and the final
-#   norm; count a shared tensor once. The `meta` device counts XL without memory.
-# * Hugging Face stores the same model with fused Q/K/V and `(in, out)` Conv1D weights: split along the
-#   output columns and transpose. Prove a loader with random weights in every tensor and a tight
-#   tolerance; a 1e-3 gap is a bug, not rounding.
+# * Its parameters follow from the config (a formula you derive in the exercise); count a shared tensor
+#   once. The `meta` device counts XL without memory.
+# * Hugging Face stores the same model with fused Q/K/V and Conv1D layers in another layout. Prove a loader
+#   with random weights in every tensor and a tight tolerance; a 1e-3 gap is a bug, not rounding.
 #
 # Unit 09 generates text from this model; unit 10 trains the `gpt2-char-tiny` preset on Shakespeare.
