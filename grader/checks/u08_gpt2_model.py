@@ -9,6 +9,29 @@ result is judged by running the returned ``state_dict`` through a reference mode
 the F08.1 parameter counts (literal values). Properties: causality, tying (re-derived from returned
 tensors: an in-place change of the token embedding must show in the head), ``init_weights``
 statistics, ``ValueError`` contracts.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``08.GPT2Config``
+  * default fields = GPT-2 small: ``GPT2Config()`` fields; every field kept when given (all nine at non-defaults)
+  * ``preset(name)`` for the five names; returns a ``GPT2Config``; a new object per call; unknown name -> KeyError
+``08.GPT2Model``
+  * state_dict keys and shapes (incl. Q/K/V biases); weights are parameters, not buffers: ``module_facts``
+  * tied head = the token embedding's Parameter (in-place change followed); untied head its own (V, D): ``_tying``
+  * unique parameter count = the formula (tied and untied)
+  * logits = ``GPT2LMHeadModel`` on two configs (weights mapped here); float32
+  * every config field used: ``qkv_bias=False``, ``layer_norm_eps=0.5``, ``tie_weights=False`` vs the reference
+  * causal (later tokens leave earlier logits unchanged); T = C works; T > C -> ValueError
+  * ``init_weights``: N(0, 0.02²), residual projections 0.02/√(2L), biases 0, norms 1/0
+  * train mode (by properties, p = 0.25): each sublayer's output dropped before the residual add, survivors
+    × 1/(1−p), zero fraction ≈ p; the attention built with cfg.dropout; embeddings dropped (input of blocks[0])
+  * side effects: a forward in eval mode and in train mode leaves every parameter and buffer unchanged
+``08.gpt2_param_count``
+  * formula for every preset with tied/untied head and with/without Q/K/V biases
+  * ``count_parameters``: a shared tensor once, plain modules, models on the meta device
+``08.load_hf_gpt2``
+  * loaded logits = ``GPT2LMHeadModel`` (two configs, every tensor random); in place, same model returned,
+    head still tied; old ``.attn.bias``/``.attn.masked_bias`` buffers ignored; shape mismatch -> ValueError
 """
 
 from __future__ import annotations

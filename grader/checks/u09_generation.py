@@ -11,6 +11,23 @@ errors); because the call sequence is prescribed (one ``torch.multinomial(probs,
 seeded generator also makes the draws reproducible and comparable with the reference's.
 
 Probes return plain data only; models are built inside each probe from a config and a state dict.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``09.apply_temperature``: softmax(out) = softmax(z/T) on the worked example and batches; argmax kept;
+  T ≤ 0 -> ValueError; input not modified
+``09.top_k_filter``: worked example; ties with the k-th value kept; rows independent; k=None / k ≥ V unchanged;
+  masked entries -inf (never 0); input not modified
+``09.top_p_filter``: worked example at several p; exact thresholds (4 and 8 equal tokens); another vocabulary
+  order; stable order of ties; random batches against an independent keep rule; kept mass ≥ p and ≥ 1 token;
+  input already holding -inf; p=None / p ≥ 1 unchanged; input not modified
+``09.sample_next_token``: shape (B, 1) long; temperature 0 = argmax (filters ignored); draw frequencies of every
+  setting (temperature, top_k, top_p and their order) vs the filtered probabilities; one multinomial call with the
+  generator (seeded draws reproducible)
+``09.generate``: greedy = reference on the trained character model; long prompts (the window is the most recent
+  context_length tokens); the ``context_length`` argument, not the model's maximum; max_new_tokens=0; temperature,
+  top_k, top_p (top_p=1e-6 = greedy) and generator passed on; eos_id: finished rows frozen, early stop, rows that
+  stop at different steps; eval mode and no autograd inside, the caller's mode restored
 """
 
 from __future__ import annotations

@@ -8,6 +8,24 @@ and ``[0, 12]``, the parameter groups of ``gpt2-char-tiny``). Training is checke
 from returned weights and losses: the update length under clipping, no gradient accumulation, exact
 resumption from a checkpoint with dropout active, the loss falling on a repeated batch, and the mode
 after evaluation. Dropout masks are never compared with the reference.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``10.get_batch``: the prescribed randint call (offsets and what the generator draws next); y = x shifted by one;
+  (B, T) long for any integer dtype
+``10.lm_loss``: = F.cross_entropy over flattened positions; default and custom ``ignore_index``; 0-d, backward-able;
+  ``perplexity`` = exp(mean)
+``10.warmup_cosine_lr``: values at named steps for two settings (a grid past the end) and ``warmup_steps=0``;
+  continuous at warm-up; never increasing after it; a Python float
+``10.clip_grad_norm``: the worked example; the returned norm before clipping; parameters without grad skipped; a
+  generator argument; ``eps`` at a non-default value; torch's own clipping blocked and compared
+``10.configure_optimizer``: AdamW; two groups; each tensor once (tied head); group membership by what a tensor does;
+  ``weight_decay`` and ``betas`` passed on (non-default values); one step with zero gradients shrinks only group 0
+``10.train_steps`` (with ``save_checkpoint``, ``load_checkpoint``, ``estimate_loss``): clipping before the update
+  (SGD step length); zero_grad every step; AdamW with two groups and a changing lr; the loss falls on a repeated
+  batch; exact resumption with dropout on (checkpoint keys, weights_only load, optimizer and RNG state); a model
+  handed over in eval mode trains with dropout on; estimate_loss in eval mode, without autograd, deterministic,
+  the caller's mode restored
 """
 
 from __future__ import annotations

@@ -609,6 +609,125 @@ gap = mlp_gap(GPT2_ACTIVATION)
 print(f"self-check: max gap {gap:.1e} ->", "fixed" if gap < 1e-5 else "not fixed yet (≥ 1e-5 is not rounding)")
 
 # %% [markdown]
+# ### Spot the bug: a parity gap in a hand-written forward
+#
+# A from-scratch GPT-2 forward pass, written straight from a `state_dict` (course keys), is a common way to
+# check one's understanding. The one below runs, returns logits of the right shape, and disagrees with the
+# course's `GPT2Model` holding the same weights. **One line is wrong**; nothing marks it. Symptom first:
+
+# %%
+diag_cfg = GPT2Config(vocab_size=50, context_length=32, d_model=32, n_heads=4, n_layers=2, dropout=0.0)
+torch.manual_seed(5)
+diag_model = GPT2Model(diag_cfg).eval()
+with torch.no_grad():
+    for prm in diag_model.parameters():
+        prm.add_(0.2 * torch.randn(prm.shape))
+diag_sd = {k: v.detach() for k, v in diag_model.state_dict().items()}
+diag_idx = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(6))
+
+
+def forward_gap(forward_fn):
+    """Max |forward_fn − GPT2Model| over the logits, on the same weights and tokens."""
+    with torch.no_grad():
+        return (forward_fn(diag_sd, diag_idx, diag_cfg.n_heads) - diag_model(diag_idx)).abs().max().item()
+
+
+def gpt2_forward_buggy(sd, idx, n_heads, eps=1e-5):
+    n_batch, n_tok = idx.shape
+    x = sd["tok_emb.weight"][idx] + sd["pos_emb.weight"][:n_tok]
+    width = x.shape[-1]
+    head = width // n_heads
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    allowed = torch.ones(n_tok, n_tok, dtype=torch.bool).tril()
+
+    def norm(h, name):
+        return F.layer_norm(h, (width,), sd[name + ".weight"], sd[name + ".bias"], eps)
+
+    def affine(h, name):
+        return h @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+    def heads(h):
+        return h.view(n_batch, n_tok, n_heads, head).transpose(1, 2)
+
+    for i in range(depth):
+        pre = f"blocks.{i}."
+        h = norm(x, pre + "norm1")
+        q, k, v = (heads(affine(h, pre + "attn." + w)) for w in ("W_query", "W_key", "W_value"))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(width)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(n_batch, n_tok, width)
+        x = x + affine(mixed, pre + "attn.out_proj")
+        inner = F.gelu(affine(norm(x, pre + "norm2"), pre + "ffn.fc1"), approximate="tanh")
+        x = x + affine(inner, pre + "ffn.fc2")
+    return norm(x, "final_norm") @ sd["tok_emb.weight"].T
+
+
+print(f"max |hand-written − GPT2Model| = {forward_gap(gpt2_forward_buggy):.3f} (float32 rounding would be ~1e-6)")
+
+# %% [markdown]
+# Find it. Useful moves: compare intermediate results with the model's (`diag_model.hidden_states`, the
+# embedding, one block), and ask which quantity each line depends on. Fix the copy below and run the
+# self-check.
+
+# %%
+def gpt2_forward(sd, idx, n_heads, eps=1e-5):
+    # TODO: one line of this copy of gpt2_forward_buggy is wrong; fix it
+    n_batch, n_tok = idx.shape
+    x = sd["tok_emb.weight"][idx] + sd["pos_emb.weight"][:n_tok]
+    width = x.shape[-1]
+    head = width // n_heads
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    allowed = torch.ones(n_tok, n_tok, dtype=torch.bool).tril()
+
+    def norm(h, name):
+        return F.layer_norm(h, (width,), sd[name + ".weight"], sd[name + ".bias"], eps)
+
+    def affine(h, name):
+        return h @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+    def heads(h):
+        return h.view(n_batch, n_tok, n_heads, head).transpose(1, 2)
+
+    for i in range(depth):
+        pre = f"blocks.{i}."
+        h = norm(x, pre + "norm1")
+        q, k, v = (heads(affine(h, pre + "attn." + w)) for w in ("W_query", "W_key", "W_value"))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(width)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(n_batch, n_tok, width)
+        x = x + affine(mixed, pre + "attn.out_proj")
+        inner = F.gelu(affine(norm(x, pre + "norm2"), pre + "ffn.fc1"), approximate="tanh")
+        x = x + affine(inner, pre + "ffn.fc2")
+    return norm(x, "final_norm") @ sd["tok_emb.weight"].T
+
+
+def self_check_forward(forward_fn):
+    try:
+        gap = forward_gap(forward_fn)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: the forward raised {type(err).__name__}: {err}")
+        return False
+    ok = gap < 1e-4
+    print(f"✓ the forward matches GPT2Model (max gap {gap:.1e})" if ok else
+          f"✗ not yet: max gap {gap:.3f}; which line differs from what unit 03 taught about the scores?")
+    return ok
+
+
+self_check_forward(gpt2_forward)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): the embedding, the norms, the projections and the feed-forward network all
+# match; the gap starts in the attention scores, which are scaled by the square root of the width of what
+# was multiplied: one head's width (D / H), not the model's width D. The wrong scale makes every head's
+# softmax too flat. The fixed forward, derived from the buggy one by that single change:
+import inspect  # noqa: E402
+
+_fixed_source = inspect.getsource(gpt2_forward_buggy).replace("math.sqrt(width)", "math.sqrt(head)").replace(
+    "def gpt2_forward_buggy", "def gpt2_forward_reference")
+exec(_fixed_source)  # noqa: S102 - defines gpt2_forward_reference
+assert self_check_forward(gpt2_forward_reference)  # noqa: F821
+
+# %% [markdown]
 # <details><summary>Reference fix (open after trying)</summary>
 #
 # ```python
