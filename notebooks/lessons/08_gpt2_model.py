@@ -521,18 +521,35 @@ def linear_from_conv1d(conv):
 
 
 # %%
-check = conv1d_check(linear_from_conv1d)
-fixed = all(v is not None and v < 1e-5 for v in check.values())
-print("self-check:", check, "->", "fixed" if fixed else "not fixed yet: which layout does nn.Linear store?")
+def self_check_conv1d(to_linear):
+    try:
+        gaps = conv1d_check(to_linear)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: {type(err).__name__}: {err}")
+        return False
+    ok = all(v is not None and v < 1e-5 for v in gaps.values())
+    print(f"✓ both layers agree with Conv1D: {gaps}" if ok else
+          f"✗ not yet: {gaps} (None: loading failed); which layout does nn.Linear store?")
+    return ok
+
+
+self_check_conv1d(linear_from_conv1d)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): Conv1D stores (in, out) and computes x @ W; nn.Linear stores (out, in) and
+# computes x @ W.T, so the weight goes in transposed.
+def linear_from_conv1d_reference(conv):
+    n_in, n_out = conv.weight.shape
+    lin = nn.Linear(n_in, n_out)
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight.T)
+        lin.bias.copy_(conv.bias)
+    return lin
+
+
+assert self_check_conv1d(linear_from_conv1d_reference)
 
 # %% [markdown]
-# <details><summary>Reference fix (open after trying)</summary>
-#
-# ```python
-# lin.weight.copy_(conv.weight.T)   # (in, out) -> (out, in)
-# ```
-# </details>
-#
 # ## 8. Loading Hugging Face weights, and proving it
 #
 # The loader renames every key, splits `c_attn` along its output columns into query, key and value,
@@ -605,8 +622,22 @@ print(f"FeedForward with activation='gelu' (exact): max gap {mlp_gap('gelu'):.1e
 GPT2_ACTIVATION = "gelu"  # TODO: which activation does GPT-2 use?
 
 # %%
-gap = mlp_gap(GPT2_ACTIVATION)
-print(f"self-check: max gap {gap:.1e} ->", "fixed" if gap < 1e-5 else "not fixed yet (≥ 1e-5 is not rounding)")
+def self_check_activation(name):
+    try:
+        gap = mlp_gap(name)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: {type(err).__name__}: {err}")
+        return False
+    print(f"✓ max gap {gap:.1e}: float32 rounding" if gap < 1e-5 else
+          f"✗ not yet: max gap {gap:.1e} (≥ 1e-5 is not rounding)")
+    return gap < 1e-5
+
+
+self_check_activation(GPT2_ACTIVATION)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): GPT-2 uses GELU's tanh approximation (`gelu_new` in transformers).
+assert self_check_activation("gelu_tanh")
 
 # %% [markdown]
 # ### Spot the bug: a parity gap in a hand-written forward
@@ -728,13 +759,6 @@ exec(_fixed_source)  # noqa: S102 - defines gpt2_forward_reference
 assert self_check_forward(gpt2_forward_reference)  # noqa: F821
 
 # %% [markdown]
-# <details><summary>Reference fix (open after trying)</summary>
-#
-# ```python
-# GPT2_ACTIVATION = "gelu_tanh"
-# ```
-# </details>
-#
 # ## 9. (Optional) The real GPT-2 weights
 #
 # The course ships no pretrained weights and never downloads any. If you have the internet, put a

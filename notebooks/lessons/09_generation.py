@@ -360,6 +360,113 @@ viz.show_temperature_sweep(model, tok, prompt_text, n_tokens=cfg["sweep_tokens"]
 # as greedy decoding did in section 2; high temperature draws so many unlikely characters that the words
 # fall apart. Useful settings sit in between.
 #
+# ### Spot the bug: a continuation scorer that finds greedy text surprising
+#
+# Scoring a continuation under the model (how surprised is it by each new token?) is how the NLL numbers
+# above are made, and how one compares samples. Here is a scorer written in one forward pass, with a
+# per-token report. Two facts give a symptom: greedy decoding picks the most likely token at every step,
+# so the model's own greedy continuation must score **low**; and real Shakespeare must score far below
+# the uniform guess `ln V`. One line of the scorer is wrong; nothing marks it.
+
+# %%
+def continuation_report_buggy(model, prompt_ids, new_ids):
+    """Per-token negative log-likelihood (nats) of new_ids (N,) after prompt_ids (P,), one forward pass."""
+    ids = torch.cat([prompt_ids, new_ids])[None]               # (1, P + N)
+    n_prompt, n_new = len(prompt_ids), len(new_ids)
+    if n_prompt < 1:
+        raise ValueError("the first scored token needs at least one token before it")
+    if ids.shape[1] > model.cfg.context_length:
+        raise ValueError("prompt + continuation must fit in the window")
+    with torch.no_grad():
+        logits = model(ids)[0]                                  # (P + N, V): row t scores the token after t
+    logp = torch.log_softmax(logits, dim=-1)
+    rows = logp[n_prompt:n_prompt + n_new]                      # the rows that score the N new tokens
+    nll = -rows.gather(1, new_ids[:, None])[:, 0]               # (N,)
+    worst = int(nll.argmax())
+    return {
+        "nll": nll,
+        "mean": nll.mean().item(),
+        "perplexity": math.exp(nll.mean().item()),
+        "most_surprising": (worst, tok.decode([int(new_ids[worst])]), nll[worst].item()),
+    }
+
+
+score_prompt = prompt[0]
+greedy_new = generate(model, prompt, 40, C)[0, len(score_prompt):]
+val_start = len(llmcourse.load_text("tinyshakespeare")) * 9 // 10
+real_new = torch.tensor(tok.encode(llmcourse.load_text("tinyshakespeare")[val_start:val_start + 40]))
+for label, new_ids in (("greedy continuation", greedy_new), ("validation text", real_new)):
+    r = continuation_report_buggy(model, score_prompt, new_ids)
+    print(f"{label:20s}: {r['mean']:.2f} nats per character (ln V = {math.log(V):.2f})")
+
+# %% [markdown]
+# The greedy text, made of the model's favourite characters, scores worse than guessing uniformly. Find the
+# wrong line (print `rows.shape`, try a one-character continuation by hand, or compare with a slow scorer
+# that runs the model once per new token), fix the copy below, and run the self-check.
+
+# %%
+def continuation_report(model, prompt_ids, new_ids):
+    # TODO: one line of this copy of continuation_report_buggy is wrong; fix it
+    ids = torch.cat([prompt_ids, new_ids])[None]
+    n_prompt, n_new = len(prompt_ids), len(new_ids)
+    if n_prompt < 1:
+        raise ValueError("the first scored token needs at least one token before it")
+    if ids.shape[1] > model.cfg.context_length:
+        raise ValueError("prompt + continuation must fit in the window")
+    with torch.no_grad():
+        logits = model(ids)[0]
+    logp = torch.log_softmax(logits, dim=-1)
+    rows = logp[n_prompt:n_prompt + n_new]
+    nll = -rows.gather(1, new_ids[:, None])[:, 0]
+    worst = int(nll.argmax())
+    return {
+        "nll": nll,
+        "mean": nll.mean().item(),
+        "perplexity": math.exp(nll.mean().item()),
+        "most_surprising": (worst, tok.decode([int(new_ids[worst])]), nll[worst].item()),
+    }
+
+
+def slow_nll(prompt_ids, new_ids):
+    """One forward per new token: the model's last-position log-probability of that token (the slow route)."""
+    out = []
+    with torch.no_grad():
+        for i in range(len(new_ids)):
+            before = torch.cat([prompt_ids, new_ids[:i]])[None]
+            out.append(-torch.log_softmax(model(before)[0, -1], -1)[new_ids[i]])
+    return torch.stack(out)
+
+
+def self_check_report(report_fn):
+    try:
+        ok = all(torch.allclose(report_fn(model, score_prompt, ids_)["nll"], slow_nll(score_prompt, ids_), atol=1e-4)
+                 for ids_ in (greedy_new[:12], real_new[:12]))
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: the scorer raised {type(err).__name__}: {err}")
+        return False
+    print("✓ the scorer agrees with one forward per token" if ok else
+          "✗ not yet: the per-token NLL differs from the slow route (which row scores which token?)")
+    return ok
+
+
+self_check_report(continuation_report)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): row t of the logits scores the token at t + 1, so the first new token (at
+# position P) is scored by row P − 1; the buggy slice starts one row late and scores every new token with
+# the distribution of the token *after* it. The fixed scorer, derived from the buggy one by that change only:
+import inspect  # noqa: E402
+
+exec(inspect.getsource(continuation_report_buggy)  # noqa: S102 - defines continuation_report_reference
+     .replace("logp[n_prompt:n_prompt + n_new]", "logp[n_prompt - 1:n_prompt - 1 + n_new]")
+     .replace("def continuation_report_buggy", "def continuation_report_reference"))
+assert self_check_report(continuation_report_reference)  # noqa: F821
+fixed_greedy = continuation_report_reference(model, score_prompt, greedy_new)["mean"]  # noqa: F821
+fixed_real = continuation_report_reference(model, score_prompt, real_new)["mean"]  # noqa: F821
+print(f"fixed: greedy continuation {fixed_greedy:.2f}, validation text {fixed_real:.2f} nats per character")
+assert fixed_greedy < fixed_real < math.log(V)
+
+# %% [markdown]
 # ### Spot the bug: temperature on the probabilities
 #
 # A frequent slip applies the temperature **after** the softmax, dividing the probabilities by `T`.
