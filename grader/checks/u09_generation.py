@@ -27,7 +27,8 @@ Contract clauses and the probes that cover them (what is not listed is not grade
 ``09.generate``: greedy = reference on the trained character model; long prompts (the window is the most recent
   context_length tokens); the ``context_length`` argument, not the model's maximum; max_new_tokens=0; temperature,
   top_k, top_p (top_p=1e-6 = greedy) and generator passed on; eos_id: finished rows frozen, early stop, rows that
-  stop at different steps; eval mode and no autograd inside, the caller's mode restored
+  stop at different steps; eval mode and no autograd inside, the caller's mode restored; side effects: weights and
+  buffers unchanged after generating from train and from eval mode
 """
 
 from __future__ import annotations
@@ -618,6 +619,20 @@ def check_generate(t):
     t.expect(torch.equal(a, free[:, : t0 + 12]), "greedy generation of a dropout model must equal the eval-mode result")
     _, _, training, _ = t.run(dropout_runs(False, 2))
     t.expect(training is False, "the model was in eval mode before generate and must stay in eval mode")
+
+    # side effects: generating (from train mode and from eval mode) leaves every weight and buffer as it was
+    def state_probe(impl):
+        m = _char_model(cfg, state, dropout=0.3)
+        m.train()
+        impl.generate(m, batch.clone(), 4, C, temperature=1.0, generator=torch.Generator().manual_seed(2))
+        after_train = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        m.eval()
+        impl.generate(m, batch.clone(), 4, C)
+        return after_train, {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+    for label, after in zip(("from train mode", "from eval mode"), t.run(state_probe)):
+        moved = [k for k in state if k not in after or not torch.equal(state[k], after[k])]
+        t.expect(not moved, f"generate {label} changed the model's weights or buffers: {moved[:4]}")
 
 
 # ================================================================== siblings

@@ -25,7 +25,7 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   (SGD step length); zero_grad every step; AdamW with two groups and a changing lr; the loss falls on a repeated
   batch; exact resumption with dropout on (checkpoint keys, weights_only load, optimizer and RNG state); a model
   handed over in eval mode trains with dropout on; estimate_loss in eval mode, without autograd, deterministic,
-  the caller's mode restored
+  the caller's mode restored, weights and buffers unchanged
 """
 
 from __future__ import annotations
@@ -485,6 +485,7 @@ def _resume_probe(impl):
 def _eval_probe(impl):
     model = _gpt(dropout=0.3, seed=4)
     model.train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     seen = []  # per forward: (output tracks gradients, model in train mode)
     model.register_forward_hook(lambda m, i, o: seen.append((bool(o.requires_grad), bool(m.training))))
     torch.manual_seed(0)
@@ -494,7 +495,8 @@ def _eval_probe(impl):
     b = impl.estimate_loss(model, DATA, 4, 8, 3, 17)
     model.eval()
     c = impl.estimate_loss(model, DATA, 4, 8, 3, 17)
-    return float(a), float(b), mode_after_train, float(c), model.training, seen
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    return float(a), float(b), mode_after_train, float(c), model.training, seen, moved
 
 
 def _train_mode_probe(impl):
@@ -582,7 +584,8 @@ def check_train_steps(t):
                 if no_dropout else f"afterwards model.training is {mode_tm}; ")
              + "put the model in train mode at the start of train_steps", bug="B10.no_train_mode")
     # 7. estimate_loss: eval mode, no randomness, no autograd, the previous mode restored
-    a, b, mode_after, c, mode_eval, seen = t.run(_eval_probe)
+    a, b, mode_after, c, mode_eval, seen, moved = t.run(_eval_probe)
+    t.expect(not moved, f"estimate_loss changed the model's weights or buffers: {moved[:4]} (evaluation only reads)")
     if seen and any(training for _, training in seen[:3]):
         t.fail("estimate_loss ran the model in train mode (dropout on, so the estimate is noisy and too high); "
                "switch to eval() for the evaluation", bug="B10.eval_in_train_mode")
