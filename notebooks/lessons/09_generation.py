@@ -527,10 +527,10 @@ assert self_check_temperature(lambda logits, t: torch.softmax(apply_temperature(
 # turns into probability exactly 0.
 #
 # **Top-k** keeps the `k` largest logits of each row, **and every logit equal to the k-th largest**, so
-# ties never depend on an arbitrary order. **Top-p** (nucleus sampling) sorts the probabilities from
-# largest to smallest with a stable sort and keeps a token when the probability mass **before** it is
-# still below `p`: the smallest prefix whose mass reaches `p`, **including the token that crosses `p`**.
-# On the worked example:
+# ties never depend on an arbitrary order. **Top-p** (nucleus sampling) keeps the smallest set of most
+# likely tokens whose total probability reaches `p` (the tokens sorted from largest to smallest
+# probability, ties in vocabulary order); exactly where that prefix ends is the exercise's question. On the
+# worked example, with the library's filter:
 
 # %%
 INF = float("-inf")
@@ -547,9 +547,8 @@ assert torch.equal(top_k_filter(z, None), z) and torch.equal(top_p_filter(z, 1.0
 assert torch.equal(filtered_probs(z, 1.0, None, 1.0), torch.softmax(z, -1))
 
 # %% [markdown]
-# Read `p = 0.5` carefully: token 0 alone has probability above 0.5, so the mass before it (zero) is below
-# `p` and it is kept, while the mass before token 1 is already above `p`. The threshold is strict. For four
-# equally likely tokens, the mass before the third is exactly one half, so `p = 0.5` keeps exactly two:
+# Read `p = 0.5` carefully: token 0 alone has probability above 0.5 and is kept, although its own mass
+# already exceeds `p`; nothing else is. And the boundary, four equally likely tokens:
 
 # %%
 uniform4 = torch.zeros(4)
@@ -610,7 +609,7 @@ print("buggy, p = 0.5 keeps", keep.tolist(), "->", torch.softmax(z.masked_fill(~
 
 # %%
 def nucleus_keep(sorted_probs, p):
-    # TODO: keep sorted token i when the probability mass before it is below p
+    # TODO: keep the shortest prefix whose mass reaches p (the token that reaches it included)
     return sorted_probs.cumsum(dim=-1) <= p
 
 
@@ -629,9 +628,9 @@ def self_check_nucleus(keep_fn):
 self_check_nucleus(nucleus_keep)
 
 # %% jupyter={"source_hidden": true}
-# Reference (read after trying): the buggy rule counts a token's own probability before deciding to keep it,
-# so the token that reaches p is lost. Decide with the mass of the tokens *before* it instead. That rule is
-# the exercise's `top_p_filter`, so the check runs on the library's filter (logits = log-probabilities).
+# Reference (read after trying): the buggy rule loses the token whose probability makes the mass reach p,
+# and with it, when the top token alone exceeds p, the whole row. The right rule is the exercise's
+# `top_p_filter`, so the check runs on the library's filter instead (logits = log-probabilities).
 assert self_check_nucleus(lambda probs_, p_: torch.isfinite(top_p_filter(probs_.log(), p_)))
 
 # %% [markdown]

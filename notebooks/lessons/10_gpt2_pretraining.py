@@ -236,9 +236,10 @@ assert self_check_perplexity(run_perplexity_reference)
 # ## 4. AdamW and its parameter groups
 #
 # AdamW applies weight decay **decoupled** from the gradient: every step, each decayed weight is also
-# multiplied by `1 − lr·weight_decay`. GPT recipes decay the **matrices** (Linear and Embedding weights)
-# and leave the vectors alone: biases and LayerNorm gains and shifts. `configure_optimizer` builds the two
-# groups by dimension. GPT-2 ties its output head to the token embedding, so the two names share one
+# multiplied by `1 − lr·weight_decay`. GPT recipes decay the tensors that mix features (the projections
+# and the embedding table) and leave alone the ones that shift or rescale each feature on its own: biases
+# and LayerNorm gains and shifts. `configure_optimizer` builds the two groups (which rule it uses is the
+# exercise's question). GPT-2 ties its output head to the token embedding, so the two names share one
 # tensor, which must appear once:
 
 # %%
@@ -292,9 +293,10 @@ assert abs(measured - predicted) < 1e-4 and predicted > factor ** STEPS
 # ## 5. Warm-up, then a cosine to a floor
 #
 # Adam's early steps are noisy (its second-moment estimate has seen few gradients), so the learning
-# rate **warms up** linearly over `warmup_steps`, starting at `max_lr / warmup_steps` rather than 0 (a
-# step with lr 0 is wasted). Then it follows half a cosine from `max_lr` down to `min_lr` at
-# `total_steps`, and stays there. Continuous at the end of warm-up, never increasing afterwards:
+# rate **warms up** over `warmup_steps`, and its first step already moves (a step with lr 0 is wasted).
+# Then it decays smoothly from `max_lr` to a floor `min_lr`, reached at `total_steps`, and stays there.
+# Continuous at the end of warm-up, never increasing afterwards (the exact shape is the exercise's question;
+# the explorer below draws it):
 
 # %%
 for s in (0, 9, 10, 55, 100, 150):
