@@ -377,17 +377,24 @@ def _block_dropout_probe(cfg, state, x):
     return probe
 
 
-def _embedding_dropout_probe(cfg, idx):
-    """The input of blocks[0] in train mode (a pre-hook), and the two embedding tables."""
+def _embedding_dropout_probe(cfg, idx, quiet_state):
+    """Logits in train and in eval mode of a model whose blocks add nothing (every sublayer's last layer 0),
+    so only dropout on the embeddings can make them differ; and, when blocks[0] is called as a module, its
+    input in train mode (a pre-hook) with the two embedding tables."""
     def probe(impl):
         torch.manual_seed(3)
         m = impl.GPT2Model(cfg)
+        unwrap(m).load_state_dict(quiet_state, strict=False)
         seen = []
         unwrap(m).blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
         unwrap(m).train()
         torch.manual_seed(8)
-        m(idx)
-        return {"x0": seen[0] if seen else None, "tok": unwrap(m).tok_emb.weight.detach().clone(),
+        train_logits = m(idx).detach()
+        x0 = seen[0] if seen else None
+        unwrap(m).eval()
+        with torch.no_grad():
+            eval_logits = m(idx)
+        return {"x0": x0, "train": train_logits, "eval": eval_logits, "tok": unwrap(m).tok_emb.weight.detach().clone(),
                 "pos": unwrap(m).pos_emb.weight.detach().clone()}
     return probe
 
@@ -447,22 +454,28 @@ def _check_train_mode_dropout(t):
 
     # embedding dropout: the input of the first block is dropout(tok_emb[idx] + pos_emb[0 … T−1])
     idx = torch.randint(0, 20, (8, 12), generator=torch.Generator().manual_seed(33))
-    emb = t.run(_embedding_dropout_probe(cfg, idx))
-    if emb["x0"] is None:
-        t.fail("in train mode, blocks[0] was never called as a module (call each block, `x = block(x)`)")
-    clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
-    x0 = emb["x0"].double()
-    what = f"GPT2Model(dropout={DROP_P}) in train mode: the input of blocks[0]"
-    t.expect(tuple(x0.shape) == tuple(clean.shape), f"{what} must have shape {tuple(clean.shape)}; got {tuple(x0.shape)}")
-    if torch.allclose(x0, clean, atol=1e-6):
-        t.fail(f"{what} equals tok_emb + pos_emb: the embeddings are not dropped (dropout on their sum, before the "
-               "first block)", bug="B08.emb_dropout_missing")
-    kept = x0.abs() > 1e-9
-    t.expect(torch.allclose(x0[kept], clean[kept] / (1 - DROP_P), atol=1e-5, rtol=1e-4),
-             f"{what}: every kept entry must be (tok_emb + pos_emb)/(1−p) (inverted dropout of the sum)")
-    frac = 1.0 - float(kept.double().mean())
-    lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
-    t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
+    from llmcourse.models.gpt2 import GPT2Model
+
+    torch.manual_seed(3)
+    quiet = {k: (torch.zeros_like(v) if any(w in k for w in ("attn.out_proj.", "ffn.fc2.")) else v.detach().clone())
+             for k, v in GPT2Model(cfg).state_dict().items() if k != "lm_head.weight"}
+    emb = t.run(_embedding_dropout_probe(cfg, idx, quiet))
+    if torch.allclose(emb["train"], emb["eval"], atol=1e-6):
+        t.fail(f"GPT2Model(dropout={DROP_P}) whose blocks add nothing (attention and feed-forward outputs 0) gives the "
+               "same logits in train and in eval mode: the embeddings are not dropped (dropout on tok_emb + pos_emb, "
+               "before the first block)", bug="B08.emb_dropout_missing")
+    if emb["x0"] is not None:  # the input of blocks[0] can be read: dropped by the right rule?
+        clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
+        x0 = emb["x0"].double()
+        what = f"GPT2Model(dropout={DROP_P}) in train mode: the input of blocks[0]"
+        t.expect(tuple(x0.shape) == tuple(clean.shape),
+                 f"{what} must have shape {tuple(clean.shape)}; got {tuple(x0.shape)}")
+        kept = x0.abs() > 1e-9
+        t.expect(torch.allclose(x0[kept], clean[kept] / (1 - DROP_P), atol=1e-5, rtol=1e-4),
+                 f"{what}: every kept entry must be (tok_emb + pos_emb)/(1−p) (inverted dropout of the sum)")
+        frac = 1.0 - float(kept.double().mean())
+        lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
+        t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
 
     # side effects: a forward (eval, then train) leaves every parameter and buffer as it was
     before, after_eval, after_train = t.run(_side_effect_probe(cfg, idx))
