@@ -103,6 +103,8 @@ SIBLINGS: dict[str, str] = {
         "    def forward(self, idx):\n"
         "        if idx.shape[1] > self.cfg.context_length:\n"
         "            raise ValueError('too long')\n"
+        "        if self.training:  # the sibling has no dropout: train mode keeps the learner's own forward\n"
+        "            return super().forward(idx)\n"
         "        return _gpt2_cached_logits(self, idx, KVCache(len(self.blocks)))\n"),
     "09.sample_next_token/filtered": (
         "from llmcourse.train.sampling import filtered_probs\n"

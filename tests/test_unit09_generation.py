@@ -495,3 +495,26 @@ def test_grader_oracles_agree_with_the_worked_example_and_the_library():
     free = K._greedy_counter(batch, 30)
     assert torch.equal(free, generate(K._Counter(10), batch, 30, 4))
     assert torch.equal(K._freeze_after_eos(free, 2, 9), generate(K._Counter(10), batch, 30, 4, eos_id=9))
+
+
+def test_lesson_markdown_cells_are_whole_and_spot_the_bug_headings_start_their_cells():
+    """Every line of a markdown cell in the lesson source is commented (an uncommented ``###`` line once
+    rendered the top-20 heading inside the reference-fix cell), and in the built lesson every "Spot the bug"
+    heading opens a cell that holds no reference fix."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for slug in ("08_gpt2_model", "09_generation", "10_gpt2_pretraining"):
+        lines = (root / "notebooks" / "lessons" / f"{slug}.py").read_text().splitlines()
+        in_md = False
+        for n, line in enumerate(lines, 1):
+            if line.startswith("# %%"):
+                in_md = "[markdown]" in line
+            elif in_md and line.strip():
+                assert line.startswith("#"), f"{slug}.py line {n}: uncommented line in a markdown cell: {line!r}"
+        nb = json.loads((root / "lessons" / f"{slug}.ipynb").read_text())
+        for cell in nb["cells"]:
+            src = "".join(cell["source"])
+            if "### Spot the bug" in src:
+                assert cell["cell_type"] == "markdown" and "Reference" not in src.split("### Spot the bug")[0], slug

@@ -350,3 +350,37 @@ def test_live_widgets_build():
     box, callback = V.make_training_dashboard(10, 65, static=False)
     callback(_hist())
     assert "llmcourse-w10-1" in box._dom_classes and V.make_training_dashboard(static=True) == (None, None)
+
+
+def test_trained_asset_time_is_read_from_the_file_not_typed():
+    """The README row and the pipeline's docstring type no training time for gpt_char_tiny.pt; the lesson
+    prints the time the asset recorded (its ``seconds``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    row = next(line for line in (root / "README.md").read_text().splitlines() if "`assets/gpt_char_tiny.pt`" in line)
+    assert not re.search(r"\d\s*(min|minutes|s)\b", row), row
+    doc = (root / "llmcourse" / "train" / "char_model.py").read_text().split('"""')[1]
+    assert not re.search(r"\d+\s*-\s*\d+\s*minutes", doc)
+    lesson = (root / "notebooks" / "lessons" / "10_gpt2_pretraining.py").read_text()
+    assert "info['seconds']" in lesson
+    ckpt = torch.load(root / "assets" / "gpt_char_tiny.pt", map_location="cpu", weights_only=True)
+    assert ckpt["seconds"] > 0
+
+
+def test_weight_decay_shrink_follows_the_schedule():
+    """AdamW with zero gradients stepped through warmup_cosine_lr shrinks a weight by ∏(1 − lr(s)·wd), which is
+    less shrink than (1 − max_lr·wd)^steps."""
+    from llmcourse.train.schedules import warmup_cosine_lr
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([w], lr=1e-3, weight_decay=0.1)
+    lrs = [warmup_cosine_lr(s, 3e-3, 3e-4, 10, 200) for s in range(200)]
+    for lr in lrs:
+        opt.param_groups[0]["lr"] = lr
+        w.grad = torch.zeros(3)
+        opt.step()
+    predicted = math.prod(1 - lr * 0.1 for lr in lrs)
+    assert abs(float(w.detach()[0]) - predicted) < 1e-5
+    assert predicted > (1 - 3e-3 * 0.1) ** 200 + 1e-3

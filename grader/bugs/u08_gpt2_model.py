@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmcourse.models.gpt2 import GPT2Model, gpt2_param_count
+from llmcourse.models.gpt2 import GPT2Block, GPT2Model, gpt2_param_count
 
 from ..core import bug_group
 
@@ -39,11 +39,13 @@ def _model_variant(variant: str):
                         setattr(block.attn, name, nn.Linear(old.in_features, old.out_features, bias=False))
 
         def embed(self, idx):
-            if variant != "positions_offset":
+            if variant not in ("positions_offset", "emb_dropout_missing"):
                 return super().embed(idx)
             t = idx.shape[1]
             if t > self.cfg.context_length:
                 raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
+            if variant == "emb_dropout_missing":
+                return self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
             return self.dropout(self.tok_emb(idx) + self.pos_emb(torch.arange(1, t + 1, device=idx.device)))
 
         def forward(self, idx):
@@ -63,7 +65,52 @@ def _model_variant(variant: str):
     return Mutant
 
 
+# ---------------------------------------------------------------- train-mode dropout (GPT2Block and GPT2Model)
+
+
+def _block_variant(variant: str):
+    class BlockMutant(GPT2Block):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            if variant == "attn_dropout_missing":
+                for d in self.attn.modules():
+                    if isinstance(d, nn.Dropout):
+                        d.p = 0.0
+
+        def forward(self, x):
+            if variant == "resid_dropout_missing":
+                x = x + self.attn(self.norm1(x))
+                return x + self.ffn(self.norm2(x))
+            if variant == "dropout_on_sum":
+                x = self.dropout(x + self.attn(self.norm1(x)))
+                return self.dropout(x + self.ffn(self.norm2(x)))
+            return super().forward(x)
+
+    class ModelMutant(GPT2Model):
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.blocks = nn.ModuleList(BlockMutant(cfg) for _ in range(cfg.n_layers))
+            self.init_weights()
+
+    for cls, name in ((BlockMutant, f"GPT2Block_{variant}"), (ModelMutant, f"GPT2Model_{variant}")):
+        cls.__name__ = cls.__qualname__ = name
+        cls.__module__ = __name__
+    return {"GPT2Block": BlockMutant, "GPT2Model": ModelMutant}
+
+
+for _bug, _variant, _hint in [
+    ("B08.resid_dropout_missing", "resid_dropout_missing",
+     "In train mode each sublayer's output is dropped before it joins the residual stream."),
+    ("B08.dropout_on_sum", "dropout_on_sum",
+     "Residual dropout acts on the sublayer's output, not on the residual stream after the add."),
+    ("B08.attn_dropout_missing", "attn_dropout_missing",
+     "The attention layer drops its weights with the config's dropout too."),
+]:
+    bug_group(_bug, f"{U}.GPT2Model", _hint, _block_variant(_variant), "detector")
+
 for _bug, _variant, _hint, _detect in [
+    ("B08.emb_dropout_missing", "emb_dropout_missing",
+     "The sum of the token and position embeddings is dropped in train mode too.", "detector"),
     ("B08.gelu_exact", "gelu_exact", "GPT-2 uses the tanh approximation of GELU (`gelu_new`).", "mutant"),
     ("B08.post_ln", "post_ln", "GPT-2 blocks are pre-LN: normalise the input of each sublayer, not the sum.",
      "mutant"),
@@ -85,6 +132,12 @@ def _count_tied_twice_formula(cfg):
     return total + (cfg.vocab_size * cfg.d_model if cfg.tie_weights else 0)
 
 
+def _count_ignores_qkv_bias(cfg):
+    """The formula with Q/K/V biases always counted, whatever ``qkv_bias`` says."""
+    total = gpt2_param_count(cfg)
+    return total + (0 if cfg.qkv_bias else 3 * cfg.d_model * cfg.n_layers)
+
+
 def _count_state_dict(model):
     """Sums the ``state_dict`` tensors: a tied weight appears there under both names."""
     return sum(v.numel() for v in model.state_dict().values())
@@ -93,6 +146,9 @@ def _count_state_dict(model):
 _COUNT_HINT = "Count the shared tensor once."
 bug_group("B08.count_tied_twice", f"{U}.gpt2_param_count", _COUNT_HINT, {"gpt2_param_count": _count_tied_twice_formula})
 bug_group("B08.count_tied_twice", f"{U}.gpt2_param_count", _COUNT_HINT, {"count_parameters": _count_state_dict})
+bug_group("B08.count_ignores_qkv_bias", f"{U}.gpt2_param_count",
+          "Read the config: without Q/K/V biases a block has three D-vectors fewer.",
+          {"gpt2_param_count": _count_ignores_qkv_bias})
 
 # ---------------------------------------------------------------- load_hf_gpt2
 

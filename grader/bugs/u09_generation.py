@@ -80,6 +80,16 @@ def _topp_strict(logits, p):
     return logits.masked_fill(~keep, NEG_INF)
 
 
+def _topp_before_le(logits, p):
+    if p is None or p >= 1:
+        return logits.clone()
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    keep_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) <= p  # a token with exactly p before it is kept
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, NEG_INF)
+
+
 def _topp_unsorted(logits, p):
     if p is None or p >= 1:
         return logits.clone()
@@ -91,6 +101,9 @@ def _topp_unsorted(logits, p):
 
 bug_group("B09.topp_strict", f"{U}.top_p_filter", "Keep the token that crosses p; the top-1 always survives.",
           {"top_p_filter": _topp_strict})
+bug_group("B09.topp_not_strict", f"{U}.top_p_filter",
+          "A token whose mass before it is exactly p is not needed: the prefix already reaches p without it.",
+          {"top_p_filter": _topp_before_le})
 bug_group("B09.topp_unsorted", f"{U}.top_p_filter", "Sort probabilities in descending order first.",
           {"top_p_filter": _topp_unsorted})
 
@@ -136,7 +149,8 @@ def _generate_variant(variant: str):
             with torch.set_grad_enabled(variant == "train_mode"):
                 done = torch.zeros(idx.shape[0], dtype=torch.bool)
                 for _ in range(max_new_tokens):
-                    window = idx if variant == "no_crop" else idx[:, -context_length:]
+                    window = (idx if variant == "no_crop" else idx[:, :context_length] if variant == "crop_wrong_end"
+                              else idx[:, -context_length:])
                     logits = model(window)
                     last = logits[:, 0, :] if variant == "first_position" else logits[:, -1, :]
                     nxt = sample_next_token(last.detach(), temperature, top_k, top_p, generator)
@@ -156,6 +170,8 @@ def _generate_variant(variant: str):
 for _bug, _variant, _hint, _detect in [
     ("B09.first_position", "first_position", "The next token comes from the **last** position.", "mutant"),
     ("B09.no_crop", "no_crop", "Crop the input to the last `context_length` tokens.", "detector"),
+    ("B09.crop_wrong_end", "crop_wrong_end", "Feed the **most recent** context_length tokens: the prediction must "
+     "depend on the token just written.", "mutant"),
     ("B09.eos_ignored", "eos_ignored", "Freeze finished rows and stop when all are done.", "detector"),
     ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),
 ]:

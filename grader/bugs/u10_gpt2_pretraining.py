@@ -64,7 +64,12 @@ def _schedule(variant):
         if step > total_steps and variant != "cosine_rises":
             return min_lr
         floor = 0.0 if variant == "cosine_to_zero" else min_lr
-        progress = (step - warmup_steps) / (total_steps - warmup_steps)
+        if variant == "decay_from_step_zero":
+            progress = step / total_steps
+        else:
+            progress = (step - warmup_steps) / (total_steps - warmup_steps)
+        if variant == "linear_decay":
+            return max_lr - (max_lr - floor) * progress
         return floor + 0.5 * (max_lr - floor) * (1 + math.cos(math.pi * progress))
     return warmup_cosine_lr
 
@@ -73,6 +78,12 @@ bug_group("B10.warmup_from_zero", f"{U}.warmup_cosine_lr", "The course schedule 
           {"warmup_cosine_lr": _schedule("warmup_from_zero")})
 bug_group("B10.cosine_to_zero", f"{U}.warmup_cosine_lr", "Decay to the floor `min_lr`.",
           {"warmup_cosine_lr": _schedule("cosine_to_zero")})
+bug_group("B10.linear_decay", f"{U}.warmup_cosine_lr",
+          "The decay is flat at both ends and symmetric about its midpoint: not a straight line.",
+          {"warmup_cosine_lr": _schedule("linear_decay")})
+bug_group("B10.decay_from_step_zero", f"{U}.warmup_cosine_lr",
+          "The decay starts where the warm-up ends: measure its progress from `warmup_steps`, not from step 0.",
+          {"warmup_cosine_lr": _schedule("decay_from_step_zero")})
 bug_group("B10.cosine_rises", f"{U}.warmup_cosine_lr", "Hold `min_lr` after `total_steps`.",
           {"warmup_cosine_lr": _schedule("cosine_rises")})
 
@@ -119,6 +130,17 @@ def _tied_in_two_groups(model, lr, weight_decay=0.1, betas=(0.9, 0.95)):
                               {"params": rest, "weight_decay": 0.0}], lr=lr, betas=betas)
 
 
+def _decay_by_name(model, lr, weight_decay=0.1, betas=(0.9, 0.95)):
+    # "weights get decay, biases do not": LayerNorm gains are called weight too
+    named = list(model.named_parameters())
+    return torch.optim.AdamW([{"params": [p for n, p in named if n.endswith("weight")], "weight_decay": weight_decay},
+                              {"params": [p for n, p in named if not n.endswith("weight")], "weight_decay": 0.0}],
+                             lr=lr, betas=betas)
+
+
+bug_group("B10.decay_by_name", f"{U}.configure_optimizer",
+          "A LayerNorm gain is named `weight` but acts on each feature alone: decide by what a tensor does "
+          "(its number of dimensions), not by its name.", {"configure_optimizer": _decay_by_name}, detect="detector")
 bug_group("B10.decay_everything", f"{U}.configure_optimizer", "Only matrices (ndim ≥ 2) get weight decay.",
           {"configure_optimizer": _decay_everything})
 bug_group("B10.tied_in_two_groups", f"{U}.configure_optimizer",
@@ -129,7 +151,8 @@ bug_group("B10.tied_in_two_groups", f"{U}.configure_optimizer",
 
 def _train_steps(variant):
     def train_steps(model, optimizer, data, n_steps, start_step, batch_size, context_length, lr_fn, max_norm, seed):
-        model.train()
+        if variant != "no_train_mode":
+            model.train()
         losses = []
         if variant == "no_zero_grad":
             optimizer.zero_grad()
@@ -156,6 +179,9 @@ bug_group("B10.clip_after_step", f"{U}.train_steps", "Clip between `backward()` 
           {"train_steps": _train_steps("clip_after_step")}, detect="detector")
 bug_group("B10.no_zero_grad", f"{U}.train_steps", "Call `optimizer.zero_grad()` every step.",
           {"train_steps": _train_steps("no_zero_grad")}, detect="detector")
+bug_group("B10.no_train_mode", f"{U}.train_steps",
+          "A model may arrive in eval mode (after an evaluation): training switches dropout on with `train()`.",
+          {"train_steps": _train_steps("no_train_mode")}, detect="detector")
 
 
 def _save_model_only(path, model, optimizer, step, config):
@@ -200,3 +226,24 @@ def _estimate_loss_stays_eval(model, data, batch_size, context_length, n_batches
 
 bug_group("B10.eval_not_restored", f"{U}.train_steps", "Restore `train()` after evaluating.",
           {"estimate_loss": _estimate_loss_stays_eval}, detect="detector")
+
+
+def _estimate_loss_variant(variant):
+    def estimate_loss(model, data, batch_size, context_length, n_batches, seed=0):
+        was_training = model.training
+        if variant != "train_mode":
+            model.eval()
+        total = 0.0
+        with torch.set_grad_enabled(variant == "with_grad"):
+            for i in range(n_batches):
+                x, y = get_batch(data, batch_size, context_length, torch.Generator().manual_seed(seed + i))
+                total += lm_loss(model(x), y).item()
+        model.train(was_training)
+        return total / n_batches
+    return estimate_loss
+
+
+bug_group("B10.eval_in_train_mode", f"{U}.train_steps", "Evaluate in `eval()` mode: dropout off.",
+          {"estimate_loss": _estimate_loss_variant("train_mode")}, detect="detector")
+bug_group("B10.eval_with_grad", f"{U}.train_steps", "Evaluate under `torch.no_grad()`: no graph is needed.",
+          {"estimate_loss": _estimate_loss_variant("with_grad")}, detect="detector")

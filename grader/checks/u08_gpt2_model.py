@@ -9,6 +9,29 @@ result is judged by running the returned ``state_dict`` through a reference mode
 the F08.1 parameter counts (literal values). Properties: causality, tying (re-derived from returned
 tensors: an in-place change of the token embedding must show in the head), ``init_weights``
 statistics, ``ValueError`` contracts.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``08.GPT2Config``
+  * default fields = GPT-2 small: ``GPT2Config()`` fields; every field kept when given (all nine at non-defaults)
+  * ``preset(name)`` for the five names; returns a ``GPT2Config``; a new object per call; unknown name -> KeyError
+``08.GPT2Model``
+  * state_dict keys and shapes (incl. Q/K/V biases); weights are parameters, not buffers: ``module_facts``
+  * tied head = the token embedding's Parameter (in-place change followed); untied head its own (V, D): ``_tying``
+  * unique parameter count = the formula (tied and untied)
+  * logits = ``GPT2LMHeadModel`` on two configs (weights mapped here); float32
+  * every config field used: ``qkv_bias=False``, ``layer_norm_eps=0.5``, ``tie_weights=False`` vs the reference
+  * causal (later tokens leave earlier logits unchanged); T = C works; T > C -> ValueError
+  * ``init_weights``: N(0, 0.02²), residual projections 0.02/√(2L), biases 0, norms 1/0
+  * train mode (by properties, p = 0.25): each sublayer's output dropped before the residual add, survivors
+    × 1/(1−p), zero fraction ≈ p; the attention built with cfg.dropout; embeddings dropped (input of blocks[0])
+  * side effects: a forward in eval mode and in train mode leaves every parameter and buffer unchanged
+``08.gpt2_param_count``
+  * formula for every preset with tied/untied head and with/without Q/K/V biases
+  * ``count_parameters``: a shared tensor once, plain modules, models on the meta device
+``08.load_hf_gpt2``
+  * loaded logits = ``GPT2LMHeadModel`` (two configs, every tensor random); in place, same model returned,
+    head still tied; old ``.attn.bias``/``.attn.masked_bias`` buffers ignored; shape mismatch -> ValueError
 """
 
 from __future__ import annotations
@@ -237,6 +260,28 @@ def check_gpt2_model(t):
     t.expect(n_u == ref["gpt2_param_count"](untied), f"with tie_weights=False the model must have "
              f"{ref['gpt2_param_count'](untied):,} parameters (a separate (V, D) head without bias); got {n_u:,}")
 
+    # every config field at a non-default value: no Q/K/V biases, a large LayerNorm eps, an untied head
+    odd = _cfg(**{**STRUCT_CFG, "qkv_bias": False, "layer_norm_eps": 0.5, "tie_weights": False})
+    torch.manual_seed(9)
+    odd_ref = ref["GPT2Model"](odd).eval()
+    with torch.no_grad():
+        for prm in odd_ref.parameters():
+            prm.add_(0.3 * torch.randn(prm.shape))
+    odd_state = {k: v.detach().clone() for k, v in odd_ref.state_dict().items()}
+    odd_idx = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        odd_want = odd_ref(odd_idx)
+
+    def odd_probe(impl):
+        m = impl.GPT2Model(odd)
+        unwrap(m).load_state_dict(odd_state)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(odd_idx)
+
+    t.compare(odd_probe, odd_want, "logits of GPT2Model(qkv_bias=False, layer_norm_eps=0.5, tie_weights=False) with "
+              "random weights (every config field must be used)", atol=1e-5, rtol=1e-5)
+
     # parity with transformers (weights mapped by the reference loader; lm_head follows tok_emb)
     for cfg_p, _hf_sd, course_sd, hf_logits in _hf_cases():
         state = {k: v for k, v in course_sd.items() if k != "lm_head.weight"}
@@ -296,6 +341,148 @@ def check_gpt2_model(t):
             t.expect(abs(std - target) <= 0.1 * target and abs(float(v.mean())) < 0.2 * target,
                      f"init_weights: {key} must be drawn from N(0, {target:.5f}²); its std is {std:.5f}"
                      + (" (the residual projections use 0.02/√(2·n_layers))" if target == resid else ""))
+
+    _check_train_mode_dropout(t)
+
+
+# ------------------------------------------------------------------ 08.GPT2Model: train-mode dropout, side effects
+
+DROP_P = 0.25
+DROP_CFG = dict(vocab_size=20, context_length=12, d_model=16, n_heads=2, n_layers=2, dropout=DROP_P)
+LEVELS = (1.0, 2.5)  # constant attention / feed-forward outputs: every subset sum is distinct
+
+
+def _block_state(cfg) -> dict:
+    """A reference block's random state with both sublayers made constant (weights 0, biases LEVELS)."""
+    from llmcourse.models.gpt2 import GPT2Block
+
+    torch.manual_seed(31)
+    st = {k: v.detach().clone() for k, v in GPT2Block(cfg).state_dict().items()}
+    for key, c in zip(("attn.out_proj", "ffn.fc2"), LEVELS):
+        st[f"{key}.weight"] = torch.zeros_like(st[f"{key}.weight"])
+        st[f"{key}.bias"] = torch.full_like(st[f"{key}.bias"], c)
+    return st
+
+
+def _block_dropout_probe(cfg, state, x):
+    def probe(impl):
+        blk = impl.GPT2Block(cfg)
+        unwrap(blk).load_state_dict(state)
+        unwrap(blk).train()
+        torch.manual_seed(7)
+        out = blk(x)
+        attn_p = [float(d.p) for d in unwrap(blk).attn.modules() if isinstance(d, nn.Dropout)] \
+            if isinstance(getattr(unwrap(blk), "attn", None), nn.Module) else None
+        return out, attn_p
+    return probe
+
+
+def _embedding_dropout_probe(cfg, idx, quiet_state):
+    """Logits in train and in eval mode of a model whose blocks add nothing (every sublayer's last layer 0),
+    so only dropout on the embeddings can make them differ; and, when blocks[0] is called as a module, its
+    input in train mode (a pre-hook) with the two embedding tables."""
+    def probe(impl):
+        torch.manual_seed(3)
+        m = impl.GPT2Model(cfg)
+        unwrap(m).load_state_dict(quiet_state, strict=False)
+        seen = []
+        unwrap(m).blocks[0].register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+        unwrap(m).train()
+        torch.manual_seed(8)
+        train_logits = m(idx).detach()
+        x0 = seen[0] if seen else None
+        unwrap(m).eval()
+        with torch.no_grad():
+            eval_logits = m(idx)
+        return {"x0": x0, "train": train_logits, "eval": eval_logits, "tok": unwrap(m).tok_emb.weight.detach().clone(),
+                "pos": unwrap(m).pos_emb.weight.detach().clone()}
+    return probe
+
+
+def _side_effect_probe(cfg, idx):
+    """State before and after a forward in eval mode and in train mode (nothing may change)."""
+    def probe(impl):
+        torch.manual_seed(4)
+        m = impl.GPT2Model(cfg)
+        before = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        unwrap(m).eval()
+        with torch.no_grad():
+            m(idx)
+        after_eval = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        unwrap(m).train()
+        m(idx)
+        after_train = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        return before, after_eval, after_train
+    return probe
+
+
+def _check_train_mode_dropout(t):
+    """Residual dropout on each sublayer's output, embedding dropout, the attention's p; by properties."""
+    from ..dropout import zero_fraction_bounds
+
+    cfg = _cfg(**DROP_CFG)
+    x = torch.randn(6, 10, 16, generator=torch.Generator().manual_seed(32))
+    probe = _block_dropout_probe(cfg, _block_state(cfg), x)
+    out, attn_p = t.run(probe)
+    what = f"GPT2Block(dropout={DROP_P}) in train mode, with its attention and feed-forward outputs made constant"
+    t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == tuple(x.shape),
+             f"{what}: the output must keep the shape {tuple(x.shape)}; got {getattr(out, 'shape', out)}")
+    total = sum(LEVELS)
+    if bool(((out - x - total).abs() < 1e-4).all()):
+        t.fail(f"{what}: no sublayer output was dropped; in train mode each sublayer's output goes through dropout "
+               "before it is added to the residual stream", bug=t.diagnose(probe, (out, attn_p)) or "B08.resid_dropout_missing")
+    import itertools
+
+    sums = {sum(c for c, k in zip(LEVELS, keep) if k): keep for keep in itertools.product((False, True), repeat=2)}
+    grid = torch.tensor(sorted(sums), dtype=torch.float64)
+    d = ((out - x) * (1 - DROP_P)).double()
+    nearest = (d.unsqueeze(-1) - grid).abs().argmin(-1)
+    if not bool(((d - grid[nearest]).abs() < 1e-3).all()):
+        t.fail(f"{what}: out − x must be, entry by entry, a sum of the dropped or kept sublayer outputs (each kept one "
+               "× 1/(1−p)); it is not: dropout acts on something else (the residual sum x + sublayer, or the input)",
+               bug=t.diagnose(probe, (out, attn_p)) or "B08.dropout_on_sum")
+    keeps = torch.tensor([sums[v] for v in grid.tolist()])[nearest]
+    lo, hi = zero_fraction_bounds(DROP_P, d.numel())
+    for i, label in enumerate(("attention", "feed-forward")):
+        frac = 1.0 - float(keeps[..., i].float().mean())
+        t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the {label} output's entries were dropped; expected about "
+                 f"{DROP_P:.0%} (one dropout on each sublayer's output, with cfg.dropout)",
+                 bug="B08.resid_dropout_missing" if frac == 0 else None)
+    if attn_p is not None:
+        t.expect(any(abs(q - DROP_P) < 1e-9 for q in attn_p), f"{what}: the attention must drop its weights with "
+                 f"cfg.dropout = {DROP_P}; its dropout probabilities are {attn_p or 'none'}", bug="B08.attn_dropout_missing")
+
+    # embedding dropout: the input of the first block is dropout(tok_emb[idx] + pos_emb[0 … T−1])
+    idx = torch.randint(0, 20, (8, 12), generator=torch.Generator().manual_seed(33))
+    from llmcourse.models.gpt2 import GPT2Model
+
+    torch.manual_seed(3)
+    quiet = {k: (torch.zeros_like(v) if any(w in k for w in ("attn.out_proj.", "ffn.fc2.")) else v.detach().clone())
+             for k, v in GPT2Model(cfg).state_dict().items() if k != "lm_head.weight"}
+    emb = t.run(_embedding_dropout_probe(cfg, idx, quiet))
+    if torch.allclose(emb["train"], emb["eval"], atol=1e-6):
+        t.fail(f"GPT2Model(dropout={DROP_P}) whose blocks add nothing (attention and feed-forward outputs 0) gives the "
+               "same logits in train and in eval mode: the embeddings are not dropped (dropout on tok_emb + pos_emb, "
+               "before the first block)", bug="B08.emb_dropout_missing")
+    if emb["x0"] is not None:  # the input of blocks[0] can be read: dropped by the right rule?
+        clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
+        x0 = emb["x0"].double()
+        what = f"GPT2Model(dropout={DROP_P}) in train mode: the input of blocks[0]"
+        t.expect(tuple(x0.shape) == tuple(clean.shape),
+                 f"{what} must have shape {tuple(clean.shape)}; got {tuple(x0.shape)}")
+        kept = x0.abs() > 1e-9
+        t.expect(torch.allclose(x0[kept], clean[kept] / (1 - DROP_P), atol=1e-5, rtol=1e-4),
+                 f"{what}: every kept entry must be (tok_emb + pos_emb)/(1−p) (inverted dropout of the sum)")
+        frac = 1.0 - float(kept.double().mean())
+        lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
+        t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
+
+    # side effects: a forward (eval, then train) leaves every parameter and buffer as it was
+    before, after_eval, after_train = t.run(_side_effect_probe(cfg, idx))
+    for label, after in (("in eval mode", after_eval), ("in train mode", after_train)):
+        moved = [k for k in before if k not in after or not torch.equal(before[k], after[k])]
+        t.expect(not moved, f"a forward pass {label} changed the model's state: {moved[:4]} (a forward must not "
+                 "write into parameters or buffers)")
 
 
 # ================================================================== 08.gpt2_param_count

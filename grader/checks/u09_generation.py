@@ -11,6 +11,24 @@ errors); because the call sequence is prescribed (one ``torch.multinomial(probs,
 seeded generator also makes the draws reproducible and comparable with the reference's.
 
 Probes return plain data only; models are built inside each probe from a config and a state dict.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``09.apply_temperature``: softmax(out) = softmax(z/T) on the worked example and batches; argmax kept;
+  T ≤ 0 -> ValueError; input not modified
+``09.top_k_filter``: worked example; ties with the k-th value kept; rows independent; k=None / k ≥ V unchanged;
+  masked entries -inf (never 0); input not modified
+``09.top_p_filter``: worked example at several p; exact thresholds (4 and 8 equal tokens); another vocabulary
+  order; stable order of ties; random batches against an independent keep rule; kept mass ≥ p and ≥ 1 token;
+  input already holding -inf; p=None / p ≥ 1 unchanged; input not modified
+``09.sample_next_token``: shape (B, 1) long; temperature 0 = argmax (filters ignored); draw frequencies of every
+  setting (temperature, top_k, top_p and their order) vs the filtered probabilities; one multinomial call with the
+  generator (seeded draws reproducible)
+``09.generate``: greedy = reference on the trained character model; long prompts (the window is the most recent
+  context_length tokens); the ``context_length`` argument, not the model's maximum; max_new_tokens=0; temperature,
+  top_k, top_p (top_p=1e-6 = greedy) and generator passed on; eos_id: finished rows frozen, early stop, rows that
+  stop at different steps; eval mode and no autograd inside, the caller's mode restored; side effects: weights and
+  buffers unchanged after generating from train and from eval mode
 """
 
 from __future__ import annotations
@@ -210,8 +228,8 @@ def check_top_p_filter(t):
             t.fail(f"top_p_filter(z, {p}) removed every token (softmax would give NaN): the token whose mass crosses "
                    "p must be kept, so the most likely token always survives", bug=bug)
         t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), _masked(Z, keep),
-                  f"top_p_filter(z, {p}) of the worked example (probabilities {F091_SOFTMAX}): keep sorted token i iff "
-                  "the mass before it is < p", atol=0, rtol=0)
+                  f"top_p_filter(z, {p}) of the worked example (probabilities {F091_SOFTMAX}): keep the shortest "
+                  "prefix of the sorted tokens whose mass reaches p", atol=0, rtol=0)
         t.compare(lambda impl, pp=p: impl.top_p_filter(Z.clone(), pp), T(probs), f"softmax(top_p_filter(z, {p}))",
                   atol=1e-4, pick=lambda o: torch.softmax(o, -1))
     _check_not_inplace(t, "top_p_filter", Z, 0.8)
@@ -226,10 +244,15 @@ def check_top_p_filter(t):
 
     # the exact threshold: uniform over 4 tokens, the mass before the third is exactly 0.5
     u4 = torch.zeros(4)
-    got = t.run(lambda impl: impl.top_p_filter(u4.clone(), 0.5))
+
+    def u4_probe(impl):
+        return impl.top_p_filter(u4.clone(), 0.5)
+
+    got = t.run(u4_probe)
     n_kept = int(torch.isfinite(got).sum()) if isinstance(got, torch.Tensor) else -1
-    t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (the third token's mass before "
-             f"is exactly 0.5, and the rule is mass before < p); kept {n_kept}")
+    t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (two of them already reach "
+             f"p = 0.5; the third, with exactly 0.5 before it, is not needed); kept {n_kept}",
+             bug=t.diagnose(u4_probe, got) if n_kept != 2 else None)
     u8 = torch.zeros(8)
     for p, n in ((0.25, 2), (0.75, 6), (0.7501, 7)):
         got = t.run(lambda impl, pp=p: impl.top_p_filter(u8.clone(), pp))
@@ -511,7 +534,9 @@ def check_generate(t):
                                  generator=torch.Generator().manual_seed(4)) for _ in range(2)]
         return {"greedy": impl.generate(m, batch.clone(), 30, C), "none": impl.generate(m, batch.clone(), 0, C),
                 "window4": impl.generate(m, batch.clone(), 10, 4),
-                "top_k1": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_k=1), "sampled": sampled}
+                "top_k1": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_k=1),
+                "top_p_tiny": impl.generate(m, batch.clone(), 10, C, temperature=1.0, top_p=1e-6,
+                                            generator=torch.Generator().manual_seed(5)), "sampled": sampled}
 
     got = t.run(scenarios)
     t.expect(isinstance(got, dict) and all(isinstance(v, torch.Tensor) for k, v in got.items() if k != "sampled"),
@@ -525,6 +550,9 @@ def check_generate(t):
     t.expect(torch.equal(got["top_k1"], free[:, : t0 + 10]),
              "generate(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and top_p "
              "on to sample_next_token")
+    t.expect(torch.equal(got["top_p_tiny"], free[:, : t0 + 10]),
+             "generate(..., temperature=1.0, top_p=1e-6) keeps only the most likely token at every step, so it must "
+             "equal greedy decoding: pass top_p on to sample_next_token")
     s1, s2 = got["sampled"]
     t.expect(isinstance(s1, torch.Tensor) and tuple(s1.shape) == (3, t0 + 12),
              f"sampled generation of 12 tokens must return (3, {t0 + 12}); got {tuple(getattr(s1, 'shape', ()))}")
@@ -591,6 +619,20 @@ def check_generate(t):
     t.expect(torch.equal(a, free[:, : t0 + 12]), "greedy generation of a dropout model must equal the eval-mode result")
     _, _, training, _ = t.run(dropout_runs(False, 2))
     t.expect(training is False, "the model was in eval mode before generate and must stay in eval mode")
+
+    # side effects: generating (from train mode and from eval mode) leaves every weight and buffer as it was
+    def state_probe(impl):
+        m = _char_model(cfg, state, dropout=0.3)
+        m.train()
+        impl.generate(m, batch.clone(), 4, C, temperature=1.0, generator=torch.Generator().manual_seed(2))
+        after_train = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        m.eval()
+        impl.generate(m, batch.clone(), 4, C)
+        return after_train, {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+    for label, after in zip(("from train mode", "from eval mode"), t.run(state_probe)):
+        moved = [k for k in state if k not in after or not torch.equal(state[k], after[k])]
+        t.expect(not moved, f"generate {label} changed the model's weights or buffers: {moved[:4]}")
 
 
 # ================================================================== siblings

@@ -8,6 +8,24 @@ and ``[0, 12]``, the parameter groups of ``gpt2-char-tiny``). Training is checke
 from returned weights and losses: the update length under clipping, no gradient accumulation, exact
 resumption from a checkpoint with dropout active, the loss falling on a repeated batch, and the mode
 after evaluation. Dropout masks are never compared with the reference.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+``10.get_batch``: the prescribed randint call (offsets and what the generator draws next); y = x shifted by one;
+  (B, T) long for any integer dtype
+``10.lm_loss``: = F.cross_entropy over flattened positions; default and custom ``ignore_index``; 0-d, backward-able;
+  ``perplexity`` = exp(mean)
+``10.warmup_cosine_lr``: values at named steps for two settings (a grid past the end) and ``warmup_steps=0``;
+  continuous at warm-up; never increasing after it; a Python float
+``10.clip_grad_norm``: the worked example; the returned norm before clipping; parameters without grad skipped; a
+  generator argument; ``eps`` at a non-default value; torch's own clipping blocked and compared
+``10.configure_optimizer``: AdamW; two groups; each tensor once (tied head); group membership by what a tensor does;
+  ``weight_decay`` and ``betas`` passed on (non-default values); one step with zero gradients shrinks only group 0
+``10.train_steps`` (with ``save_checkpoint``, ``load_checkpoint``, ``estimate_loss``): clipping before the update
+  (SGD step length); zero_grad every step; AdamW with two groups and a changing lr; the loss falls on a repeated
+  batch; exact resumption with dropout on (checkpoint keys, weights_only load, optimizer and RNG state); a model
+  handed over in eval mode trains with dropout on; estimate_loss in eval mode, without autograd, deterministic,
+  the caller's mode restored, weights and buffers unchanged
 """
 
 from __future__ import annotations
@@ -256,6 +274,16 @@ def check_clip_grad_norm(t):
               pick=lambda o: o[1])
     t.compare(f104, T([0.0, 12.0]) / 13, "the second gradient after clipping to max_norm = 1", atol=1e-4,
               pick=lambda o: o[2])
+    # a non-default eps: the factor is max_norm / (norm + eps)
+    def eps_probe(impl):
+        a = torch.nn.Parameter(torch.zeros(2))
+        a.grad = torch.tensor([3.0, 4.0])
+        with _clip_forbidden():
+            impl.clip_grad_norm([a], 1.0, eps=0.5)
+        return a.grad
+
+    t.compare(eps_probe, T([3.0, 4.0]) / 5.5, "gradient [3, 4] clipped with max_norm=1, eps=0.5 (factor "
+              "max_norm / (norm + eps) = 1/5.5)", atol=1e-5)
     # against torch.nn.utils.clip_grad_norm_ on a small network, parameters passed as a generator
     for seed, max_norm, frozen in ((0, 0.5, False), (1, 0.05, True), (2, 1e4, False)):
         net = _tiny_grads(seed)
@@ -325,14 +353,18 @@ def check_configure_optimizer(t):
     t.expect(not dup, f"{dup} listed more than once: the tied embedding / head weight is one tensor and must appear "
              "exactly once", bug="B10.tied_in_two_groups")
     g0, g1 = groups
-    t.expect(g1["weight_decay"] == 0.0, f"group 1 (biases and norm weights) must have weight_decay 0.0; got "
+    by_name = [n for n, p in model.named_parameters() if n.endswith("weight")]
+    if set(g0["names"]) == set(by_name) != set(decay):
+        t.fail(f"group 0 holds every tensor named '…weight', LayerNorm gains included ({len(by_name)} tensors); the "
+               "gains act on each feature alone and must not be decayed", bug="B10.decay_by_name")
+    t.expect(g1["weight_decay"] == 0.0, f"group 1 (not decayed) must have weight_decay 0.0; got "
              f"{g1['weight_decay']}", bug="B10.decay_everything" if set(g1["names"]) == set(no_decay) else None)
     t.expect(set(g0["names"]) == set(decay),
-             f"group 0 must hold exactly the parameters with ndim ≥ 2 ({len(decay)} tensors); missing "
+             f"group 0 must hold exactly the tensors that mix features ({len(decay)} tensors); missing "
              f"{sorted(set(decay) - set(g0['names']))[:4]}, unexpected {sorted(set(g0['names']) - set(decay))[:4]}",
              bug="B10.decay_everything" if set(g0["names"]) >= set(decay) else None)
     t.expect(set(g1["names"]) == set(no_decay),
-             f"group 1 must hold exactly the parameters with ndim < 2 ({len(no_decay)} tensors)")
+             f"group 1 must hold exactly the tensors that act on each feature alone ({len(no_decay)} tensors)")
     t.expect((g0["numel"], g1["numel"]) == (802_944, 6_912),
              f"for gpt2-char-tiny the groups must hold 802,944 and 6,912 parameters; got {g0['numel']:,} and "
              f"{g1['numel']:,}")
@@ -340,6 +372,14 @@ def check_configure_optimizer(t):
     t.expect(all(g["lr"] == 3e-4 for g in groups), "both groups must use the lr argument")
     t.expect(all(g["betas"] == [0.9, 0.95] for g in groups), f"betas must default to (0.9, 0.95); got "
              f"{[g['betas'] for g in groups]}")
+    # non-default weight_decay and betas are passed on
+    def custom(impl):
+        opt = impl.configure_optimizer(_char_tiny(), 1e-3, weight_decay=0.05, betas=(0.8, 0.9))
+        return [[float(g["weight_decay"]), [float(b) for b in g["betas"]], float(g["lr"])] for g in opt.param_groups]
+
+    t.compare(custom, [[0.05, [0.8, 0.9], 1e-3], [0.0, [0.8, 0.9], 1e-3]],
+              "configure_optimizer(model, 1e-3, weight_decay=0.05, betas=(0.8, 0.9)): [weight_decay, betas, lr] of "
+              "each group", atol=1e-12)
     # what the optimizer does: one step with zero gradients moves only the decayed weights, by (1 − lr·wd)
     lr, wd = 0.5, 0.2
     expected = [p.detach() * (1 - lr * wd) if p.dim() >= 2 else p.detach().clone() for p in model.parameters()]
@@ -445,12 +485,28 @@ def _resume_probe(impl):
 def _eval_probe(impl):
     model = _gpt(dropout=0.3, seed=4)
     model.train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seen = []  # per forward: (output tracks gradients, model in train mode)
+    model.register_forward_hook(lambda m, i, o: seen.append((bool(o.requires_grad), bool(m.training))))
+    torch.manual_seed(0)
     a = impl.estimate_loss(model, DATA, 4, 8, 3, 17)
     mode_after_train = model.training
+    torch.manual_seed(1)
     b = impl.estimate_loss(model, DATA, 4, 8, 3, 17)
     model.eval()
     c = impl.estimate_loss(model, DATA, 4, 8, 3, 17)
-    return float(a), float(b), mode_after_train, float(c), model.training
+    moved = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    return float(a), float(b), mode_after_train, float(c), model.training, seen, moved
+
+
+def _train_mode_probe(impl):
+    """One step of train_steps on a dropout model handed over in eval mode: its loss, and the mode after."""
+    model = _gpt(dropout=0.5, seed=6)
+    model.eval()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    torch.manual_seed(2)
+    losses = impl.train_steps(model, opt, DATA, 2, 0, 4, 8, lambda s: 0.0, 1.0, 9)
+    return losses, model.training
 
 
 @check(f"{U}.train_steps", ["save_checkpoint", "load_checkpoint", "train_steps", "estimate_loss"], _ref)
@@ -513,8 +569,29 @@ def check_train_steps(t):
         diffs = [round(a - b, 6) for a, b in zip(full[4:], second)]
         t.fail(f"steps 4–7 after loading the checkpoint into a fresh model and optimizer differ from the uninterrupted "
                f"run by {diffs}: load_checkpoint must restore the model, the optimizer and torch's RNG state")
-    # 6. estimate_loss: eval mode, no randomness, the previous mode restored
-    a, b, mode_after, c, mode_eval = t.run(_eval_probe)
+    # 6. train mode: a dropout model handed over in eval mode must train with dropout on (lr 0: weights fixed)
+    losses_tm, mode_tm = t.run(_train_mode_probe)
+    model = _gpt(dropout=0.5, seed=6).eval()
+    with torch.no_grad():
+        eval_losses = []
+        for s_ in range(2):
+            g = torch.Generator().manual_seed(9 + s_)
+            x, y = _windows(DATA, torch.randint(0, len(DATA) - 8, (4,), generator=g).tolist(), 8)
+            eval_losses.append(float(F.cross_entropy(model(x).reshape(-1, 13), y.reshape(-1))))
+    no_dropout = all(abs(a_ - b_) < 1e-6 for a_, b_ in zip(losses_tm, eval_losses))
+    t.expect(not no_dropout and mode_tm is True, "train_steps on a model with dropout 0.5 that arrives in eval mode: "
+             + ("its losses equal the eval-mode losses, so dropout was off during training; "
+                if no_dropout else f"afterwards model.training is {mode_tm}; ")
+             + "put the model in train mode at the start of train_steps", bug="B10.no_train_mode")
+    # 7. estimate_loss: eval mode, no randomness, no autograd, the previous mode restored
+    a, b, mode_after, c, mode_eval, seen, moved = t.run(_eval_probe)
+    t.expect(not moved, f"estimate_loss changed the model's weights or buffers: {moved[:4]} (evaluation only reads)")
+    if seen and any(training for _, training in seen[:3]):
+        t.fail("estimate_loss ran the model in train mode (dropout on, so the estimate is noisy and too high); "
+               "switch to eval() for the evaluation", bug="B10.eval_in_train_mode")
+    if seen and any(grad for grad, _ in seen):
+        t.fail("estimate_loss ran the model with autograd on (its outputs track gradients, building a graph nobody "
+               "uses); evaluate under torch.no_grad()", bug="B10.eval_with_grad")
     model = _gpt(dropout=0.3, seed=4).eval()
     with torch.no_grad():
         want = 0.0

@@ -4,7 +4,7 @@
 first 90 % of tinyshakespeare by :func:`~llmcourse.train.pretraining.pretrain` with
 :data:`GPT_CHAR_TINY_RECIPE` (unit 10's ``laptop`` settings). Re-create the asset with::
 
-    python -m llmcourse.train.char_model          # about 8-12 minutes on 2 CPU cores
+    python -m llmcourse.train.char_model          # the run's wall time is stored in the file ("seconds")
 
 The file holds plain data only (``torch.load(..., weights_only=True)``), no optimizer state::
 

@@ -47,7 +47,7 @@ from llmcourse.models import (
     pretrained_gpt2_dir,
     random_hf_gpt2,
 )
-from llmcourse.nn import FeedForward, sinusoidal_pe
+from llmcourse.nn import FeedForward
 from llmcourse.nn.blocks import DecoderBlock
 from llmcourse.viz import figure
 from llmcourse.viz import gpt2 as viz
@@ -124,9 +124,56 @@ tiny_cfg = GPT2Config.preset("gpt2-char-tiny")
 tiny = GPT2Model(tiny_cfg)
 print("pos_emb is a", type(tiny.pos_emb).__name__, "| trainable:", tiny.pos_emb.weight.requires_grad,
       "| shape", tuple(tiny.pos_emb.weight.shape))
-pe = sinusoidal_pe(tiny_cfg.context_length, tiny_cfg.d_model)
-print(f"max |pos_emb − sinusoidal table| at initialisation: {(tiny.pos_emb.weight - pe).abs().max():.3f}")
 assert tiny.pos_emb.weight.requires_grad and "pos_emb.weight" in dict(tiny.named_parameters())
+
+# %% [markdown]
+# At initialisation the table is random noise: its rows are nearly orthogonal, so position 5 is no more
+# like position 6 than like position 60. Nothing tells the model that positions are *ordered*; training
+# has to discover it. The course's trained character model (`assets/gpt_char_tiny.pt`, trained in unit 10
+# with a context of 128 characters) shows what it found: the cosine similarity between every pair of its
+# learned position vectors, and the same for a freshly initialised table of the same shape.
+
+# %%
+from llmcourse.train.char_model import load_gpt_char_tiny  # noqa: E402
+
+trained, _ = load_gpt_char_tiny()
+fresh = GPT2Model(trained.cfg)
+
+
+def position_similarity(table):
+    unit = F.normalize(table.detach(), dim=-1)
+    return unit @ unit.T
+
+
+def mean_at_distance(sim, lo, hi):
+    dist = (torch.arange(sim.shape[0])[:, None] - torch.arange(sim.shape[0])[None, :]).abs()
+    return sim[(dist >= lo) & (dist <= hi)].mean().item()
+
+
+sim_trained, sim_fresh = position_similarity(trained.pos_emb.weight), position_similarity(fresh.pos_emb.weight)
+n_pos = sim_trained.shape[0]
+bands = [(1, 1), (2, 8), (9, 32), (33, n_pos // 2), (n_pos // 2 + 1, n_pos - 1)]
+for lo, hi in bands:
+    print(f"positions {lo:3d}–{hi:3d} apart: mean cosine similarity trained {mean_at_distance(sim_trained, lo, hi):+.3f}, "
+          f"at initialisation {mean_at_distance(sim_fresh, lo, hi):+.3f}")
+norms = trained.pos_emb.weight.detach().norm(dim=-1)
+print(f"row norms of the trained table: position 0 {norms[0]:.2f}, median {norms.median():.2f}")
+fig, axes = figure(ncols=2, figsize=(8, 3.6))
+for ax, sim, title in ((axes[0], sim_fresh, "at initialisation"), (axes[1], sim_trained, "after training")):
+    im = ax.imshow(sim.numpy(), cmap="RdBu_r", vmin=-1, vmax=1)
+    ax.set_title(f"cosine similarity of positions, {title}", fontsize=8)
+    ax.set_xlabel("position j")
+    ax.set_ylabel("position i")
+fig.colorbar(im, ax=axes, shrink=0.8)
+assert mean_at_distance(sim_trained, 1, 1) > 0.5 > abs(mean_at_distance(sim_fresh, 1, 1))
+assert mean_at_distance(sim_trained, 1, 1) > mean_at_distance(sim_trained, *bands[-1])
+fig
+
+# %% [markdown]
+# Training turned noise into a smooth code of order: neighbouring positions point the same way, and the
+# similarity falls with distance until far-apart positions point in *opposite* directions; a band along
+# the diagonal, as in the sinusoidal table of unit 02, but learned. Position 0, which always starts the
+# window and never has context, ended up with a much larger vector than the rest.
 
 # %% [markdown]
 # Because the table has `context_length` rows, the model cannot read a longer sequence: the forward
@@ -192,16 +239,25 @@ assert past < 1e-6 and future > 1e-3
 # bias=False)`. Its logits `(B, T, V)` score every vocabulary entry at every position; the loss
 # (unit 00) is the cross-entropy between the logits at position `t` and the token at `t + 1`.
 #
-# **Initialisation** (GPT-2 paper, §2.3): every linear and embedding weight ~ N(0, 0.02²), biases 0,
-# LayerNorms 1 and 0; the two projections that **write into the residual stream**, `attn.out_proj` and
-# `ffn.fc2`, get the smaller standard deviation 0.02/√(2L). Measured on the tiny model:
+# **Initialisation** has two sources. The N(0, 0.02²) draw for every linear and embedding weight (biases 0,
+# LayerNorms 1 and 0) is GPT-1's (Radford et al. 2018, §4.1); GPT-2's paper (§2.3) keeps it and adds one
+# change: the weights of the **residual layers** are scaled at initialisation by 1/√N, where N is the
+# number of residual layers. A residual layer is a sublayer whose output is added to the residual stream:
+# in each block `attn.out_proj` and `ffn.fc2` write into it, so N = 2L and their standard deviation is
+# 0.02/√(2L). (OpenAI's paper states the factor; the layers it applies to follow from where the adds are,
+# counted below on the model.) Measured on the tiny model:
 
 # %%
-resid_std = 0.02 / math.sqrt(2 * tiny_cfg.n_layers)
+writers = [name for name, _ in tiny.named_modules() if name.endswith(("attn.out_proj", "ffn.fc2"))]
+n_residual = len(writers)
+print(f"{n_residual} layers write into the residual stream ({writers[0]}, {writers[1]}, …) = 2·L = "
+      f"2·{tiny_cfg.n_layers}")
+assert n_residual == 2 * tiny_cfg.n_layers
+resid_std = 0.02 / math.sqrt(n_residual)
 for key in ("tok_emb.weight", "pos_emb.weight", "blocks.0.attn.W_query.weight", "blocks.0.ffn.fc1.weight",
             "blocks.0.attn.out_proj.weight", "blocks.0.ffn.fc2.weight"):
     print(f"{key:32s} std {tiny.state_dict()[key].std():.5f}")
-print(f"target for the residual projections: 0.02/√(2·{tiny_cfg.n_layers}) = {resid_std:.5f}")
+print(f"target for the residual projections: 0.02/√N = 0.02/√{n_residual} = {resid_std:.5f}")
 assert abs(tiny.blocks[0].ffn.fc2.weight.std().item() - resid_std) < 0.1 * resid_std
 
 # %% [markdown]
@@ -321,16 +377,12 @@ del big, logits
 # %% [markdown]
 # ## 6. Parameter accounting
 #
-# Reading the `state_dict` table block by block (D = `d_model`):
-#
-# * attention: `W_query`, `W_key`, `W_value`, `out_proj` — four `D×D` matrices and four bias vectors,
-#   `4D² + 4D`;
-# * feed-forward: `fc1` (`4D×D` + `4D`) and `fc2` (`D×4D` + `D`), `8D² + 5D`;
-# * two LayerNorms, `4D`;
-#
-# so a block has `12D² + 13D`. Add the token table `V·D`, the position table `C·D` and the final norm
-# `2D`; a tied head adds nothing. The library's `gpt2_param_count` is this formula; `count_parameters`
-# walks a model and counts each tensor once. Built on the `meta` device, even GPT-2 XL costs no memory:
+# Every parameter of GPT-2 is listed in its `state_dict` table: the token and position tables, per block
+# the attention projections, the feed-forward layers and two LayerNorms, then the final norm; a tied head is
+# the token table again. Summing that table gives a closed formula in V, C, D and L (you derive it in the
+# exercise; the library's `gpt2_param_count` holds it). Here we only *measure*: `count_parameters` walks a
+# model and counts each tensor once, and built on the `meta` device even GPT-2 XL costs no memory. The two
+# columns must agree:
 
 # %%
 millions, shares = {}, {}
@@ -384,6 +436,75 @@ assert parts["total"] == 124_439_808 and untied == 163_037_184
 viz.show_param_sunburst()
 
 # %% [markdown]
+# ### A compute and memory budget
+#
+# What does training cost per token? Nearly all the arithmetic is matrix multiplication. A weight matrix
+# with `n` entries costs `2n` floating-point operations per token in the forward pass (a multiply and an
+# add per entry) and twice that in the backward pass (the gradient with respect to the input and with
+# respect to the weight), so **6 FLOPs per matrix entry per token**. Embedding lookups are not
+# multiplications; the tied head is. Attention adds the score and mixing products, which grow with the
+# context `T`: per layer `2·T·D` multiply-adds per token for `QKᵀ` and as many for the weighted sum of the
+# values (computed for all `T` keys, masked or not), ×3 for training, `12·L·T·D` in all. Memory has three
+# parts: the weights, one gradient per weight and AdamW's two moment estimates (four float32 numbers,
+# 16 bytes per parameter), plus the **activations** autograd keeps for the backward pass, which grow with
+# batch × context. Both are *measured* below on `meta` models (shapes only, no memory, no arithmetic):
+# `FlopCounterMode` counts the matmul FLOPs of a forward and backward pass, and a saved-tensor hook adds up
+# what autograd keeps.
+
+# %%
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+
+def training_budget(config, batch, context):
+    """Measured FLOPs per token (forward + backward) and bytes autograd saves, on the meta device."""
+    with torch.device("meta"):
+        model = GPT2Model(dataclasses.replace(config, dropout=0.0))
+        ids = torch.zeros(batch, context, dtype=torch.long)
+    saved = [0]
+
+    def keep(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with FlopCounterMode(display=False) as counter:
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss = F.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+    matmul_entries = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return {"params": count_parameters(model), "matmul_entries": matmul_entries,
+            "flops_per_token": counter.get_total_flops() / (batch * context), "saved_bytes": saved[0]}
+
+
+opt_probe = nn.Linear(3, 4)
+probe_opt = torch.optim.AdamW(opt_probe.parameters())
+opt_probe(torch.ones(1, 3)).sum().backward()
+probe_opt.step()
+state_numbers = sum(v.numel() for st in probe_opt.state.values() for v in st.values() if v.dim() > 0)
+n_probe = sum(p.numel() for p in opt_probe.parameters())
+bytes_per_param = 4 * (n_probe + n_probe + state_numbers) / n_probe   # weights + gradients + AdamW state
+print(f"AdamW in float32 keeps {state_numbers // n_probe} numbers per parameter: {bytes_per_param:.0f} bytes per "
+      "parameter with the weight and its gradient")
+
+for name, batch, context in (("gpt2-char-tiny", 32, 64), ("gpt2-small", 8, 1024)):
+    c = GPT2Config.preset(name)
+    b = training_budget(c, batch, context)
+    predicted = 6 * b["matmul_entries"] + 12 * c.n_layers * context * c.d_model
+    tokens = batch * context
+    print(f"{name} (batch {batch} × {context}): {b['params']:,} parameters, {b['matmul_entries']:,} in matmuls")
+    print(f"  FLOPs per token: measured {b['flops_per_token'] / 1e6:,.2f} M; 6·(matmul entries) + 12·L·T·D = "
+          f"{predicted / 1e6:,.2f} M; 6N alone = {6 * b['params'] / 1e6:,.2f} M")
+    print(f"  per step of {tokens:,} tokens: {b['flops_per_token'] * tokens / 1e12:.3f} TFLOP; memory: "
+          f"{b['params'] * bytes_per_param / 2**20:,.1f} MiB weights + gradients + AdamW state, "
+          f"{b['saved_bytes'] / 2**20:,.1f} MiB of saved activations")
+    assert abs(b["flops_per_token"] - predicted) < 1e-6 * predicted
+
+# %% [markdown]
+# The measured count and the prediction agree exactly. The popular shortcut "6N per token" counts the
+# position table (a lookup, no arithmetic) and misses attention's own products, whose share grows with the
+# context; for short contexts it is close, for GPT-2 small at its full context it is visibly low. Activations,
+# not weights, dominate a GPT-2 small step at this batch size.
+
+# %% [markdown]
 # ## 7. Hugging Face's layout
 #
 # `transformers.GPT2LMHeadModel` computes the same function with other names and another layout
@@ -405,8 +526,8 @@ assert tuple(hf_small.state_dict()["transformer.h.0.attn.c_attn.weight"].shape) 
 #
 # 1. **names**: `transformer.wte/wpe` are the two embeddings, `h.{i}` the blocks (`ln_1`, `attn`, `ln_2`,
 #    `mlp`), `ln_f` the final norm;
-# 2. a **fused** `c_attn` computes query, key and value in one matrix: its output `3D` columns are
-#    `[query | key | value]`;
+# 2. a **fused** `c_attn` computes query, key and value in one matrix, `3D` outputs per position; which
+#    outputs belong to which of the three is what the exercise's loader must get right (the logits tell);
 # 3. GPT-2's layers are `Conv1D`s, a name from OpenAI's TensorFlow code. A `Conv1D(nf, nx)` computes
 #    `y = x @ W + b` with `W` stored **`(in, out)`**, the transpose of `nn.Linear.weight`'s `(out, in)`.
 #
@@ -469,18 +590,35 @@ def linear_from_conv1d(conv):
 
 
 # %%
-check = conv1d_check(linear_from_conv1d)
-fixed = all(v is not None and v < 1e-5 for v in check.values())
-print("self-check:", check, "->", "fixed" if fixed else "not fixed yet: which layout does nn.Linear store?")
+def self_check_conv1d(to_linear):
+    try:
+        gaps = conv1d_check(to_linear)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: {type(err).__name__}: {err}")
+        return False
+    ok = all(v is not None and v < 1e-5 for v in gaps.values())
+    print(f"✓ both layers agree with Conv1D: {gaps}" if ok else
+          f"✗ not yet: {gaps} (None: loading failed); which layout does nn.Linear store?")
+    return ok
+
+
+self_check_conv1d(linear_from_conv1d)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): Conv1D stores (in, out) and computes x @ W; nn.Linear stores (out, in) and
+# computes x @ W.T, so the weight goes in transposed.
+def linear_from_conv1d_reference(conv):
+    n_in, n_out = conv.weight.shape
+    lin = nn.Linear(n_in, n_out)
+    with torch.no_grad():
+        lin.weight.copy_(conv.weight.T)
+        lin.bias.copy_(conv.bias)
+    return lin
+
+
+assert self_check_conv1d(linear_from_conv1d_reference)
 
 # %% [markdown]
-# <details><summary>Reference fix (open after trying)</summary>
-#
-# ```python
-# lin.weight.copy_(conv.weight.T)   # (in, out) -> (out, in)
-# ```
-# </details>
-#
 # ## 8. Loading Hugging Face weights, and proving it
 #
 # The loader renames every key, splits `c_attn` along its output columns into query, key and value,
@@ -553,17 +691,143 @@ print(f"FeedForward with activation='gelu' (exact): max gap {mlp_gap('gelu'):.1e
 GPT2_ACTIVATION = "gelu"  # TODO: which activation does GPT-2 use?
 
 # %%
-gap = mlp_gap(GPT2_ACTIVATION)
-print(f"self-check: max gap {gap:.1e} ->", "fixed" if gap < 1e-5 else "not fixed yet (≥ 1e-5 is not rounding)")
+def self_check_activation(name):
+    try:
+        gap = mlp_gap(name)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: {type(err).__name__}: {err}")
+        return False
+    print(f"✓ max gap {gap:.1e}: float32 rounding" if gap < 1e-5 else
+          f"✗ not yet: max gap {gap:.1e} (≥ 1e-5 is not rounding)")
+    return gap < 1e-5
+
+
+self_check_activation(GPT2_ACTIVATION)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): GPT-2 uses GELU's tanh approximation (`gelu_new` in transformers).
+assert self_check_activation("gelu_tanh")
 
 # %% [markdown]
-# <details><summary>Reference fix (open after trying)</summary>
+# ### Spot the bug: a parity gap in a hand-written forward
 #
-# ```python
-# GPT2_ACTIVATION = "gelu_tanh"
-# ```
-# </details>
-#
+# A from-scratch GPT-2 forward pass, written straight from a `state_dict` (course keys), is a common way to
+# check one's understanding. The one below runs, returns logits of the right shape, and disagrees with the
+# course's `GPT2Model` holding the same weights. **One line is wrong**; nothing marks it. Symptom first:
+
+# %%
+diag_cfg = GPT2Config(vocab_size=50, context_length=32, d_model=32, n_heads=4, n_layers=2, dropout=0.0)
+torch.manual_seed(5)
+diag_model = GPT2Model(diag_cfg).eval()
+with torch.no_grad():
+    for prm in diag_model.parameters():
+        prm.add_(0.2 * torch.randn(prm.shape))
+diag_sd = {k: v.detach() for k, v in diag_model.state_dict().items()}
+diag_idx = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(6))
+
+
+def forward_gap(forward_fn):
+    """Max |forward_fn − GPT2Model| over the logits, on the same weights and tokens."""
+    with torch.no_grad():
+        return (forward_fn(diag_sd, diag_idx, diag_cfg.n_heads) - diag_model(diag_idx)).abs().max().item()
+
+
+def gpt2_forward_buggy(sd, idx, n_heads, eps=1e-5):
+    n_batch, n_tok = idx.shape
+    x = sd["tok_emb.weight"][idx] + sd["pos_emb.weight"][:n_tok]
+    width = x.shape[-1]
+    head = width // n_heads
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    allowed = torch.ones(n_tok, n_tok, dtype=torch.bool).tril()
+
+    def norm(h, name):
+        return F.layer_norm(h, (width,), sd[name + ".weight"], sd[name + ".bias"], eps)
+
+    def affine(h, name):
+        return h @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+    def heads(h):
+        return h.view(n_batch, n_tok, n_heads, head).transpose(1, 2)
+
+    for i in range(depth):
+        pre = f"blocks.{i}."
+        h = norm(x, pre + "norm1")
+        q, k, v = (heads(affine(h, pre + "attn." + w)) for w in ("W_query", "W_key", "W_value"))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(width)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(n_batch, n_tok, width)
+        x = x + affine(mixed, pre + "attn.out_proj")
+        inner = F.gelu(affine(norm(x, pre + "norm2"), pre + "ffn.fc1"), approximate="tanh")
+        x = x + affine(inner, pre + "ffn.fc2")
+    return norm(x, "final_norm") @ sd["tok_emb.weight"].T
+
+
+print(f"max |hand-written − GPT2Model| = {forward_gap(gpt2_forward_buggy):.3f} (float32 rounding would be ~1e-6)")
+
+# %% [markdown]
+# Find it. Useful moves: compare intermediate results with the model's (`diag_model.hidden_states`, the
+# embedding, one block), and ask which quantity each line depends on. Fix the copy below and run the
+# self-check.
+
+# %%
+def gpt2_forward(sd, idx, n_heads, eps=1e-5):
+    # TODO: one line of this copy of gpt2_forward_buggy is wrong; fix it
+    n_batch, n_tok = idx.shape
+    x = sd["tok_emb.weight"][idx] + sd["pos_emb.weight"][:n_tok]
+    width = x.shape[-1]
+    head = width // n_heads
+    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
+    allowed = torch.ones(n_tok, n_tok, dtype=torch.bool).tril()
+
+    def norm(h, name):
+        return F.layer_norm(h, (width,), sd[name + ".weight"], sd[name + ".bias"], eps)
+
+    def affine(h, name):
+        return h @ sd[name + ".weight"].T + sd[name + ".bias"]
+
+    def heads(h):
+        return h.view(n_batch, n_tok, n_heads, head).transpose(1, 2)
+
+    for i in range(depth):
+        pre = f"blocks.{i}."
+        h = norm(x, pre + "norm1")
+        q, k, v = (heads(affine(h, pre + "attn." + w)) for w in ("W_query", "W_key", "W_value"))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(width)
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        mixed = (weights @ v).transpose(1, 2).reshape(n_batch, n_tok, width)
+        x = x + affine(mixed, pre + "attn.out_proj")
+        inner = F.gelu(affine(norm(x, pre + "norm2"), pre + "ffn.fc1"), approximate="tanh")
+        x = x + affine(inner, pre + "ffn.fc2")
+    return norm(x, "final_norm") @ sd["tok_emb.weight"].T
+
+
+def self_check_forward(forward_fn):
+    try:
+        gap = forward_gap(forward_fn)
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: the forward raised {type(err).__name__}: {err}")
+        return False
+    ok = gap < 1e-4
+    print(f"✓ the forward matches GPT2Model (max gap {gap:.1e})" if ok else
+          f"✗ not yet: max gap {gap:.3f}; which line differs from what unit 03 taught about the scores?")
+    return ok
+
+
+self_check_forward(gpt2_forward)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): the embedding, the norms, the projections and the feed-forward network all
+# match; the gap starts in the attention scores, which are scaled by the square root of the width of what
+# was multiplied: one head's width (D / H), not the model's width D. The wrong scale makes every head's
+# softmax too flat. The fixed forward, derived from the buggy one by that single change:
+import inspect  # noqa: E402
+
+_fixed_source = inspect.getsource(gpt2_forward_buggy).replace("math.sqrt(width)", "math.sqrt(head)").replace(
+    "def gpt2_forward_buggy", "def gpt2_forward_reference")
+exec(_fixed_source)  # noqa: S102 - defines gpt2_forward_reference
+assert self_check_forward(gpt2_forward_reference)  # noqa: F821
+
+# %% [markdown]
 # ## 9. (Optional) The real GPT-2 weights
 #
 # The course ships no pretrained weights and never downloads any. If you have the internet, put a
@@ -593,10 +857,9 @@ else:
 # * GPT-2 is a decoder-only stack: embeddings (token + **learned** position) → `L` pre-LN blocks (causal
 #   attention with Q/K/V biases, a `4D` tanh-GELU feed-forward network) → a final LayerNorm → a head
 #   **tied** to the token embedding.
-# * Its parameters follow from the config: `12D² + 13D` per block plus the embeddings and the final
-#   norm; count a shared tensor once. The `meta` device counts XL without memory.
-# * Hugging Face stores the same model with fused Q/K/V and `(in, out)` Conv1D weights: split along the
-#   output columns and transpose. Prove a loader with random weights in every tensor and a tight
-#   tolerance; a 1e-3 gap is a bug, not rounding.
+# * Its parameters follow from the config (a formula you derive in the exercise); count a shared tensor
+#   once. The `meta` device counts XL without memory.
+# * Hugging Face stores the same model with fused Q/K/V and Conv1D layers in another layout. Prove a loader
+#   with random weights in every tensor and a tight tolerance; a 1e-3 gap is a bug, not rounding.
 #
 # Unit 09 generates text from this model; unit 10 trains the `gpt2-char-tiny` preset on Shakespeare.

@@ -161,25 +161,42 @@ def crop(ids, context_length):
     return ids[:, :context_length]
 
 
-def self_check_crop():
+def self_check_crop(crop_fn):
     short = torch.tensor([[5, 6, 7]])
-    ok = (torch.equal(crop(short, 8), short) and torch.equal(crop(torch.arange(10)[None], 4), torch.arange(6, 10)[None])
-          and depends_on_last_token(crop))
-    print("✓ crop is fixed" if ok else "✗ not yet: crop must keep the LAST context_length tokens")
+    try:
+        ok = (torch.equal(crop_fn(short, 8), short)
+              and torch.equal(crop_fn(torch.arange(10)[None], 4), torch.arange(6, 10)[None])
+              and depends_on_last_token(crop_fn))
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        ok, why = False, f"{type(err).__name__}: {err}"
+    else:
+        why = "crop must keep the LAST context_length tokens of every row"
+    print("✓ crop is fixed" if ok else f"✗ not yet: {why}")
+    return ok
 
 
-self_check_crop()
+self_check_crop(crop)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): the window is the *end* of each row, from position max(T − C, 0) to T, so a
+# row shorter than the window comes back whole. The exercise's `generate` needs exactly this window, so the
+# code stays out of the lesson; here the self-check runs on the window that the library's `generate` feeds
+# its model, read off with a stand-in model that records its input.
+def window_fed_by_library(ids, context_length):
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def forward(self, x):
+            seen.append(x.clone())
+            return torch.zeros(x.shape[0], x.shape[1], V)
+
+    generate(Recorder(), ids, 1, context_length)
+    return seen[0]
+
+
+assert self_check_crop(window_fed_by_library)
 
 # %% [markdown]
-# <details><summary>Reference fix (click to open)</summary>
-#
-# ```python
-# def crop(ids, context_length):
-#     return ids[:, max(ids.shape[1] - context_length, 0):]
-# ```
-# Negative indexing, `ids[:, -context_length:]`, does the same.
-# </details>
-#
 # ## 2. Greedy decoding and its repetition problem
 #
 # The simplest rule is **greedy**: always take the most likely token (`temperature=0` in `generate`).
@@ -343,6 +360,113 @@ viz.show_temperature_sweep(model, tok, prompt_text, n_tokens=cfg["sweep_tokens"]
 # as greedy decoding did in section 2; high temperature draws so many unlikely characters that the words
 # fall apart. Useful settings sit in between.
 #
+# ### Spot the bug: a continuation scorer that finds greedy text surprising
+#
+# Scoring a continuation under the model (how surprised is it by each new token?) is how the NLL numbers
+# above are made, and how one compares samples. Here is a scorer written in one forward pass, with a
+# per-token report. Two facts give a symptom: greedy decoding picks the most likely token at every step,
+# so the model's own greedy continuation must score **low**; and real Shakespeare must score far below
+# the uniform guess `ln V`. One line of the scorer is wrong; nothing marks it.
+
+# %%
+def continuation_report_buggy(model, prompt_ids, new_ids):
+    """Per-token negative log-likelihood (nats) of new_ids (N,) after prompt_ids (P,), one forward pass."""
+    ids = torch.cat([prompt_ids, new_ids])[None]               # (1, P + N)
+    n_prompt, n_new = len(prompt_ids), len(new_ids)
+    if n_prompt < 1:
+        raise ValueError("the first scored token needs at least one token before it")
+    if ids.shape[1] > model.cfg.context_length:
+        raise ValueError("prompt + continuation must fit in the window")
+    with torch.no_grad():
+        logits = model(ids)[0]                                  # (P + N, V): row t scores the token after t
+    logp = torch.log_softmax(logits, dim=-1)
+    rows = logp[n_prompt:n_prompt + n_new]                      # the rows that score the N new tokens
+    nll = -rows.gather(1, new_ids[:, None])[:, 0]               # (N,)
+    worst = int(nll.argmax())
+    return {
+        "nll": nll,
+        "mean": nll.mean().item(),
+        "perplexity": math.exp(nll.mean().item()),
+        "most_surprising": (worst, tok.decode([int(new_ids[worst])]), nll[worst].item()),
+    }
+
+
+score_prompt = prompt[0]
+greedy_new = generate(model, prompt, 40, C)[0, len(score_prompt):]
+val_start = len(llmcourse.load_text("tinyshakespeare")) * 9 // 10
+real_new = torch.tensor(tok.encode(llmcourse.load_text("tinyshakespeare")[val_start:val_start + 40]))
+for label, new_ids in (("greedy continuation", greedy_new), ("validation text", real_new)):
+    r = continuation_report_buggy(model, score_prompt, new_ids)
+    print(f"{label:20s}: {r['mean']:.2f} nats per character (ln V = {math.log(V):.2f})")
+
+# %% [markdown]
+# The greedy text, made of the model's favourite characters, scores worse than guessing uniformly. Find the
+# wrong line (print `rows.shape`, try a one-character continuation by hand, or compare with a slow scorer
+# that runs the model once per new token), fix the copy below, and run the self-check.
+
+# %%
+def continuation_report(model, prompt_ids, new_ids):
+    # TODO: one line of this copy of continuation_report_buggy is wrong; fix it
+    ids = torch.cat([prompt_ids, new_ids])[None]
+    n_prompt, n_new = len(prompt_ids), len(new_ids)
+    if n_prompt < 1:
+        raise ValueError("the first scored token needs at least one token before it")
+    if ids.shape[1] > model.cfg.context_length:
+        raise ValueError("prompt + continuation must fit in the window")
+    with torch.no_grad():
+        logits = model(ids)[0]
+    logp = torch.log_softmax(logits, dim=-1)
+    rows = logp[n_prompt:n_prompt + n_new]
+    nll = -rows.gather(1, new_ids[:, None])[:, 0]
+    worst = int(nll.argmax())
+    return {
+        "nll": nll,
+        "mean": nll.mean().item(),
+        "perplexity": math.exp(nll.mean().item()),
+        "most_surprising": (worst, tok.decode([int(new_ids[worst])]), nll[worst].item()),
+    }
+
+
+def slow_nll(prompt_ids, new_ids):
+    """One forward per new token: the model's last-position log-probability of that token (the slow route)."""
+    out = []
+    with torch.no_grad():
+        for i in range(len(new_ids)):
+            before = torch.cat([prompt_ids, new_ids[:i]])[None]
+            out.append(-torch.log_softmax(model(before)[0, -1], -1)[new_ids[i]])
+    return torch.stack(out)
+
+
+def self_check_report(report_fn):
+    try:
+        ok = all(torch.allclose(report_fn(model, score_prompt, ids_)["nll"], slow_nll(score_prompt, ids_), atol=1e-4)
+                 for ids_ in (greedy_new[:12], real_new[:12]))
+    except Exception as err:  # noqa: BLE001 - a self-check reports, it never raises
+        print(f"✗ not yet: the scorer raised {type(err).__name__}: {err}")
+        return False
+    print("✓ the scorer agrees with one forward per token" if ok else
+          "✗ not yet: the per-token NLL differs from the slow route (which row scores which token?)")
+    return ok
+
+
+self_check_report(continuation_report)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): row t of the logits scores the token at t + 1, so the first new token (at
+# position P) is scored by row P − 1; the buggy slice starts one row late and scores every new token with
+# the distribution of the token *after* it. The fixed scorer, derived from the buggy one by that change only:
+import inspect  # noqa: E402
+
+exec(inspect.getsource(continuation_report_buggy)  # noqa: S102 - defines continuation_report_reference
+     .replace("logp[n_prompt:n_prompt + n_new]", "logp[n_prompt - 1:n_prompt - 1 + n_new]")
+     .replace("def continuation_report_buggy", "def continuation_report_reference"))
+assert self_check_report(continuation_report_reference)  # noqa: F821
+fixed_greedy = continuation_report_reference(model, score_prompt, greedy_new)["mean"]  # noqa: F821
+fixed_real = continuation_report_reference(model, score_prompt, real_new)["mean"]  # noqa: F821
+print(f"fixed: greedy continuation {fixed_greedy:.2f}, validation text {fixed_real:.2f} nats per character")
+assert fixed_greedy < fixed_real < math.log(V)
+
+# %% [markdown]
 # ### Spot the bug: temperature on the probabilities
 #
 # A frequent slip applies the temperature **after** the softmax, dividing the probabilities by `T`.
@@ -374,24 +498,27 @@ def tempered_weights(logits, temperature):
     return torch.softmax(logits, dim=-1) / temperature
 
 
-def self_check_temperature():
-    ok = torch.allclose(tempered_weights(z, 0.5) / tempered_weights(z, 0.5).sum(),
-                        torch.tensor([0.8292, 0.1122, 0.0413, 0.0152, 0.0021]), atol=1e-4)
+def self_check_temperature(weights_fn):
+    want = torch.softmax(z.double() * 2, -1).float()      # T = 0.5 multiplies the logits by 2
+    try:
+        w = weights_fn(z, 0.5)
+        ok = torch.allclose(w / w.sum(), want, atol=1e-4)
+    except Exception:  # noqa: BLE001 - a self-check reports, it never raises
+        ok = False
     print("✓ temperature is fixed" if ok else "✗ not yet: at T = 0.5 the weights must be proportional to "
-          "[0.8292, 0.1122, 0.0413, 0.0152, 0.0021]")
+          f"{[round(v, 4) for v in want.tolist()]}")
+    return ok
 
 
-self_check_temperature()
+self_check_temperature(tempered_weights)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): the temperature acts on the logits, before the softmax; a constant factor on
+# the probabilities is undone by the sampler's renormalisation. That is the exercise's `apply_temperature`,
+# so the check runs on the library's version instead of showing it.
+assert self_check_temperature(lambda logits, t: torch.softmax(apply_temperature(logits, t), dim=-1))
 
 # %% [markdown]
-# <details><summary>Reference fix (click to open)</summary>
-#
-# ```python
-# def tempered_weights(logits, temperature):
-#     return torch.softmax(logits / temperature, dim=-1)
-# ```
-# </details>
-#
 # ## 5. Top-k and top-p
 #
 # Temperature reshapes the whole distribution, including its long tail of unlikely tokens. Each of them
@@ -400,10 +527,10 @@ self_check_temperature()
 # turns into probability exactly 0.
 #
 # **Top-k** keeps the `k` largest logits of each row, **and every logit equal to the k-th largest**, so
-# ties never depend on an arbitrary order. **Top-p** (nucleus sampling) sorts the probabilities from
-# largest to smallest with a stable sort and keeps a token when the probability mass **before** it is
-# still below `p`: the smallest prefix whose mass reaches `p`, **including the token that crosses `p`**.
-# On the worked example:
+# ties never depend on an arbitrary order. **Top-p** (nucleus sampling) keeps the smallest set of most
+# likely tokens whose total probability reaches `p` (the tokens sorted from largest to smallest
+# probability, ties in vocabulary order); exactly where that prefix ends is the exercise's question. On the
+# worked example, with the library's filter:
 
 # %%
 INF = float("-inf")
@@ -420,9 +547,8 @@ assert torch.equal(top_k_filter(z, None), z) and torch.equal(top_p_filter(z, 1.0
 assert torch.equal(filtered_probs(z, 1.0, None, 1.0), torch.softmax(z, -1))
 
 # %% [markdown]
-# Read `p = 0.5` carefully: token 0 alone has probability above 0.5, so the mass before it (zero) is below
-# `p` and it is kept, while the mass before token 1 is already above `p`. The threshold is strict. For four
-# equally likely tokens, the mass before the third is exactly one half, so `p = 0.5` keeps exactly two:
+# Read `p = 0.5` carefully: token 0 alone has probability above 0.5 and is kept, although its own mass
+# already exceeds `p`; nothing else is. And the boundary, four equally likely tokens:
 
 # %%
 uniform4 = torch.zeros(4)
@@ -483,35 +609,37 @@ print("buggy, p = 0.5 keeps", keep.tolist(), "->", torch.softmax(z.masked_fill(~
 
 # %%
 def nucleus_keep(sorted_probs, p):
-    # TODO: keep sorted token i when the probability mass before it is below p
+    # TODO: keep the shortest prefix whose mass reaches p (the token that reaches it included)
     return sorted_probs.cumsum(dim=-1) <= p
 
 
-def self_check_nucleus():
+def self_check_nucleus(keep_fn):
     checks = [(p_sorted, 0.5, [True, False, False, False, False]),
               (p_sorted, 0.8, [True, True, True, False, False]),
               (torch.full((4,), 0.25), 0.5, [True, True, False, False])]
-    ok = all(nucleus_keep(probs_, p_).tolist() == want for probs_, p_, want in checks)
+    try:
+        ok = all(keep_fn(probs_, p_).tolist() == want for probs_, p_, want in checks)
+    except Exception:  # noqa: BLE001 - a self-check reports, it never raises
+        ok = False
     print("✓ the nucleus is fixed" if ok else "✗ not yet: p = 0.5 must keep token 0, and four equal tokens keep 2")
+    return ok
 
 
-self_check_nucleus()
+self_check_nucleus(nucleus_keep)
+
+# %% jupyter={"source_hidden": true}
+# Reference (read after trying): the buggy rule loses the token whose probability makes the mass reach p,
+# and with it, when the top token alone exceeds p, the whole row. The right rule is the exercise's
+# `top_p_filter`, so the check runs on the library's filter instead (logits = log-probabilities).
+assert self_check_nucleus(lambda probs_, p_: torch.isfinite(top_p_filter(probs_.log(), p_)))
 
 # %% [markdown]
-# <details><summary>Reference fix (click to open)</summary>
-#
-# ```python
-# def nucleus_keep(sorted_probs, p):
-#     return torch.cat([sorted_probs.new_zeros(1), sorted_probs.cumsum(0)[:-1]]) < p
-# ```
-# </details>
-#
-### Spot the bug: "the model's distribution" from a top-20 list
+# ### Spot the bug: "the model's distribution" from a top-20 list
 #
 # Some demos take a service's top-20 log-probabilities, renormalise them to sum to 1 and present the
 # result as the model's full next-token distribution. Everything outside the top 20 silently gets
 # probability 0 and every listed token is inflated. Our model is small enough to compare with the truth,
-# at every validation position above (the last column uses a top-5 list, as some services return):
+# at every validation position above (the second printed line uses a top-5 list, as some services return):
 
 # %%
 for n_top in (20, 5):

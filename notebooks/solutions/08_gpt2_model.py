@@ -248,9 +248,10 @@ print("visible tests passed")
 # count_parameters(model) -> int      # number of values in the model's UNIQUE parameter tensors
 # ```
 #
-# Work out the formula from the `state_dict` table of exercise 2: per block count the four attention
-# projections (with biases when `qkv_bias`), the two feed-forward layers and the two LayerNorms; add
-# the two embeddings and the final norm; a tied head adds nothing, an untied one a `(V, D)` matrix.
+# Work out the formula from the `state_dict` table of exercise 2 (every key is a parameter; `qkv_bias=False`
+# removes the three Q/K/V biases; a tied head is the token embedding's tensor, an untied one its own). The
+# evidence it must reproduce: GPT-2 small has 124,439,808 parameters with a tied head and 163,037,184 with
+# an untied one; `gpt2-char-tiny` has 809,856; GPT-2 XL 1,557,611,200.
 # `count_parameters` must count a shared tensor **once** (the tied head is one tensor with two names).
 # It must also work for a model built on the `meta` device (shapes without memory).
 
@@ -294,22 +295,28 @@ print("visible tests passed")
 #
 # Copy the weights of a Hugging Face `GPT2LMHeadModel` (its `state_dict()`: keys `transformer.wte.weight`,
 # `transformer.h.{i}.attn.c_attn.weight`, …) **in place** into a course `GPT2Model` and return the
-# same model. Hugging Face's GPT-2 layers are `Conv1D`s: their weight is stored `(in, out)`, the
-# **transpose** of `nn.Linear.weight`'s `(out, in)`.
+# same model. The contract is an oracle: **the loaded model's logits must equal `GPT2LMHeadModel`'s with the
+# same weights** (to float32 rounding, on random weights in every tensor). Which key goes where:
 #
-# | Hugging Face key | course key | transform |
-# |---|---|---|
-# | `transformer.wte.weight` (V, D) | `tok_emb.weight` | copy (a tied head follows) |
-# | `transformer.wpe.weight` (C, D) | `pos_emb.weight` | copy |
-# | `transformer.h.{i}.ln_1.{weight,bias}` | `blocks.{i}.norm1.*` | copy |
-# | `transformer.h.{i}.attn.c_attn.weight` (D, 3D) | `blocks.{i}.attn.W_query/W_key/W_value.weight` | query, key, value are concatenated along dim 1: split, then transpose each |
-# | `transformer.h.{i}.attn.c_attn.bias` (3D) | their biases | split in three |
-# | `transformer.h.{i}.attn.c_proj.weight` / `.bias` | `blocks.{i}.attn.out_proj.*` | transpose / copy |
-# | `transformer.h.{i}.ln_2.*` | `blocks.{i}.norm2.*` | copy |
-# | `transformer.h.{i}.mlp.c_fc.weight` (D, 4D) / `.bias` | `blocks.{i}.ffn.fc1.*` | transpose / copy |
-# | `transformer.h.{i}.mlp.c_proj.weight` (4D, D) / `.bias` | `blocks.{i}.ffn.fc2.*` | transpose / copy |
-# | `transformer.ln_f.*` | `final_norm.*` | copy |
-# | `lm_head.weight` | — | not copied (tied) |
+# | Hugging Face key (shape) | course key |
+# |---|---|
+# | `transformer.wte.weight` (V, D) | `tok_emb.weight` (a tied head follows) |
+# | `transformer.wpe.weight` (C, D) | `pos_emb.weight` |
+# | `transformer.h.{i}.ln_1.{weight,bias}` | `blocks.{i}.norm1.*` |
+# | `transformer.h.{i}.attn.c_attn.weight` (D, 3D) and `.bias` (3D) | `blocks.{i}.attn.W_query/W_key/W_value.*` |
+# | `transformer.h.{i}.attn.c_proj.weight` (D, D) / `.bias` | `blocks.{i}.attn.out_proj.*` |
+# | `transformer.h.{i}.ln_2.*` | `blocks.{i}.norm2.*` |
+# | `transformer.h.{i}.mlp.c_fc.weight` (D, 4D) / `.bias` | `blocks.{i}.ffn.fc1.*` |
+# | `transformer.h.{i}.mlp.c_proj.weight` (4D, D) / `.bias` | `blocks.{i}.ffn.fc2.*` |
+# | `transformer.ln_f.*` | `final_norm.*` |
+# | `lm_head.weight` | not copied (tied) |
+#
+# **How each tensor must be transformed is your decision**, from what the layers compute: Hugging Face's
+# GPT-2 layers are `transformers.pytorch_utils.Conv1D`s, which compute `y = x @ weight + bias`, while
+# `nn.Linear` computes `y = x @ weight.T + bias`; the fused `c_attn` produces query, key and value in one
+# matmul, `3D` outputs per position. Decide along which dimension the three parts lie, in which order, and
+# which weights need a transpose; a square `D×D` weight loads without a shape error either way, so only the
+# logits can tell you. Try it on one layer first: build a `Conv1D(nf, nx)` and an `nn.Linear`, copy, compare.
 #
 # Raise `ValueError` on any shape mismatch; ignore keys ending in `.attn.bias` or `.attn.masked_bias`
 # (buffers that older checkpoints carry). Copy into the existing tensors (`param.copy_(...)`), so a tied
