@@ -34,9 +34,7 @@ ID_PATTERN = re.compile(r"\b[FWB]\d\d\.\w+|\bsyllabus\b", re.IGNORECASE)
 # Units whose check or bug-catalog files belong to another helper's branch at the time of writing and
 # still print ids: {unit: ids}. Exactly these ids are expected; anything else fails. Empty it as the
 # owners' branches land (a unit listed here that is clean fails as XPASS(strict)).
-KNOWN_ELSEWHERE: dict[str, set[str]] = {
-    "08": {"F08.1"},  # grader/checks/u08_gpt2_model.py: gpt2_param_count's comparison label
-}
+KNOWN_ELSEWHERE: dict[str, set[str]] = {}
 
 
 def _report(unit, verdicts, notebook: str) -> dict:
