@@ -56,4 +56,4 @@ def test_every_mutant_is_named_on_the_library_namespace():
             v = run_check(exercise_id, namespace={**ref, **b.impl})
             assert v.status == "failed" and v.bug_id == b.id, (b.id, v.render())
             ids.add(b.id)
-    assert len(ids) == 14
+    assert len(ids) == 19
