@@ -130,7 +130,7 @@ print("tokens per expert:", M.expert_counts(chosen, 8).tolist(), "of", chosen.nu
 # do everything and the others are dead weight; with experts spread over devices, the busiest one sets the pace.
 #
 # The Switch/GShard remedy adds `α·Σ_i f_i·P_i` to the loss, where `f_i` is expert `i`'s share of the
-# assignments (scaled by `E/k`, so a balanced router has `f_i = 1`) and `P_i` its mean router probability. The
+# assignments (normalised so that a balanced router has `f_i = 1`) and `P_i` its mean router probability. The
 # counts carry no gradient; the gradient pushes probability away from over-used experts. A uniform router
 # with balanced assignments gives exactly `α`; total collapse onto one expert gives `α·E`.
 
