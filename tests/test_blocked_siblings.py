@@ -259,11 +259,6 @@ THROUGH_THE_REFERENCE: dict[str, str] = {
         "    r.weight.data = torch.eye(router_logits.shape[-1])\n"
         "    r.e_score_correction_bias.copy_(bias)\n"
         "    return r(router_logits)[1:]\n"),
-    "14.load_balancing_loss/sequence": (
-        "from llmcourse.models.deepseek_moe import sequence_balance_loss\n"
-        "\n"
-        "def load_balancing_loss(probs, indices, num_experts, alpha=0.01):\n"
-        "    return sequence_balance_loss(probs[None], indices[None], num_experts, alpha)\n"),
     "15.speculative_generate/trace": (
         "from llmcourse.models.mtp import speculative_trace\n"
         "\n"

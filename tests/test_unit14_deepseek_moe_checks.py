@@ -42,12 +42,12 @@ def test_library_matches_the_stored_oracle():
 
 def test_every_mutant_is_named_on_the_library_namespace():
     """The catalog against the library (the solution notebook's run is in test_grader_selftest)."""
-    from grader.checks.u14_deepseek_moe import _ref
+    from grader.checks.u14_deepseek_moe import _ref, _ref_seq
     from grader.core import BUGS
     from grader.runner import load_unit, run_check
 
     load_unit("14")
-    ref = _ref()
+    ref = {**_ref(), **_ref_seq()}
     ids = set()
     for exercise_id, bugs in BUGS.items():
         if not exercise_id.startswith("14."):

@@ -43,7 +43,6 @@ import torch
 
 from ..core import check, module_facts, unwrap
 from ..oracles import stored_oracle, write_oracle
-from ..runner import also_blocked
 
 U = "14"
 ORACLE_ASSET = "oracles/u14_hf_deepseek_moe.pt"
@@ -69,8 +68,13 @@ def _ref():
     from llmcourse.models import deepseek_moe as M
 
     return {"softmax_topk_route": M.softmax_topk_route, "load_balancing_loss": M.load_balancing_loss,
-            "deepseek_route": M.deepseek_route, "update_bias": M.update_bias, "DeepSeekMoE": M.DeepSeekMoE,
-            "sequence_balance_loss": M.sequence_balance_loss}
+            "deepseek_route": M.deepseek_route, "update_bias": M.update_bias, "DeepSeekMoE": M.DeepSeekMoE}
+
+
+def _ref_seq():
+    from llmcourse.models.deepseek_moe import sequence_balance_loss
+
+    return {"sequence_balance_loss": sequence_balance_loss}
 
 
 def _gen(seed):
@@ -363,7 +367,7 @@ def _seq_loss_loop(scores, indices, num_experts, alpha):
     return total / b
 
 
-@check(f"{U}.sequence_balance_loss", ["sequence_balance_loss"], _ref)
+@check(f"{U}.sequence_balance_loss", ["sequence_balance_loss"], _ref_seq)
 def check_sequence_balance_loss(t):
     even = torch.tensor([[[0, 1], [2, 3]] * 4] * 2)
     for value in (0.37, 0.9):
@@ -403,8 +407,3 @@ def check_sequence_balance_loss(t):
                                impl.sequence_balance_loss(sc[:, perm], idx[:, perm], 6, 0.05).float()])
     t.expect(torch.allclose(pair[0], pair[1], atol=1e-8), "the loss must not depend on the order of the tokens "
              "inside a sequence")
-
-
-# ================================================================== siblings
-# the sequence-wise loss of one sequence whose affinities already sum to 1 is the batch loss
-also_blocked(f"{U}.load_balancing_loss", "llmcourse.models.deepseek_moe:sequence_balance_loss")
