@@ -6,14 +6,15 @@
 # values, yet the cache stores one short **latent** vector per token from which all of them are rebuilt. This
 # lesson builds MLA step by step and proves every claim numerically:
 #
-# 1. motivation: the cache at long context, and low-rank structure in real keys and values;
+# 1. motivation: the cache at long context, and low-rank structure in real keys and values (against controls);
 # 2. `SimpleMLA` without positions: down-projection, latent, up-projections, a latent-only cache;
 # 3. absorption: the per-head algebra, when it pays, and a popular wrong form;
 # 4. why RoPE breaks absorption;
 # 5. decoupled RoPE: a per-head `q_pe`, one shared `k_pe`, and the scale;
 # 6. DeepSeek-V3's layout: query compression, `kv_a_proj_with_mqa`, RMSNorm on the latent, `kv_b_proj`;
-# 7. cached decoding with `(c_KV, k_pe)` and the absorbed decode path;
-# 8. memory: MHA, GQA, MQA and MLA side by side, DeepSeek-V3's real sizes;
+# 7. cached decoding with `(c_KV, k_pe)` and the absorbed decode path (and a decode driver to debug);
+# 8. memory: MHA, GQA, MQA and MLA side by side, DeepSeek-V3's real sizes; bytes read and multiply–adds per cached
+#    token, and why absorbed decoding is multi-query attention over the latent;
 # 9. parity with `transformers`' `DeepseekV3Attention` for both RoPE layouts.
 #
 # The finished pieces come from `llmcourse.models.deepseek_mla`; the exercise notebook
@@ -701,6 +702,10 @@ else:
 # - DeepSeek-V3: optional query compression, `kv_a_proj_with_mqa`, RMSNorm on the latent only, `kv_b_proj`
 #   laid out per head as `[k_nope; v]`; the course's module equals `transformers`' for both RoPE layouts.
 # - The cache is `L·(d_c + d_R)` numbers per token, in DeepSeek-V3 far below MHA with the same heads.
+# - Absorbed decoding is MQA over a `(d_c + d_R)`-wide latent: it reads the fewest bytes per cached token and
+#   does the most arithmetic per byte, so long-context decoding leans from bandwidth toward compute.
+# - Low rank in a trained model's keys and values is only evidence next to a control: an untrained model on a
+#   small vocabulary is low rank too.
 #
 # ## Going further (optional)
 #
