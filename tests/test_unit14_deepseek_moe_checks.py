@@ -57,3 +57,20 @@ def test_every_mutant_is_named_on_the_library_namespace():
             assert v.status == "failed" and v.bug_id == b.id, (b.id, v.render())
             ids.add(b.id)
     assert len(ids) == 19
+
+
+def test_an_in_place_bias_update_fails():
+    """update_bias that adds into the bias it was given (float32) returns the right values but mutates its input."""
+    from grader.checks.u14_deepseek_moe import _ref
+    from grader.runner import load_unit, run_check
+
+    load_unit("14")
+
+    @torch.no_grad()
+    def update_bias(bias, indices, num_experts, gamma=0.001):
+        c = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
+        step = gamma * torch.sign(c.mean() - c)
+        return bias.add_(step) if bias.dtype == torch.float32 else bias.float() + step
+
+    v = run_check("14.update_bias", namespace={**_ref(), "update_bias": update_bias})
+    assert v.status == "failed" and "unchanged" in v.render(), v.render()

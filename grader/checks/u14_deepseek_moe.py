@@ -24,7 +24,7 @@ Contract clauses and the probes that cover them
   0 is the named wrong alternative); float32/long outputs; ``routed_scaling_factor`` and ``norm_topk_prob=False``
   (non-default) against ``DeepseekV3TopkRouter``; ``n_group``/``topk_group`` in two oracle configs.
 ``14.update_bias``: the worked loads; float32 for a bfloat16 bias; balanced loads unchanged; random loads at a
-  non-default ``gamma``.
+  non-default ``gamma``; the input bias is not modified in place (a new tensor is returned).
 ``14.DeepSeekMoE``: keys/shapes, bias a float32 persistent buffer; parity with ``DeepseekV3MoE`` (two configs:
   ``n_group``, ``topk_group``, ``routed_scaling_factor``, ``norm_topk_prob=False``, S = 1 and 2); independent rows;
   experts without tokens not run; train mode stores ``last_indices``; ``update_bias`` with a non-default
@@ -250,6 +250,14 @@ def check_update_bias(t):
               "balanced loads must leave the bias unchanged", atol=0)
     b = torch.randn(6, generator=_gen(4)) * 0.1
     ind = torch.randint(0, 6, (25, 2), generator=_gen(5))
+
+    def in_place(impl):
+        given = b.clone()
+        impl.update_bias(given, ind, 6, 0.01)
+        return given
+
+    t.expect(torch.equal(t.run(in_place), b), "update_bias must return a new tensor and leave the bias it was given "
+             "unchanged (the layer copies the result into its buffer)")
     c = torch.bincount(ind.flatten(), minlength=6).float()
     t.compare(lambda impl: impl.update_bias(b, ind, 6, 0.01), b + 0.01 * torch.sign(c.mean() - c),
               "random loads (E=6, 25 tokens × 2, gamma 0.01)", atol=1e-7, rtol=0)
