@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Unit 14 — DeepSeek mixture-of-experts: exercises
 #
-# Six graded exercises, 23 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
@@ -35,7 +35,7 @@ from llmcourse.models import SwiGLUFeedForward  # unit 11's gated MLP: each expe
 cfg = llmcourse.setup_notebook("14")
 
 # %% [markdown]
-# ## Exercise 1 — `softmax_topk_route` (3 points)
+# ## Exercise 1 — `softmax_topk_route` (2 points)
 #
 # ```python
 # def softmax_topk_route(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor, Tensor]: ...
@@ -167,7 +167,7 @@ assert torch.allclose(w[0, order], torch.tensor([0.9 / 1.7, 0.8 / 1.7]), atol=1e
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 4 — `update_bias` (3 points)
+# ## Exercise 4 — `update_bias` (2 points)
 #
 # ```python
 # @torch.no_grad()
@@ -291,7 +291,7 @@ print("visible tests passed")
 
 
 # %% [markdown]
-# ## Exercise 6 — `sequence_balance_loss` (3 points)
+# ## Exercise 6 — `sequence_balance_loss` (2 points)
 #
 # ```python
 # def sequence_balance_loss(scores: Tensor, indices: Tensor, num_experts: int, alpha: float = 0.0001) -> Tensor: ...
