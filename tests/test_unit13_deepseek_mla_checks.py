@@ -14,16 +14,15 @@ def test_the_stored_transformers_oracle_of_the_checks_is_current():
     from grader.oracles import assert_oracle_is_current
 
     stored = assert_oracle_is_current(ORACLE_ASSET, build_hf_oracle)
-    assert len(stored["cases"]) == 4
+    assert len(stored["cases"]) == 6
 
 
 def test_library_matches_the_stored_oracle_naive_absorbed_and_cached():
-    from grader.checks.u13_deepseek_mla import TINY, oracle
+    from grader.checks.u13_deepseek_mla import _case_kwargs, oracle
     from llmcourse.models.deepseek_mla import DeepSeekMLA, LatentCache
 
     for case in oracle()["cases"]:
-        q = None if case["q_lora_rank"] < 0 else case["q_lora_rank"]
-        m = DeepSeekMLA(**TINY, q_lora_rank=q, rope_interleave=case["rope_interleave"]).eval()
+        m = DeepSeekMLA(**_case_kwargs(case)).eval()
         m.load_state_dict(case["state"], strict=True)
         x, y = case["x"], case["y"]
         t = x.shape[1]
@@ -35,3 +34,29 @@ def test_library_matches_the_stored_oracle_naive_absorbed_and_cached():
             outs = [m(x[:, :4], torch.arange(4), mask[:4, :4], cache=cache)]
             outs += [m(x[:, i:i + 1], torch.arange(i, i + 1), None, cache=cache, absorb=True) for i in range(4, t)]
             torch.testing.assert_close(torch.cat(outs, 1), y, atol=1e-5, rtol=0)
+
+
+def test_structural_probes_separate_absorbed_from_rebuilt_paths():
+    """The overflow-scaled weights: the library's absorbed path stays finite and equals float64 naive; its naive
+    path overflows (so a path that builds per-head keys cannot pass)."""
+    from grader.checks.u13_deepseek_mla import (
+        _case_kwargs,
+        _causal,
+        _expected_overflow,
+        _overflow_state,
+        oracle,
+    )
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+
+    case = oracle()["cases"][0]
+    kw = _case_kwargs(case)
+    ovf = _overflow_state(case["state"], kw)
+    m = DeepSeekMLA(**kw).eval()
+    m.load_state_dict(ovf)
+    x = case["x"]
+    t = x.shape[1]
+    with torch.no_grad():
+        absorbed = m(x, torch.arange(t), _causal(t), absorb=True)
+        naive = m(x, torch.arange(t), _causal(t))
+    assert torch.isfinite(absorbed).all() and not torch.isfinite(naive).all()
+    torch.testing.assert_close(absorbed, _expected_overflow(ovf, kw, x), atol=1e-5, rtol=1e-4)

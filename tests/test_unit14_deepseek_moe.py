@@ -159,3 +159,67 @@ def test_state_dict_conversion_splits_gate_and_up_rows():
     assert torch.equal(out["experts.1.gate_proj.weight"], sd["experts.gate_up_proj"][1, :3])
     assert torch.equal(out["experts.1.up_proj.weight"], sd["experts.gate_up_proj"][1, 3:])
     assert torch.equal(out["experts.0.down_proj.weight"], sd["experts.down_proj"][0])
+
+
+# ---------------------------------------------------------------- issue 27: capacity, sequence-wise loss, profile
+
+
+def test_capacity_mask_equals_a_loop_over_assignments_in_token_order():
+    from llmcourse.models.deepseek_moe import capacity_mask
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(200)])
+    idx[:60] = torch.tensor([0, 1])                      # skew: experts 0 and 1 overloaded
+    for factor in (0.5, 1.0, 1.25, 3.0):
+        kept, cap = capacity_mask(idx, 8, factor)
+        assert cap == int(factor * 2 * 200 / 8)
+        served, want = [0] * 8, torch.zeros_like(kept)
+        for t in range(200):
+            for j in range(2):
+                e = int(idx[t, j])
+                if served[e] < cap:
+                    want[t, j], served[e] = True, served[e] + 1
+        assert torch.equal(kept, want)
+    balanced = torch.arange(64 * 2).remainder(8).view(64, 2)
+    assert capacity_mask(balanced, 8, 1.0)[0].all()
+
+
+def test_sequence_balance_loss_properties():
+    from llmcourse.models.deepseek_moe import load_balancing_loss, sequence_balance_loss
+
+    sc = torch.rand(1, 12, 8, generator=torch.Generator().manual_seed(4)) + 0.01
+    ind = sc.topk(2, -1).indices
+    torch.testing.assert_close(sequence_balance_loss(sc, ind, 8, 0.001),
+                               load_balancing_loss((sc / sc.sum(-1, keepdim=True))[0], ind[0], 8, 0.001))
+    even = torch.tensor([[[0, 1], [2, 3]] * 4] * 2)
+    for value in (0.2, 0.9):
+        assert abs(sequence_balance_loss(torch.full((2, 8, 4), value), even, 4, 0.01).item() - 0.01) < 1e-8
+    split = torch.tensor([[[0, 1]] * 8, [[2, 3]] * 8])
+    sure = torch.full((2, 8, 4), 0.1).scatter(2, split, 0.9)
+    pair = sequence_balance_loss(sure, split, 4, 0.01)
+    torch.testing.assert_close(pair, sequence_balance_loss(sure[:1], split[:1], 4, 0.01))
+    batch = load_balancing_loss((sure / sure.sum(-1, keepdim=True)).view(-1, 4), split.view(-1, 2), 4, 0.01)
+    assert abs(batch.item() - 0.01) < 1e-7 and pair.item() > 1.5 * batch.item()
+
+
+def test_max_mean_ratio_is_at_most_e_over_k():
+    from llmcourse.models.deepseek_moe import expert_counts
+    from llmcourse.train.moe_char import max_mean_ratio
+
+    g = torch.Generator().manual_seed(1)
+    for k in (1, 2, 4):
+        for _ in range(20):
+            logits = torch.randn(50, 8, generator=g) * 3
+            idx = logits.topk(k, -1).indices
+            assert max_mean_ratio(expert_counts(idx, 8)).item() <= 8 / k + 1e-6
+        assert max_mean_ratio(expert_counts(torch.arange(k).expand(50, k), 8)).item() == pytest.approx(8 / k)
+
+
+def test_profile_moe_forward_reproduces_the_layer():
+    from llmcourse.models.deepseek_moe import DeepSeekMoE, profile_moe_forward
+
+    torch.manual_seed(0)
+    m = DeepSeekMoE(16, 8, 8, 1, 2).eval()
+    prof = profile_moe_forward(m, torch.randn(2, 10, 16), repeats=2)
+    assert set(prof) >= {"router", "sort", "gather", "pack", "gemm", "scatter", "shared", "total"}
+    assert prof["max_abs_diff"] < 1e-6 and prof["total"] > 0

@@ -42,12 +42,12 @@ def test_library_matches_the_stored_oracle():
 
 def test_every_mutant_is_named_on_the_library_namespace():
     """The catalog against the library (the solution notebook's run is in test_grader_selftest)."""
-    from grader.checks.u14_deepseek_moe import _ref
+    from grader.checks.u14_deepseek_moe import _ref, _ref_seq
     from grader.core import BUGS
     from grader.runner import load_unit, run_check
 
     load_unit("14")
-    ref = _ref()
+    ref = {**_ref(), **_ref_seq()}
     ids = set()
     for exercise_id, bugs in BUGS.items():
         if not exercise_id.startswith("14."):
@@ -56,4 +56,21 @@ def test_every_mutant_is_named_on_the_library_namespace():
             v = run_check(exercise_id, namespace={**ref, **b.impl})
             assert v.status == "failed" and v.bug_id == b.id, (b.id, v.render())
             ids.add(b.id)
-    assert len(ids) == 14
+    assert len(ids) == 19
+
+
+def test_an_in_place_bias_update_fails():
+    """update_bias that adds into the bias it was given (float32) returns the right values but mutates its input."""
+    from grader.checks.u14_deepseek_moe import _ref
+    from grader.runner import load_unit, run_check
+
+    load_unit("14")
+
+    @torch.no_grad()
+    def update_bias(bias, indices, num_experts, gamma=0.001):
+        c = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
+        step = gamma * torch.sign(c.mean() - c)
+        return bias.add_(step) if bias.dtype == torch.float32 else bias.float() + step
+
+    v = run_check("14.update_bias", namespace={**_ref(), "update_bias": update_bias})
+    assert v.status == "failed" and "unchanged" in v.render(), v.render()

@@ -3,7 +3,10 @@
 Each mutant is the reference (:mod:`llmcourse.models.deepseek_mla`) with exactly one mistake. Named by their
 outputs on the failing probe (``detect="mutant"``), except three named by a property the checks test
 (``detect="detector"``): absorbed matrices stored on the module and served stale after a weight change, one rope
-key per head (the width of ``kv_a_proj_with_mqa``) and per-head keys/values in the cache (the cached shapes).
+key per head (the width of ``kv_a_proj_with_mqa``), per-head keys/values in the cache (the cached shapes), and three
+absorbed paths with the right outputs but the wrong structure (``absorbed_forward`` calling ``W_uk``/``W_uv``; a
+``DeepSeekMLA`` that ignores ``absorb=True``; one that rebuilds K/V with ``F.linear``), named by the structural
+probes (modules answering NaN when called, weights scaled so that a per-head key overflows float32).
 """
 
 from __future__ import annotations
@@ -60,6 +63,28 @@ def _forward_stale(mla: SimpleMLA, x, c_all, mask):
 bug_group("B13.absorb_head_split", f"{U}.absorb", "Absorb per head: `W_q[h]ᵀ W_uk[h]` maps the **full** x (D) to the "
           "latent (d_c); do not multiply the full matrices and cut the input into heads.",
           {"absorb_mla_weights": _absorb_head_split, "absorbed_forward": _forward_head_split})
+def _absorb_per_head(mla: SimpleMLA):
+    """The right absorbed matrices, written out here (the library's function is the exercise's blocked reference)."""
+    h, hd = mla.n_heads, mla.head_dim
+    a = torch.stack([mla.W_q.weight[i * hd:(i + 1) * hd].T @ mla.W_uk.weight[i * hd:(i + 1) * hd] for i in range(h)])
+    bo = torch.stack([mla.W_o.weight[:, i * hd:(i + 1) * hd] @ mla.W_uv.weight[i * hd:(i + 1) * hd] for i in range(h)])
+    return a, bo
+
+
+def _forward_rebuilds(mla: SimpleMLA, x, c_all, mask):
+    """Equal outputs, wrong structure: keys and values of every latent rebuilt by calling W_uk and W_uv."""
+    b, t, _ = x.shape
+    h, hd = mla.n_heads, mla.head_dim
+    q = mla.W_q(x).view(b, t, h, hd).transpose(1, 2)
+    k = mla.W_uk(c_all).view(b, -1, h, hd).transpose(1, 2)
+    v = mla.W_uv(c_all).view(b, -1, h, hd).transpose(1, 2)
+    out = _masked_softmax(q @ k.transpose(-2, -1) / math.sqrt(hd), mask) @ v
+    return mla.W_o(out.transpose(1, 2).reshape(b, t, h * hd))
+
+
+bug_group("B13.absorbed_forward_rebuilds_kv", f"{U}.absorb", "Absorption never builds per-head keys or values: score "
+          "the queries against the latents through `A` and map the latent context out through `Bo`.",
+          {"absorb_mla_weights": _absorb_per_head, "absorbed_forward": _forward_rebuilds}, detect="detector")
 bug_group("B13.absorb_cached_stale", f"{U}.absorb", "Recompute (or invalidate) the absorbed weights after the weights "
           "change.", {"absorb_mla_weights": _absorb_stale, "absorbed_forward": _forward_stale}, detect="detector")
 
@@ -82,6 +107,10 @@ class _MLA(DeepSeekMLA):
             self.kv_a_proj_with_mqa = nn.Linear(d_model, kv_lora_rank + n_heads * qk_rope_head_dim, bias=False)
         if self.variant == "scale_nope":
             self.scaling = qk_nope_head_dim ** -0.5
+        if self.variant == "scale_v":
+            self.scaling = v_head_dim ** -0.5
+        if self.variant == "scale_none":
+            self.scaling = 1.0
 
     def project(self, x, positions):
         b, t, _ = x.shape
@@ -116,6 +145,18 @@ class _MLA(DeepSeekMLA):
 
     def forward(self, x, positions, mask, cache=None, layer_idx=0, absorb=False):
         v = self.variant
+        if v == "absorb_ignored":                     # absorb=True runs the naive path
+            return super().forward(x, positions, mask, cache, layer_idx, False)
+        if v == "rebuild_linear" and absorb:          # "absorbed" by name: K and V rebuilt with F.linear
+            b, t, _ = x.shape
+            h, dn, dv = self.n_heads, self.qk_nope_head_dim, self.v_head_dim
+            q_nope, q_pe, c_kv, k_pe = self.project(x, positions)
+            if cache is not None:
+                c_kv, k_pe = cache.update(layer_idx, c_kv, k_pe)
+            kv = nn.functional.linear(c_kv, self.kv_b_proj.weight).view(b, c_kv.shape[1], h, dn + dv).transpose(1, 2)
+            scores = q_nope @ kv[..., :dn].transpose(-2, -1) + q_pe @ k_pe.unsqueeze(1).transpose(-2, -1)
+            out = _masked_softmax(scores * self.scaling, mask) @ kv[..., dn:]
+            return self.o_proj(out.transpose(1, 2).reshape(b, t, h * dv))
         if v not in ("kvb_block", "decompressed"):
             return super().forward(x, positions, mask, cache, layer_idx, absorb)
         b, t, _ = x.shape
@@ -154,6 +195,15 @@ _ds("B13.rope_on_latent", "rope_on_latent", "Only the decoupled slices `q_pe` an
 _ds("B13.k_pe_per_head", "k_pe_per_head", "`k_pe` is a single head shared by all query heads.", detect="detector")
 _ds("B13.scale_nope_only", "scale_nope", "The dot product spans `d_nope + d_R` dims; scale by its inverse square "
     "root.")
+_ds("B13.scale_v_dim", "scale_v", "The softmax scale comes from the width of the query·key dot product "
+    "(`d_nope + d_R`), not from the value width.")
+_ds("B13.scale_missing", "scale_none", "Scale the scores by the inverse square root of the query·key width "
+    "`d_nope + d_R`, as `DeepseekV3Attention` does.")
+_ds("B13.absorb_ignored", "absorb_ignored", "With `absorb=True` never call `kv_b_proj` on the latents: map `q_nope` "
+    "into latent space with the K rows of its weight and map the latent context out with the V rows.",
+    detect="detector")
+_ds("B13.absorb_rebuilds_kv", "rebuild_linear", "The absorbed path must not build per-head keys or values from "
+    "`c_kv` (however they are computed): score the latent query against `c_kv` directly.", detect="detector")
 _ds("B13.no_kv_norm", "no_kv_norm", "RMS-normalise the latent before up-projecting and caching it.")
 _ds("B13.norm_on_k_pe", "norm_on_k_pe", "The latent's RMSNorm covers `c_kv` only, not the rope key.")
 _ds("B13.rope_convention", "convention", "DeepSeek checkpoints rotate interleaved pairs `(2i, 2i+1)`; honour "

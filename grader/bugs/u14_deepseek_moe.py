@@ -67,6 +67,44 @@ def load_balancing_loss_fractions(probs, indices, num_experts, alpha=0.01):
     return alpha * (f * probs.mean(0)).sum()
 
 
+@bug("B14.aux_no_topk_scale", f"{U}.load_balancing_loss", "Each token makes k assignments: normalise the counts by "
+     "k·N/E so that a balanced router gives f_i = 1 for any k.", name="load_balancing_loss")
+def load_balancing_loss_no_k(probs, indices, num_experts, alpha=0.01):
+    f = expert_counts(indices, num_experts).to(probs.dtype) * num_experts / indices.shape[0]
+    return alpha * (f * probs.mean(0)).sum()
+
+
+# ---------------------------------------------------------------- the sequence-wise loss
+
+
+def _seq_loss(scores, indices, num_experts, alpha=0.0001, *, batchwise=False, normalise="share", reduce="mean"):
+    """The reference sequence-wise loss with switches for the known mistakes."""
+    if batchwise:
+        scores, indices = scores.reshape(1, -1, scores.shape[-1]), indices.reshape(1, -1, indices.shape[-1])
+    b, t, k = indices.shape
+    counts = torch.stack([expert_counts(indices[i], num_experts) for i in range(b)]).to(scores.dtype)
+    p = {"share": scores / scores.sum(-1, keepdim=True), "raw": scores,
+         "softmax": torch.softmax(scores, -1)}[normalise].mean(1)
+    per_seq = alpha * (counts * (num_experts / (k * t)) * p).sum(-1)
+    return per_seq.sum() if reduce == "sum" else per_seq.mean()
+
+
+for _id, _opts, _hint in [
+    ("B14.seq_loss_batchwise", dict(batchwise=True),
+     "Sequence-wise: count f_i and average P_i over each sequence's own tokens, then average the sequences; a batch "
+     "can be balanced while every sequence in it is not."),
+    ("B14.seq_loss_unnormalised", dict(normalise="raw"),
+     "Sigmoid affinities do not sum to 1: use each token's affinities as shares of their sum."),
+    ("B14.seq_loss_softmax", dict(normalise="softmax"),
+     "Normalise the affinities by their sum per token, not with a softmax (which changes their ratios)."),
+    ("B14.seq_loss_summed", dict(reduce="sum"), "Average the per-sequence losses over the batch; do not sum them."),
+]:
+    def _seq_mutant(*args, _opts=_opts, **kwargs):
+        return _seq_loss(*args, **kwargs, **_opts)
+
+    bug(_id, f"{U}.sequence_balance_loss", _hint, name="sequence_balance_loss")(_seq_mutant)
+
+
 # ---------------------------------------------------------------- the bias update
 
 

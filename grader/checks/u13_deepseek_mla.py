@@ -8,6 +8,34 @@ outputs are a stored snapshot (``assets/oracles/u13_hf_mla.pt``, rebuilt and com
 ``tests/test_unit13_deepseek_mla_checks.py``) so that ``course check`` need not import transformers; closed-form
 cache sizes (DeepSeek-V3: 61 layers × (512 + 64) = 35,136 elements per token; the course's tiny models).
 
+Contract clauses and the probes that cover them
+-----------------------------------------------
+
+``13.SimpleMLA``
+  * ``LatentCache``: empty length/bytes; ``update`` appends on dim 1 per layer and returns the layer's (c_kv, k_pe),
+    ``k_pe=None`` (default) returns None; ``seq_len``; ``nbytes`` in float32 and bfloat16 -> ``_latent_run`` probes.
+  * ``SimpleMLA``: keys/shapes (``module_facts``); float32 and float64 output vs a per-head loop; a cache at a
+    non-default ``layer_idx=1`` holds only ``W_dkv(x)`` and decoding equals the full forward (``decode``); an eval
+    and a train-mode forward leave parameters and buffers unchanged (``side_effects``).
+``13.absorb``
+  * ``absorb_mla_weights``: shapes and values of ``A``, ``Bo`` (the per-head bilinear forms; the learner decides
+    the slicing: the head-split mutant is the wrong alternative) -> ``weights``.
+  * ``absorbed_forward``: equals naive MLA (float64 example, float32 with a longer latent than the queries and a
+    bottom-right mask) -> ``f131``, ``decode_rows``; recomputed after a weight change -> ``weight_change``;
+    **never rebuilds per-head keys or values**: ``W_uk``/``W_uv`` answer NaN when called (``poisoned_calls``) and
+    weights scaled so that any ``W_uk c`` overflows float32 while the absorbed products stay finite
+    (``overflow``); both outputs must equal the naive float64 result.
+``13.DeepSeekMLA``
+  * keys/shapes for both query layouts; parity with ``DeepseekV3Attention`` (stored oracle) for 6 configs: the
+    4 tiny ones, one with distinct d_nope/d_R/d_v (the softmax scale is the learner's decision: no scale,
+    ``d_nope^-½`` and ``d_v^-½`` are the named alternatives) and one with non-default ``rope_theta`` and
+    (``rms_norm_eps=0.1``: against the course's module, see ``EXTRA``); ``absorb=True`` equal; shifted ``positions``; cached decoding at ``layer_idx=1`` (naive and
+    absorbed) and what the cache holds; **absorb=True never materialises per-head K/V** (``kv_b_proj`` answers
+    NaN when called; overflow-scaled weights); an eval and a train-mode forward leave parameters and buffers
+    unchanged.
+``13.mla_memory``
+  * every ``kind``; ``k_head_dim``/``v_head_dim`` overriding ``head_dim``; an ``int`` result.
+
 Probes build the learner's modules inside the worker. ``13.absorb`` runs the learner's functions on the course's
 ``SimpleMLA`` and ``13.DeepSeekMLA`` decodes through the course's ``LatentCache`` (both earlier exercises, not the
 references of the exercise being checked), so a wrong cache or ``SimpleMLA`` costs its own points only.
@@ -27,6 +55,12 @@ U = "13"
 ORACLE_ASSET = "oracles/u13_hf_mla.pt"
 TINY = dict(d_model=64, n_heads=4, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
 PARITY = [(None, True), (None, False), (24, True), (24, False)]   # (q_lora_rank, rope_interleave)
+# two more parity configs (same tiny D and H): distinct head dims (d_nope 16, d_R 16, d_v 12: every candidate softmax
+# scale gives a different output) and a non-default rope_theta. (rms_norm_eps is probed against the course's module:
+# transformers 5's DeepseekV3Attention builds q_a_layernorm and kv_a_layernorm with their default eps 1e-6 whatever
+# config.rms_norm_eps says, which agrees with DeepSeek-V3's own config, where both are 1e-6.)
+EXTRA = [dict(q_lora_rank=24, rope_interleave=True, qk_rope_head_dim=16, v_head_dim=12),
+         dict(q_lora_rank=24, rope_interleave=False, rope_theta=50.0)]
 SEQ = 9
 
 
@@ -63,6 +97,23 @@ def _causal(t, s=None):
     return torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
 
 
+def _state_copy(m):
+    return {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+
+
+def _unchanged(before, after):
+    """Names of state_dict entries a forward changed (plain data on both sides)."""
+    return sorted(k for k in before if k not in after or not torch.equal(before[k], after[k]))
+
+
+def _nan_forward(module):
+    """Make ``module`` answer NaN when called (its weights stay readable): a path that calls it shows in the output."""
+    def forward(inp, *args, **kwargs):
+        out_features = unwrap(module).weight.shape[0]
+        return torch.full((*inp.shape[:-1], out_features), float("nan"), dtype=inp.dtype)
+    unwrap(module).forward = forward
+
+
 # ------------------------------------------------------------------ the stored transformers oracle
 
 
@@ -79,8 +130,11 @@ def build_hf_oracle() -> dict:
     from llmcourse.models.deepseek_mla import hf_deepseek_attention_config
 
     cases = []
-    for i, (q_lora_rank, interleave) in enumerate(PARITY):
-        cfg = hf_deepseek_attention_config(q_lora_rank=q_lora_rank, rope_interleave=interleave)
+    configs = [dict(q_lora_rank=q, rope_interleave=il) for q, il in PARITY] + [dict(e) for e in EXTRA]
+    for i, conf in enumerate(configs):
+        q_lora_rank, interleave = conf["q_lora_rank"], conf["rope_interleave"]
+        extra = {k: v for k, v in conf.items() if k not in ("q_lora_rank", "rope_interleave")}
+        cfg = hf_deepseek_attention_config(**conf)
         att = DeepseekV3Attention(cfg, layer_idx=0).eval()
         g = _gen(100 + i)
         with torch.no_grad():
@@ -91,8 +145,11 @@ def build_hf_oracle() -> dict:
         add = torch.zeros(SEQ, SEQ).masked_fill(~_causal(SEQ), float("-inf"))[None, None]
         with torch.no_grad():
             y = att(x, (cos, sin), add)[0].clone()
-        cases.append({"q_lora_rank": -1 if q_lora_rank is None else q_lora_rank, "rope_interleave": interleave,
-                      "state": {k: v.detach().clone() for k, v in att.state_dict().items()}, "x": x, "y": y})
+        case = {"q_lora_rank": -1 if q_lora_rank is None else q_lora_rank, "rope_interleave": interleave,
+                "state": {k: v.detach().clone() for k, v in att.state_dict().items()}, "x": x, "y": y}
+        if extra:
+            case["extra"] = extra
+        cases.append(case)
     return {"cases": cases}
 
 
@@ -236,6 +293,22 @@ def check_simple_mla(t):
     t.compare(decode, full, "outputs of a 3-token prefill then 4 single-token steps through a LatentCache (equal to "
               "the full forward)", atol=1e-5, rtol=1e-4, pick=lambda o: o["out"])
 
+    # -- side effects: a forward (eval, train, with a cache) leaves parameters and buffers unchanged
+    def side_effects(impl):
+        m = _simple_module(impl, state, D, H, hd, dc)
+        before = _state_copy(m)
+        with torch.no_grad():
+            m(x, mask)
+            m(x[:, :3], _causal(3), cache=impl.LatentCache(1))
+        unwrap(m).train()
+        m(x, mask)
+        return [before, _state_copy(m)]
+
+    before, after = t.run(side_effects)
+    changed = _unchanged(before, after)
+    t.expect(not changed, f"a forward pass (eval or train mode, with or without a cache) must leave the module's "
+             f"parameters and buffers unchanged; it changed {changed}")
+
 
 class _Recorder:
     """Passes every call to the learner's cache and keeps the latents the last ``update`` returned."""
@@ -350,8 +423,52 @@ def check_absorb(t):
              "output; it gave " + ("the old output (stale absorbed matrices)" if torch.allclose(got[0], got[1])
                                    else "something else"), bug="B13.absorb_cached_stale")
 
+    # -- structure: the latents are never turned into per-head keys or values
+    # (1) W_uk and W_uv answer NaN when called as modules; their weights stay readable
+    def poisoned_calls(impl):
+        m = _course_simple(s32, 48, 6, 8, 10)
+        with torch.no_grad():
+            c_all = m.W_dkv(xs)
+            _nan_forward(m.W_uk)
+            _nan_forward(m.W_uv)
+            return impl.absorbed_forward(m, xs, c_all, _causal(11))
+
+    out = t.run(poisoned_calls)
+    t.expect(isinstance(out, torch.Tensor) and bool(torch.isfinite(out).all()),
+             "absorbed_forward called the module's W_uk or W_uv on the latents (a probe made those calls return "
+             "NaN): that rebuilds every cached token's per-head keys/values, the work absorption removes. Use the "
+             "absorbed matrices, which read only the weights", bug="B13.absorbed_forward_rebuilds_kv")
+    t.compare(poisoned_calls, full, "absorbed_forward with W_uk/W_uv answering NaN when called (weights readable)",
+              atol=1e-5, rtol=1e-4)
+    # (2) weights scaled so that W_uk·c overflows float32 while x·A, A·c and Bo·lat stay finite
+    ovf = {k: v.clone() for k, v in s32.items()}
+    ovf["W_q.weight"] *= 1e-20
+    ovf["W_dkv.weight"] *= 1e19
+    ovf["W_uk.weight"] *= 1e21
+    ovf["W_o.weight"] *= 1e-19
+    want_ovf = _simple_naive({k: v.double() for k, v in ovf.items()}, xs.double(), _causal(11), 6, 8)[0].float()
+
+    def overflow(impl):
+        m = _course_simple(ovf, 48, 6, 8, 10)
+        with torch.no_grad():
+            return impl.absorbed_forward(m, xs, m.W_dkv(xs), _causal(11))
+
+    out = t.run(overflow)
+    t.expect(isinstance(out, torch.Tensor) and bool(torch.isfinite(out).all()),
+             "with weights scaled so that any per-head key W_uk·c overflows float32 (latents ~1e19, W_uk ~1e21, "
+             "W_q ~1e-20), absorbed_forward returned inf/NaN: it builds per-head keys from the latents. Score the "
+             "queries against the latents through A instead (x·A stays finite)", bug="B13.absorbed_forward_rebuilds_kv")
+    t.compare(overflow, want_ovf, "absorbed_forward with overflow-scaled weights (only the absorbed products stay "
+              "finite) against naive MLA in float64", atol=1e-5, rtol=1e-4)
+
 
 # ================================================================== 13.DeepSeekMLA
+
+
+def _case_kwargs(case):
+    """``DeepSeekMLA`` keyword arguments of a stored oracle case."""
+    q = None if case["q_lora_rank"] < 0 else case["q_lora_rank"]
+    return dict(TINY, q_lora_rank=q, rope_interleave=case["rope_interleave"], **case.get("extra", {}))
 
 
 def _ds_kwargs(q_lora_rank, interleave):
@@ -368,26 +485,28 @@ def _expected_keys(q_lora_rank):
     return keys
 
 
-def _ds_module(impl, q_lora_rank, interleave, state):
-    m = impl.DeepSeekMLA(**_ds_kwargs(q_lora_rank, interleave))
+def _ds_module(impl, kw, state):
+    m = impl.DeepSeekMLA(**kw)
     unwrap(m).load_state_dict(state, strict=True)
     unwrap(m).eval()
     return m
 
 
-def _ds_full(q_lora_rank, interleave, state, x, shift=0, absorb=False):
+def _ds_full(kw, state, x, shift=0, absorb=False, poison=False):
     def probe(impl):
-        m = _ds_module(impl, q_lora_rank, interleave, state)
+        m = _ds_module(impl, kw, state)
+        if poison:
+            _nan_forward(m.kv_b_proj)
         with torch.no_grad():
             return m(x, torch.arange(x.shape[1]) + shift, _causal(x.shape[1]), absorb=absorb)
     return probe
 
 
-def _ds_decode(q_lora_rank, interleave, state, x, prefill=5, absorb=False):
+def _ds_decode(kw, state, x, prefill=5, absorb=False):
     def probe(impl):
         from llmcourse.models.deepseek_mla import LatentCache
 
-        m = _ds_module(impl, q_lora_rank, interleave, state)
+        m = _ds_module(impl, kw, state)
         cache = LatentCache(2)
         T = x.shape[1]
         with torch.no_grad():
@@ -397,6 +516,28 @@ def _ds_decode(q_lora_rank, interleave, state, x, prefill=5, absorb=False):
         shapes = [list(v.shape) if isinstance(v, torch.Tensor) else None for v in (cache.c_kv[1], cache.k_pe[1])]
         return {"out": torch.cat(outs, dim=1), "shapes": shapes, "layer0": [cache.c_kv[0], cache.k_pe[0]]}
     return probe
+
+
+def _overflow_state(state, kw):
+    """Weights scaled so that per-head keys ``W_UK c_kv`` overflow float32 (latent ~1e19 via the latent norm's gain,
+    K rows of ``kv_b_proj`` ~1e21) while the absorbed products stay finite (queries ~1e-20, ``o_proj`` ~1e-19)."""
+    st = {k: v.clone() for k, v in state.items()}
+    h, dn, dv, dc = kw["n_heads"], kw["qk_nope_head_dim"], kw["v_head_dim"], kw["kv_lora_rank"]
+    st["q_proj.weight"] *= 1e-20
+    st["kv_a_layernorm.weight"] *= 1e19
+    st["kv_b_proj.weight"].view(h, dn + dv, dc)[:, :dn] *= 1e21
+    st["o_proj.weight"] *= 1e-19
+    return st
+
+
+def _expected_overflow(state, kw, x):
+    """The naive path in float64 (no overflow there) on the scaled weights, as float32."""
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+
+    m = DeepSeekMLA(**kw).double().eval()
+    m.load_state_dict({k: v.double() for k, v in state.items()})
+    with torch.no_grad():
+        return m(x.double(), torch.arange(x.shape[1]), _causal(x.shape[1])).float()
 
 
 @check(f"{U}.DeepSeekMLA", ["DeepSeekMLA"], _ref_deepseek)
@@ -414,20 +555,22 @@ def check_deepseek_mla(t):
                  f"transformers' DeepseekV3Attention, no biases: {want}; got {sd}")
 
     cases = oracle()["cases"]
-    for case in cases:
-        q = None if case["q_lora_rank"] < 0 else case["q_lora_rank"]
-        il = case["rope_interleave"]
-        t.compare(_ds_full(q, il, case["state"], case["x"]), case["y"],
-                  f"output with transformers' DeepseekV3Attention weights (q_lora_rank={q}, rope_interleave={il}; "
-                  "D=64, H=4, d_c=16, d_nope=16, d_R=8, d_v=16, causal mask)", atol=1e-5, rtol=0)
+    # the distinct-head-dims case first: every candidate softmax scale gives its own output there
+    for case in [cases[4], *cases[:4], cases[5]]:
+        kw = _case_kwargs(case)
+        extra = "".join(f", {k}={v}" for k, v in case.get("extra", {}).items())
+        t.compare(_ds_full(kw, case["state"], case["x"]), case["y"],
+                  f"output with transformers' DeepseekV3Attention weights (q_lora_rank={kw['q_lora_rank']}, "
+                  f"rope_interleave={kw['rope_interleave']}{extra}; D=64, H=4, d_c=16, causal mask)", atol=1e-5, rtol=0)
 
-    for case in cases[2:]:
-        q, il, state, x, y = case["q_lora_rank"], case["rope_interleave"], case["state"], case["x"], case["y"]
-        t.compare(_ds_full(q, il, state, x, absorb=True), y, f"absorb=True (rope_interleave={il}) must equal the "
+    for case in cases[2:4]:
+        kw, state, x, y = _case_kwargs(case), case["state"], case["x"], case["y"]
+        il = kw["rope_interleave"]
+        t.compare(_ds_full(kw, state, x, absorb=True), y, f"absorb=True (rope_interleave={il}) must equal the "
                   "naive path", atol=1e-5, rtol=0)
-        t.compare(_ds_full(q, il, state, x, shift=11), y, f"positions shifted by 11 (rope_interleave={il}) must "
+        t.compare(_ds_full(kw, state, x, shift=11), y, f"positions shifted by 11 (rope_interleave={il}) must "
                   "leave the output unchanged (RoPE sees only j − i)", atol=2e-5, rtol=0)
-        got = t.run(_ds_decode(q, il, state, x))
+        got = t.run(_ds_decode(kw, state, x))
         if got["shapes"][0] is not None and got["shapes"][0] != [2, SEQ, 16]:
             t.fail(f"after {SEQ} tokens the cache holds c_kv of shape {got['shapes'][0]} and k_pe of shape "
                    f"{got['shapes'][1]}: MLA caches only the normalised latent (B, T, kv_lora_rank) = (2, {SEQ}, 16) "
@@ -437,10 +580,59 @@ def check_deepseek_mla(t):
                  f"update(layer_idx, c_kv, k_pe) must have stored c_kv (2, {SEQ}, 16) and k_pe (2, {SEQ}, 8); got "
                  f"{got['shapes']}", bug="B13.cache_decompressed")
         t.expect(got["layer0"] == [None, None], "with layer_idx=1 only layer 1 of the cache may be written")
-        t.compare(_ds_decode(q, il, state, x), y, f"a 5-token prefill then single-token steps through a LatentCache "
+        t.compare(_ds_decode(kw, state, x), y, f"a 5-token prefill then single-token steps through a LatentCache "
                   f"(rope_interleave={il}) must equal the full forward", atol=1e-5, rtol=0, pick=lambda o: o["out"])
-        t.compare(_ds_decode(q, il, state, x, absorb=True), y, f"cached decoding with absorb=True "
+        t.compare(_ds_decode(kw, state, x, absorb=True), y, f"cached decoding with absorb=True "
                   f"(rope_interleave={il}) must equal the full forward", atol=1e-5, rtol=0, pick=lambda o: o["out"])
+
+    # rms_norm_eps at a non-default value (both latent norms); the course's module is the reference here
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+
+    eps_kw = dict(_case_kwargs(cases[3]), rms_norm_eps=0.1)
+    ref_eps = DeepSeekMLA(**eps_kw).eval()
+    ref_eps.load_state_dict(cases[3]["state"])
+    with torch.no_grad():
+        want_eps = ref_eps(cases[3]["x"], torch.arange(SEQ), _causal(SEQ))
+    t.compare(_ds_full(eps_kw, cases[3]["state"], cases[3]["x"]), want_eps, "rms_norm_eps=0.1 (the epsilon of both "
+              "RMSNorms, q_a_layernorm and kv_a_layernorm)", atol=1e-5, rtol=0)
+
+    # -- structure of absorb=True: per-head keys/values are never built from the latents
+    case = cases[0]
+    kw, state, x, y = _case_kwargs(case), case["state"], case["x"], case["y"]
+    out = t.run(_ds_full(kw, state, x, absorb=True, poison=True))
+    t.expect(isinstance(out, torch.Tensor) and bool(torch.isfinite(out).all()),
+             "with absorb=True your module still called kv_b_proj on the latents (a probe made that call return NaN): "
+             "the absorbed path must not run the naive path or rebuild per-head keys/values; it reads the K and V "
+             "rows of kv_b_proj.weight and works on c_kv directly", bug="B13.absorb_ignored")
+    t.compare(_ds_full(kw, state, x, absorb=True, poison=True), y, "absorb=True with kv_b_proj answering NaN when "
+              "called (its weight readable)", atol=1e-5, rtol=0)
+    ovf = _overflow_state(state, kw)
+    out = t.run(_ds_full(kw, ovf, x, absorb=True))
+    t.expect(isinstance(out, torch.Tensor) and bool(torch.isfinite(out).all()),
+             "with weights scaled so that any per-head key (K rows of kv_b_proj applied to c_kv) overflows float32 "
+             "while the absorbed products stay finite, absorb=True returned inf/NaN: it materialises per-head keys. "
+             "Map q_nope into latent space with the K rows and score it against c_kv", bug="B13.absorb_rebuilds_kv")
+    t.compare(_ds_full(kw, ovf, x, absorb=True), _expected_overflow(ovf, kw, x), "absorb=True with overflow-scaled "
+              "weights against the naive path in float64", atol=1e-5, rtol=1e-4)
+
+    # -- side effects: forwards (eval and train mode, cached, absorbed) leave parameters and buffers unchanged
+    def side_effects(impl):
+        from llmcourse.models.deepseek_mla import LatentCache
+
+        m = _ds_module(impl, _case_kwargs(cases[3]), cases[3]["state"])
+        xx = cases[3]["x"]
+        before = _state_copy(m)
+        with torch.no_grad():
+            m(xx, torch.arange(SEQ), _causal(SEQ), absorb=True)
+            m(xx[:, :4], torch.arange(4), _causal(4), cache=LatentCache(1))
+        unwrap(m).train()
+        m(xx, torch.arange(SEQ), _causal(SEQ))
+        return [before, _state_copy(m)]
+
+    before, after = t.run(side_effects)
+    changed = _unchanged(before, after)
+    t.expect(not changed, f"a forward pass (eval or train mode, cached or absorbed) must leave the module's "
+             f"parameters and buffers unchanged; it changed {changed}")
 
 
 # ================================================================== 13.mla_memory

@@ -10,6 +10,31 @@ Fixtures: F14.1 (softmax top-2), F14.2 (uniform and collapsed routers), F14.3 (g
 negative bias), F14.4 (sign update). Properties: weights = softmax of the selected logits, gradient reaches
 ``probs`` only, invariance to token order, float32 bias, balanced loads unchanged, the bias a buffer, experts
 without tokens not run, independent rows.
+
+Contract clauses and the probes that cover them
+-----------------------------------------------
+
+``14.softmax_topk_route``: probs, indices (descending), weights of the worked example; ``renormalize=False``
+  (non-default); shapes; weights = softmax of the selected logits; rows sum to 1.
+``14.load_balancing_loss``: the normalisation of ``f_i`` is the learner's decision, forced by the two boundary cases
+  (uniform + balanced with k = 2 gives exactly alpha; collapse with k = 1 gives alpha·E; the wrong alternatives are
+  the fractions without E/k and E/N without 1/k); a random router at a non-default ``alpha``; the gradient
+  reaches ``probs`` only (alpha·f_i/N); token-order invariance.
+``14.deepseek_route``: the negative-bias group case (the mask value of excluded groups is the learner's decision:
+  0 is the named wrong alternative); float32/long outputs; ``routed_scaling_factor`` and ``norm_topk_prob=False``
+  (non-default) against ``DeepseekV3TopkRouter``; ``n_group``/``topk_group`` in two oracle configs.
+``14.update_bias``: the worked loads; float32 for a bfloat16 bias; balanced loads unchanged; random loads at a
+  non-default ``gamma``; the input bias is not modified in place (a new tensor is returned).
+``14.DeepSeekMoE``: keys/shapes, bias a float32 persistent buffer; parity with ``DeepseekV3MoE`` (two configs:
+  ``n_group``, ``topk_group``, ``routed_scaling_factor``, ``norm_topk_prob=False``, S = 1 and 2); independent rows;
+  experts without tokens not run; train mode stores ``last_indices``; ``update_bias`` with a non-default
+  ``bias_update_speed``; side effects: an eval forward and a train-mode forward leave parameters and buffers
+  unchanged (the bias moves only in ``update_bias``).
+``14.sequence_balance_loss``: balanced sequences with equal affinities of any value give exactly alpha (per-token
+  normalisation); two sequences collapsed onto different experts pay as much as one (per sequence, not batch-wise:
+  named alternative); mean over sequences (sum is named); a random batch at a non-default ``alpha`` and the
+  default ``alpha`` (1e-4) against a loop written here; gradient reaches ``scores`` (autograd of that loop); token
+  order within a sequence does not matter.
 """
 
 from __future__ import annotations
@@ -44,6 +69,12 @@ def _ref():
 
     return {"softmax_topk_route": M.softmax_topk_route, "load_balancing_loss": M.load_balancing_loss,
             "deepseek_route": M.deepseek_route, "update_bias": M.update_bias, "DeepSeekMoE": M.DeepSeekMoE}
+
+
+def _ref_seq():
+    from llmcourse.models.deepseek_moe import sequence_balance_loss
+
+    return {"sequence_balance_loss": sequence_balance_loss}
 
 
 def _gen(seed):
@@ -219,6 +250,14 @@ def check_update_bias(t):
               "balanced loads must leave the bias unchanged", atol=0)
     b = torch.randn(6, generator=_gen(4)) * 0.1
     ind = torch.randint(0, 6, (25, 2), generator=_gen(5))
+
+    def in_place(impl):
+        given = b.clone()
+        impl.update_bias(given, ind, 6, 0.01)
+        return given
+
+    t.expect(torch.equal(t.run(in_place), b), "update_bias must return a new tensor and leave the bias it was given "
+             "unchanged (the layer copies the result into its buffer)")
     c = torch.bincount(ind.flatten(), minlength=6).float()
     t.compare(lambda impl: impl.update_bias(b, ind, 6, 0.01), b + 0.01 * torch.sign(c.mean() - c),
               "random loads (E=6, 25 tokens × 2, gamma 0.01)", atol=1e-7, rtol=0)
@@ -283,6 +322,21 @@ def check_deepseek_moe(t):
     t.expect(ran == chosen, f"for one token routed to experts {sorted(chosen)} your layer ran experts {sorted(ran)}; "
              "run each expert only on the tokens routed to it")
 
+    # side effects: forwards in eval and train mode change no parameter or buffer (the bias moves in update_bias only)
+    def side_effects(impl):
+        m = _moe(impl, state, kw)
+        before = {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
+        with torch.no_grad():
+            m(x)
+        unwrap(m).train()
+        m(x)
+        return [before, {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}]
+
+    before, after = t.run(side_effects)
+    changed = sorted(k for k in before if k not in after or not torch.equal(before[k], after[k]))
+    t.expect(not changed, f"a forward pass (eval or train mode) must leave parameters and buffers unchanged; it "
+             f"changed {changed[:4]} (the correction bias moves only when update_bias() is called)")
+
     # training mode: last_indices and update_bias
     def train_probe(impl):
         m = _moe(impl, state, dict(kw, bias_update_speed=0.01), mode="train")
@@ -302,3 +356,62 @@ def check_deepseek_moe(t):
                                                              atol=1e-7),
              "update_bias() must apply bias + bias_update_speed·sign(mean load − load) to gate.e_score_correction_bias "
              "using the loads of the last training-mode forward")
+
+
+# ================================================================== 14.sequence_balance_loss
+
+
+def _seq_loss_loop(scores, indices, num_experts, alpha):
+    """The checker's own route: a loop over sequences and experts (differentiable in ``scores``)."""
+    b, t, k = indices.shape
+    total = 0.0
+    for s in range(b):
+        shares = scores[s] / scores[s].sum(-1, keepdim=True)
+        seq = 0.0
+        for i in range(num_experts):
+            f = num_experts / (k * t) * float((indices[s] == i).sum())
+            seq = seq + f * shares[:, i].mean()
+        total = total + alpha * seq
+    return total / b
+
+
+@check(f"{U}.sequence_balance_loss", ["sequence_balance_loss"], _ref_seq)
+def check_sequence_balance_loss(t):
+    even = torch.tensor([[[0, 1], [2, 3]] * 4] * 2)
+    for value in (0.37, 0.9):
+        flat = torch.full((2, 8, 4), value)
+        t.compare(lambda impl, flat=flat: impl.sequence_balance_loss(flat, even, 4, 0.01).float(), torch.tensor(0.01),
+                  f"balanced sequences whose experts all have affinity {value}: the loss must be exactly alpha "
+                  "(P_i uses each token's affinities as shares of their sum)", atol=1e-7, rtol=1e-5)
+    split = torch.tensor([[[0, 1]] * 8, [[2, 3]] * 8])
+    sure = torch.full((2, 8, 4), 0.1).scatter(2, split, 0.9)
+    t.compare(lambda impl: impl.sequence_balance_loss(sure, split, 4, 0.01).float(),
+              _seq_loss_loop(sure, split, 4, 0.01), "two sequences collapsed onto different experts (balanced as a "
+              "batch): each sequence is judged on its own tokens", atol=1e-7, rtol=1e-5)
+    t.compare(lambda impl: impl.sequence_balance_loss(sure[:1], split[:1], 4, 0.01).float(),
+              _seq_loss_loop(sure[:1], split[:1], 4, 0.01), "one collapsed sequence alone (the pair above must "
+              "cost the same)", atol=1e-7, rtol=1e-5)
+    g = _gen(7)
+    sc = torch.rand(3, 10, 6, generator=g) + 0.05
+    idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(30)]).view(3, 10, 2)
+    t.compare(lambda impl: impl.sequence_balance_loss(sc, idx, 6, 0.05).float(), _seq_loss_loop(sc, idx, 6, 0.05),
+              "a random batch (B=3, T=10, E=6, k=2, alpha=0.05)", atol=1e-7, rtol=1e-5)
+    t.compare(lambda impl: impl.sequence_balance_loss(sc, idx, 6).float(), _seq_loss_loop(sc, idx, 6, 1e-4),
+              "the same batch with the default alpha (1e-4)", atol=1e-9, rtol=1e-5)
+
+    def grad_probe(impl):
+        p = sc.clone().requires_grad_(True)
+        impl.sequence_balance_loss(p, idx, 6, 0.05).backward()
+        return p.grad
+
+    p = sc.clone().requires_grad_(True)
+    _seq_loss_loop(p, idx, 6, 0.05).backward()
+    grad = t.run(grad_probe)
+    t.expect(grad is not None, "the loss must be differentiable in scores (no .detach() or .item() on them)")
+    t.expect(torch.allclose(grad, p.grad, atol=1e-7), "d loss / d scores differs from the gradient of the loss as "
+             "defined: the counts carry no gradient, the shares are each token's affinities over their sum")
+    perm = torch.randperm(10, generator=_gen(8))
+    pair = t.run(lambda impl: [impl.sequence_balance_loss(sc, idx, 6, 0.05).float(),
+                               impl.sequence_balance_loss(sc[:, perm], idx[:, perm], 6, 0.05).float()])
+    t.expect(torch.allclose(pair[0], pair[1], atol=1e-8), "the loss must not depend on the order of the tokens "
+             "inside a sequence")

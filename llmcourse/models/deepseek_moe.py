@@ -5,6 +5,8 @@ Pieces (unit 14):
 * :func:`softmax_topk_route` -- softmax over ``E`` experts, keep the ``k`` largest, optionally renormalise.
 * :func:`load_balancing_loss` -- the Switch Transformer auxiliary loss ``α·Σ_i f_i·P_i`` (Fedus et al. 2021,
   eq. 4-6; GShard's ``l_aux``), scaled so that a uniform router with balanced assignments gives exactly ``α``.
+* :func:`sequence_balance_loss` -- DeepSeek-V3's complementary sequence-wise balance loss (report eq. 17-20): the
+  same product ``α·Σ_i f_i·P_i`` per sequence, with the affinities normalised per token, averaged over the batch.
 * :func:`deepseek_route` -- DeepSeek-V3's sigmoid, group-limited routing (DeepSeek-V3 report, eq. 12-16):
   ``e_score_correction_bias`` only **chooses** experts; the gate weights come from the unbiased scores.
 * :func:`update_bias` -- auxiliary-loss-free balancing (Wang et al. 2024, "Auxiliary-Loss-Free Load
@@ -19,6 +21,8 @@ the same inputs; ``tests/test_unit14_deepseek_moe.py`` proves it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -26,8 +30,9 @@ from torch import Tensor, nn
 from .llama3 import SwiGLUFeedForward
 
 __all__ = [
-    "softmax_topk_route", "load_balancing_loss", "deepseek_route", "update_bias", "expert_counts",
-    "DeepSeekTopkRouter", "DeepSeekMoE", "moe_param_counts",
+    "softmax_topk_route", "load_balancing_loss", "sequence_balance_loss", "deepseek_route", "update_bias",
+    "expert_counts", "capacity_mask", "DeepSeekTopkRouter", "DeepSeekMoE", "moe_param_counts",
+    "profile_moe_forward",
     "hf_deepseek_moe_config", "random_hf_deepseek_moe", "moe_state_dict_from_hf", "load_hf_deepseek_moe",
 ]
 
@@ -71,6 +76,27 @@ def expert_counts(indices: Tensor, num_experts: int) -> Tensor:
     return torch.bincount(indices.reshape(-1).long(), minlength=num_experts)
 
 
+def capacity_mask(indices: Tensor, num_experts: int, capacity_factor: float) -> tuple[Tensor, int]:
+    """Expert capacity with token dropping (Switch Transformer §2.2, GShard): which assignments an expert keeps.
+
+    Every expert accepts at most ``C = floor(capacity_factor · k·N / E)`` of the ``N·k`` assignments (``k·N/E`` is
+    its share under perfect balance); assignments are served in token order (token 0's slots first) and the ones
+    beyond ``C`` are dropped (the token then skips that expert; a residual connection carries it on). DeepSeek-V3
+    drops no tokens, in training or inference (report §2.1.2): it relies on balanced routing instead.
+
+    Args:
+        indices: ``(N, k)`` long. num_experts: ``E``. capacity_factor: ``> 0``.
+
+    Returns:
+        ``(kept (N, k) bool, C)``.
+    """
+    n, k = indices.shape
+    cap = int(math.floor(capacity_factor * k * n / num_experts))
+    onehot = F.one_hot(indices.reshape(-1).long(), num_experts)                  # (N·k, E), token-major order
+    position = (onehot.cumsum(0) * onehot).sum(-1) - 1                          # place in its expert's queue
+    return (position < cap).view(n, k), cap
+
+
 def load_balancing_loss(probs: Tensor, indices: Tensor, num_experts: int, alpha: float = 0.01) -> Tensor:
     """Auxiliary load-balancing loss ``α·Σ_i f_i·P_i`` (Switch Transformer eq. 4-6, generalised to top-k).
 
@@ -92,6 +118,31 @@ def load_balancing_loss(probs: Tensor, indices: Tensor, num_experts: int, alpha:
     f = expert_counts(indices, num_experts).to(probs.dtype) * (num_experts / (k * n))
     p = probs.mean(dim=0)
     return alpha * (f * p).sum()
+
+
+def sequence_balance_loss(scores: Tensor, indices: Tensor, num_experts: int, alpha: float = 0.0001) -> Tensor:
+    """DeepSeek-V3's complementary sequence-wise balance loss (technical report §2.1.2, eq. 17-20).
+
+    For each sequence ``b`` of ``T`` tokens: ``s'[t, i] = scores[b, t, i] / Σ_j scores[b, t, j]`` (affinities
+    normalised per token), ``P_i = mean_t s'[t, i]``, ``f_i = E/(k·T)·#{(t, j): indices[b, t, j] = i}``,
+    ``L_b = α·Σ_i f_i·P_i``; returns ``mean_b L_b``. Balance is asked of **every sequence**, not only of the batch:
+    two sequences collapsed onto different experts are balanced as a batch (:func:`load_balancing_loss` near
+    ``α``) but each pays ``α·E/k`` here (for a uniform router, whatever the constant affinity). Differentiable in
+    ``scores`` only.
+
+    Args:
+        scores: ``(B, T, E)`` non-negative affinities (DeepSeek-V3: the sigmoid scores, unbiased).
+        indices: ``(B, T, k)`` long, the chosen experts (DeepSeek-V3: chosen with the biased scores).
+        num_experts: ``E``. alpha: the coefficient (DeepSeek-V3 used a very small one, 1e-4).
+
+    Returns:
+        a scalar tensor of ``scores``' dtype.
+    """
+    b, t, k = indices.shape
+    counts = torch.stack([expert_counts(indices[i], num_experts) for i in range(b)]).to(scores.dtype)  # (B, E)
+    f = counts * (num_experts / (k * t))
+    p = (scores / scores.sum(dim=-1, keepdim=True)).mean(dim=1)                                      # (B, E)
+    return alpha * (f * p).sum(dim=-1).mean()
 
 
 def deepseek_route(router_logits: Tensor, bias: Tensor, top_k: int, n_group: int, topk_group: int,
@@ -285,6 +336,75 @@ class DeepSeekMoE(nn.Module):
             return
         b = self.gate.e_score_correction_bias
         b.copy_(update_bias(b, self.last_indices, self.n_routed_experts, self.bias_update_speed))
+
+
+@torch.no_grad()
+def profile_moe_forward(moe: DeepSeekMoE, x: Tensor, repeats: int = 5) -> dict:
+    """Where one eval-mode :meth:`DeepSeekMoE.forward` spends its time, stage by stage (the grouped-GEMM path).
+
+    Runs the steps of the forward one after the other with a clock between them and returns the best of ``repeats``
+    wall times per stage in milliseconds::
+
+        router   logits in float32 and deepseek_route (sigmoid, group mask, top-k, gate weights)
+        sort     argsort of the N·k expert indices, tokens per expert, offsets
+        gather   the rows of the routed tokens and their gate weights (index_select)
+        pack     the expert weights laid side by side for the grouped GEMM (cat/stack, every call)
+        gemm     the grouped GEMMs (gate and up in one, SwiGLU, down) and the gate-weight product
+        scatter  the weighted rows added back at their tokens (index_add)
+        shared   the shared experts (one dense SwiGLU)
+
+    plus ``"total"`` (the sum) and ``"max_abs_diff"`` against ``moe(x)`` (the staged run must compute the same
+    output). Timings depend on the machine and its load: print them, never assert them.
+
+    Raises:
+        ValueError: when the layer would not take the grouped path (hooked or converted experts, non-float32 rows).
+    """
+    import time
+
+    flat = x.reshape(-1, moe.d_model)
+    if not moe._grouped_ok(flat):
+        raise ValueError("profile_moe_forward needs the grouped-GEMM path (plain float32 SwiGLU experts)")
+    best: dict[str, float] = {}
+    out = None
+    for _ in range(repeats):
+        times = {}
+        t0 = time.perf_counter()
+        _, weights, indices = moe.gate(flat)
+        t1 = time.perf_counter()
+        times["router"] = t1 - t0
+        k = indices.shape[1]
+        flat_e = indices.reshape(-1)
+        order = torch.argsort(flat_e, stable=True)
+        counts = torch.bincount(flat_e, minlength=moe.n_routed_experts)
+        offs = torch.cumsum(counts, 0).to(torch.int32)
+        token = order // k
+        t2 = time.perf_counter()
+        times["sort"] = t2 - t1
+        xs = flat.index_select(0, token)
+        w = weights.reshape(-1).index_select(0, order)[:, None]
+        t3 = time.perf_counter()
+        times["gather"] = t3 - t2
+        n_e, width = len(moe.experts), moe.experts[0].gate_proj.out_features
+        w_gate_up = torch.cat([p for ex in moe.experts for p in (ex.gate_proj.weight, ex.up_proj.weight)])
+        w_gate_up = w_gate_up.view(n_e, 2 * width, -1).transpose(1, 2)
+        w_down = torch.stack([ex.down_proj.weight for ex in moe.experts]).transpose(1, 2)
+        t4 = time.perf_counter()
+        times["pack"] = t4 - t3
+        gate, up = F.grouped_mm(xs, w_gate_up, offs=offs).chunk(2, dim=-1)
+        ys = F.grouped_mm(F.silu(gate) * up, w_down, offs=offs) * w
+        t5 = time.perf_counter()
+        times["gemm"] = t5 - t4
+        routed = torch.zeros_like(flat).index_add_(0, token, ys.to(flat.dtype))
+        t6 = time.perf_counter()
+        times["scatter"] = t6 - t5
+        shared = moe.shared_experts(flat) if moe.shared_experts is not None else torch.zeros_like(flat)
+        times["shared"] = time.perf_counter() - t6
+        out = routed + shared
+        for name, v in times.items():
+            best[name] = min(best.get(name, float("inf")), 1e3 * v)
+    best["total"] = sum(best.values())
+    best["max_abs_diff"] = float((out.view_as(x) - moe(x)).abs().max())
+    return best
 
 
 def moe_param_counts(d_model: int, moe_intermediate_size: int, n_routed_experts: int, n_shared_experts: int,

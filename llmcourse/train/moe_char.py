@@ -121,7 +121,12 @@ def dense_char_model(vocab_size: int = 65, context_length: int = 64) -> Llama3Mo
 
 
 def max_mean_ratio(loads: Tensor) -> Tensor:
-    """Max over experts / mean over experts of ``loads`` ``(..., E)``: 1 = perfectly balanced, E = collapse."""
+    """Max over experts / mean over experts of ``loads`` ``(..., E)``: 1 = perfectly balanced.
+
+    With top-``k`` routing over ``E`` experts (``k`` distinct experts per token) the ratio is at most ``E/k``:
+    an expert receives at most one assignment per token (max ≤ N) while the mean is ``k·N/E``. ``E/k`` is reached
+    when every token is sent to the same ``k`` experts (4 for the unit's 8 experts, top-2), not ``E``.
+    """
     loads = loads.float()
     return loads.max(-1).values / loads.mean(-1)
 

@@ -136,8 +136,10 @@ def load_ratio_curves(loads: torch.Tensor, smooth: int = 10) -> dict:
     return {"ratio": ratio, "smoothed": smoothed, "share": share}
 
 
-def draw_load_runs(runs: dict[str, torch.Tensor], run: str | None = None, layer: int = 0) -> Figure:
-    """Left: max/mean load ratio over steps for every run; right: the expert-load heatmap of ``run``."""
+def draw_load_runs(runs: dict[str, torch.Tensor], run: str | None = None, layer: int = 0,
+                   ceiling: float | None = None) -> Figure:
+    """Left: max/mean load ratio over steps for every run (with the ``ceiling`` E/k of top-k routing when given);
+    right: the expert-load heatmap of ``run``."""
     run = run or next(iter(runs))
     fig, (ax, ax2) = figure(1, 2, figsize=(11, 4))
     for name, loads in runs.items():
@@ -145,6 +147,8 @@ def draw_load_runs(runs: dict[str, torch.Tensor], run: str | None = None, layer:
         ax.plot(range(1, len(cur["smoothed"]) + 1), cur["smoothed"].numpy(), lw=2 if name == run else 1,
                 label=RUN_LABELS.get(name, name))
     ax.axhline(1.0, color="#999", ls=":", lw=1)
+    if ceiling is not None:
+        ax.axhline(ceiling, color="#c00", ls="--", lw=1, label=f"ceiling E/k = {ceiling:g}")
     ax.set_xlabel("training step")
     ax.set_ylabel("max / mean expert load (mean over layers)")
     ax.set_title("load imbalance (1 = balanced)")
@@ -159,9 +163,10 @@ def draw_load_runs(runs: dict[str, torch.Tensor], run: str | None = None, layer:
     return fig
 
 
-def show_expert_loads(runs: dict[str, torch.Tensor], static: bool | None = None):
+def show_expert_loads(runs: dict[str, torch.Tensor], static: bool | None = None, ceiling: float | None = None):
     """W14.2: replays recorded per-step expert loads ``{run: (steps, layers, E)}``: the max/mean load ratio of
-    every run and the expert × step heatmap of the chosen run and layer.
+    every run (against the ``ceiling`` E/k of top-k routing when given) and the expert × step heatmap of the chosen
+    run and layer.
 
     Static fallback: the first run's heatmap, layer 0, with every ratio curve.
     """
@@ -176,14 +181,14 @@ def show_expert_loads(runs: dict[str, torch.Tensor], static: bool | None = None)
         out, update = redrawing_output(draw_load_runs)
 
         def refresh(_change=None):
-            update(runs=runs, run=run.value, layer=layer.value)
+            update(runs=runs, run=run.value, layer=layer.value, ceiling=ceiling)
 
         for c in (run, layer):
             c.observe(refresh, names="value")
         refresh()
         return widgets.VBox([widgets.HBox([run, layer]), out])
 
-    return live_or_static("W14.2", build_live, lambda: draw_load_runs(runs, names[0], 0), static,
+    return live_or_static("W14.2", build_live, lambda: draw_load_runs(runs, names[0], 0, ceiling), static,
                           caption="the recorded runs; heatmap of the first run, layer 0.")
 
 

@@ -10,13 +10,16 @@
 # 1. where the parameters are; total vs active parameters;
 # 2. experts and a router;
 # 3. softmax top-k routing;
-# 4. dispatch and combine: a sparse loop equal to a dense reference;
-# 5. load imbalance and the auxiliary balancing loss;
+# 4. dispatch and combine: sorted, gathered, one grouped product per projection, equal to a dense reference;
+# 5. load imbalance, the auxiliary balancing loss (batch-wise and sequence-wise), expert capacity and dropped
+#    tokens (with a spot-the-bug);
 # 6. DeepSeek-V3 routing: sigmoid affinities, a bias that only chooses, the sign update;
 # 7. shared experts (with a spot-the-bug);
 # 8. fine-grained experts and the number of combinations;
-# 9. group-limited routing and why excluded groups get −∞;
-# 10. parity with Hugging Face's DeepSeek-V3 layer, the balance experiment and the cost of dispatch on a CPU.
+# 9. group-limited (node-limited) routing: why a group is scored by its two best experts, and why excluded
+#    groups get −∞;
+# 10. parity with Hugging Face's DeepSeek-V3 layer;
+# 11. the balance experiment, dropped tokens of the trained models, and where the time of an MoE layer goes.
 #
 # The exercise notebook (`exercises/14_deepseek_moe/14_deepseek_moe.ipynb`) asks you to write the routing
 # functions and the layer. Here we use the finished versions from `llmcourse` and check every claim.
@@ -98,10 +101,12 @@ print(f"renormalised weights vs softmax of the selected logits: max |Δ| = {gap:
 # ## 4. Dispatch and combine
 #
 # A dense reference runs every expert on every token and multiplies by a gate matrix that is zero outside the
-# chosen experts. The sparse version gathers, for each expert, only the tokens routed to it, runs the expert
-# on that smaller batch and adds the weighted result back at the tokens' rows. Both give the same output;
-# only the sparse one saves work. Below, the library's layer (sparse) is compared with a dense computation
-# written from the definition.
+# chosen experts. The sparse version runs each expert only on the tokens routed to it. The library's layer does
+# this without a Python loop over experts: it sorts the `N·k` (token, slot) assignments by expert once, gathers
+# the rows of the routed tokens into one expert-sorted block, runs **one grouped matrix product per projection**
+# over the blocks (`torch.nn.functional.grouped_mm`: expert `e` multiplies only its own rows), weights the rows
+# and adds them back at their tokens. Both give the same output; only the sparse one saves work. Below, the
+# library's layer is compared with a dense computation written from the definition.
 
 # %%
 torch.manual_seed(0)
@@ -125,7 +130,7 @@ print("tokens per expert:", M.expert_counts(chosen, 8).tolist(), "of", chosen.nu
 # do everything and the others are dead weight; with experts spread over devices, the busiest one sets the pace.
 #
 # The Switch/GShard remedy adds `α·Σ_i f_i·P_i` to the loss, where `f_i` is expert `i`'s share of the
-# assignments (scaled by `E/k`, so a balanced router has `f_i = 1`) and `P_i` its mean router probability. The
+# assignments (normalised so that a balanced router has `f_i = 1`) and `P_i` its mean router probability. The
 # counts carry no gradient; the gradient pushes probability away from over-used experts. A uniform router
 # with balanced assignments gives exactly `α`; total collapse onto one expert gives `α·E`.
 
@@ -146,6 +151,109 @@ print(f"a freshly initialised router: loss {M.load_balancing_loss(probs, idx, 8,
 # %% [markdown]
 # The catch: this loss competes with the language-modelling loss. Too small and it does not balance, too
 # large and it hurts quality.
+#
+# **Batch-wise or sequence-wise?** The loss above measures balance over all the tokens of a batch. A batch can be
+# balanced while every sequence in it is not: below, two sequences of eight tokens, the first sent entirely to
+# experts 0 and 1, the second to experts 2 and 3, with a router that is equally sure of its choices. DeepSeek-V3
+# keeps a tiny **sequence-wise** version of the loss (the same product per sequence, with the affinities
+# normalised per token, averaged over sequences) next to its main, loss-free balancing: it guards against a
+# single sequence piling onto a few experts.
+
+# %%
+seq_idx = torch.tensor([[[0, 1]] * 8, [[2, 3]] * 8])                       # (B=2, T=8, k=2)
+seq_scores = torch.full((2, 8, n_exp), 0.1).scatter(2, seq_idx, 0.9)      # sure of its two experts
+flat_probs = (seq_scores / seq_scores.sum(-1, keepdim=True)).reshape(-1, n_exp)
+batch_loss = M.load_balancing_loss(flat_probs, seq_idx.reshape(-1, 2), n_exp, alpha)
+seq_loss = M.sequence_balance_loss(seq_scores, seq_idx, n_exp, alpha)
+print(f"batch-wise loss {batch_loss.item():.4f} (α = {alpha}: looks balanced); sequence-wise loss "
+      f"{seq_loss.item():.4f} = {seq_loss.item() / alpha:.2f}·α (each sequence uses {2} of {n_exp} experts)")
+assert seq_loss > 1.5 * batch_loss
+
+# %% [markdown]
+# ### Capacity and dropped tokens
+#
+# Switch Transformer and GShard bound the work of each expert: an expert accepts at most
+# `C = ⌊capacity factor · k·N/E⌋` assignments of a batch (`k·N/E` is its share under perfect balance), served in
+# token order; the assignments beyond `C` are **dropped** (the token skips that expert and the residual connection
+# carries it on). A capacity factor above 1 leaves slack for imbalance at the price of padded, idle slots.
+# DeepSeek-V3 drops no tokens at all, in training or inference: it relies on its routing staying balanced. (How
+# many tokens the trained models would drop is measured after the balance experiment of section 11.)
+#
+# ### Spot the bug: a capacity that drops tokens of a perfectly balanced router
+#
+# The function below computes which assignments an expert keeps. On a perfectly balanced routing (every expert
+# receives exactly its share) at capacity factor 1.0 it should drop nothing. It drops some. Read it and find why:
+
+# %%
+def keep_within_capacity_buggy(indices, num_experts, capacity_factor):
+    """(N, k) expert indices -> (kept (N, k) bool, capacity): each expert serves its first C assignments."""
+    n_tokens, k = indices.shape
+    capacity = math.floor(capacity_factor * n_tokens / num_experts)
+    served = [0] * num_experts
+    kept = torch.zeros(n_tokens, k, dtype=torch.bool)
+    for t in range(n_tokens):                   # token order: earlier tokens are served first
+        for j in range(k):
+            e = int(indices[t, j])
+            if served[e] < capacity:
+                kept[t, j] = True
+                served[e] += 1
+    return kept, capacity
+
+
+def dropped_share(kept):
+    return 1.0 - kept.float().mean().item()
+
+
+n_tok, e_cap, k_cap = 64, 8, 2
+balanced_idx = torch.arange(n_tok * k_cap).remainder(e_cap).view(n_tok, k_cap)  # every expert gets k·N/E
+print("assignments per expert:", M.expert_counts(balanced_idx, e_cap).tolist())
+for cf in (1.0, 1.25):
+    kept_b, cap_b = keep_within_capacity_buggy(balanced_idx, e_cap, cf)
+    print(f"capacity factor {cf}: C = {cap_b}, dropped {dropped_share(kept_b):.0%} of the assignments")
+
+# %% [markdown]
+# **Your fix.** Correct `keep_within_capacity` below (one expression is wrong), then run the self-check. It
+# compares your function with an independent count on the balanced routing (nothing dropped at 1.0) and on a
+# skewed one.
+
+# %%
+def keep_within_capacity(indices, num_experts, capacity_factor):
+    # TODO: fix the capacity (what is an expert's share of the N·k assignments under perfect balance?)
+    n_tokens, k = indices.shape
+    capacity = math.floor(capacity_factor * n_tokens / num_experts)
+    served = [0] * num_experts
+    kept = torch.zeros(n_tokens, k, dtype=torch.bool)
+    for t in range(n_tokens):
+        for j in range(k):
+            e = int(indices[t, j])
+            if served[e] < capacity:
+                kept[t, j] = True
+                served[e] += 1
+    return kept, capacity
+
+
+def self_check_capacity(fn):
+    skewed = torch.tensor([[0, 1]] * 24 + [[2, 3]] * 8)           # experts 0, 1 get 24 each; C = 8 at factor 1
+    try:
+        ok = (dropped_share(fn(balanced_idx, e_cap, 1.0)[0]) == 0.0
+              and fn(skewed, 8, 1.0)[1] == 8 and int(fn(skewed, 8, 1.0)[0].sum()) == 8 + 8 + 8 + 8)
+    except Exception as exc:  # noqa: BLE001 - a learner's error is a "not yet", never a crash
+        print(f"✗ not yet: {type(exc).__name__}: {exc}")
+        return False
+    print("✓ a balanced router loses nothing at capacity 1.0, and the skewed one keeps C per expert" if ok else
+          "✗ not yet: at capacity factor 1.0 a perfectly balanced routing must keep every assignment")
+    return ok
+
+
+self_check_capacity(keep_within_capacity);
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: a token sends k assignments, so the N tokens make N·k assignments and an expert's share under
+# perfect balance is k·N/E, not N/E; the capacity is floor(factor · k·N/E). The library's capacity_mask computes
+# the same with a cumulative count instead of a loop; the self-check runs on it.
+assert self_check_capacity(M.capacity_mask)
+
+# %% [markdown]
 #
 # ## 6. DeepSeek-V3 routing
 #
@@ -310,13 +418,46 @@ vmoe.show_combinatorics()
 # %% [markdown]
 # ## 9. Group-limited routing
 #
-# With hundreds of experts spread over many devices, DeepSeek-V3 first chooses **groups** of experts (each group
-# on one device), then experts inside the chosen groups. A group's score is the **sum of its two largest biased
-# scores**; the `topk_group` best groups are kept and every expert outside them gets score −∞, then the usual
-# top-k runs.
+# DeepSeek-V3's 256 routed experts are spread over the GPUs of 8 nodes, and sending a token's hidden state to
+# another node is the expensive part of expert parallelism. So V3 limits **nodes**: the experts form `n_group`
+# groups, one per node, and each token may use experts on at most `M = topk_group` of them. Routing then has two
+# stages: choose the groups, then the usual top-`k` inside the chosen groups (every expert outside them gets
+# score −∞).
 #
-# Why −∞ and not 0? Biased scores can be negative. In the example below (two groups of two, keep one, top-2)
-# the first group wins, yet masking the losers with 0 would make them *higher* than the kept experts:
+# How should a group be scored? A token picks `K_r = top_k` experts in at most `M` groups, so a chosen group
+# contributes `K_r / M` experts on average. V3 therefore scores a group by the **sum of its `K_r/M` largest
+# biased scores**: what the group would contribute if the token's experts were spread evenly over its `M` nodes.
+# With V3's configuration that number is:
+
+# %%
+per_group = V3["routed"] // V3["n_group"]
+print(f"DeepSeek-V3: {V3['routed']} routed experts in {V3['n_group']} groups (one per node) of {per_group}; "
+      f"top_k K_r = {V3['top_k']}, at most M = {V3['topk_group']} groups per token -> K_r/M = "
+      f"{V3['top_k'] // V3['topk_group']} experts per chosen group: a group is scored by the sum of its "
+      f"top-{V3['top_k'] // V3['topk_group']}")
+assert V3["top_k"] % V3["topk_group"] == 0 and V3["top_k"] // V3["topk_group"] == 2
+
+# %% [markdown]
+# DeepSeek-V2 limited **devices** differently: it kept the `M` devices whose single best expert had the highest
+# affinity (a device scored by its maximum), then took the top-`k` inside them. The two rules disagree when one
+# group has one standout expert and another has two good ones. With two groups of four, one group kept and two
+# experts per token:
+
+# %%
+affin = torch.tensor([[0.95, 0.10, 0.10, 0.10, 0.70, 0.68, 0.10, 0.10]])   # group 0 | group 1
+w_v3, idx_v3 = M.deepseek_route(torch.logit(affin), torch.zeros(8), top_k=2, n_group=2, topk_group=1)
+best_single = affin.view(2, 4).max(-1).values                                # V2-style: a group's best expert
+v2_group = int(best_single.argmax())
+v2_experts = (affin.view(2, 4)[v2_group].topk(2).indices + 4 * v2_group).tolist()
+print(f"sum-of-top-2 group scores {affin.view(2, 4).topk(2, -1).values.sum(-1).numpy().round(2)} -> experts "
+      f"{sorted(idx_v3[0].tolist())}, affinity used {affin[0, idx_v3[0]].sum().item():.2f}")
+print(f"best-single-expert group scores {best_single.numpy().round(2)} -> experts {sorted(v2_experts)}, "
+      f"affinity used {affin[0, v2_experts].sum().item():.2f}")
+
+# %% [markdown]
+# Why −∞ and not 0 for the experts of excluded groups? Biased scores can be negative. In the example below (two
+# groups of two, keep one, top-2) the first group wins, yet masking the losers with 0 would make them *higher*
+# than the kept experts:
 
 # %%
 w, idx = M.deepseek_route(logits4, neg_bias, top_k=2, n_group=2, topk_group=1)
@@ -357,51 +498,87 @@ else:
 # A tiny character model with three MoE layers (the sizes of section 1) trains on Shakespeare twice from the
 # same initial weights on the same batches: once without any balancing and once with the bias update. After
 # every step the loads of every expert in every layer are recorded. The number to watch is the **max/mean
-# load**: 1 means perfectly balanced, 8 would mean every assignment went to one expert.
+# load**, 1 when perfectly balanced. Its ceiling is not `E`: a token sends its `k` assignments to `k` *different*
+# experts, so an expert receives at most one assignment per token (max ≤ N) while the mean is `k·N/E`. The ratio is
+# at most `E/k`, reached when every token picks the same `k` experts. For this model:
+
+# %%
+E_moe, k_moe = moe_char.MOE_KW["n_routed_experts"], moe_char.MOE_KW["top_k"]
+ceiling = E_moe / k_moe
+worst = torch.tensor([[0, 1]] * 100)                                         # every token to experts 0 and 1
+print(f"E = {E_moe}, k = {k_moe}: ceiling E/k = {ceiling:g}; every token on the same two experts gives "
+      f"{moe_char.max_mean_ratio(M.expert_counts(worst, E_moe)).item():g}")
 
 # %%
 recipe = dict(steps=cfg["live_steps"], warmup_steps=cfg["warmup_steps"], batch_size=cfg["batch_size"],
               context_length=cfg["context_length"], max_lr=cfg["max_lr"], min_lr=cfg["min_lr"],
               eval_every=cfg["live_steps"], eval_batches=cfg["eval_batches"])
-live = {}
+live, live_models = {}, {}
 for name, gamma in (("live-none", 0.0), ("live-bias", cfg["live_gamma"])):
-    _, hist = moe_char.train_moe_char(recipe, gamma=gamma, progress=True)
+    live_models[name], hist = moe_char.train_moe_char(recipe, gamma=gamma, progress=True)
     live[name] = hist
 
 # %%
 tail = max(1, cfg["live_steps"] // 4)
 for name, hist in live.items():
     ratio = moe_char.max_mean_ratio(hist["loads"][-tail:]).mean().item()
-    print(f"{name}: max/mean load over the last {tail} steps {ratio:.3f}, validation loss {hist['val_loss'][-1]:.3f}")
+    print(f"{name}: max/mean load over the last {tail} steps {ratio:.3f} (1 = balanced, ceiling {ceiling:g}), "
+          f"validation loss {hist['val_loss'][-1]:.3f}")
 lower = (moe_char.max_mean_ratio(live["live-bias"]["loads"][-tail:]).mean()
          < moe_char.max_mean_ratio(live["live-none"]["loads"][-tail:]).mean()).item()
 print("the bias update lowered the imbalance in this run:", lower)
 
 # %% [markdown]
 # Longer runs were recorded by the course's reference pipeline (`python -m llmcourse.train.moe_char`): no
-# balancing, the auxiliary loss, and the bias update with three values of γ. The widget replays them (and the
-# live runs above): the max/mean ratio of every run, and for one run and layer the share of each expert over
-# the steps.
+# balancing, the auxiliary loss, and the bias update with three values of γ. Read on the right scale, from 1
+# (balanced) to the ceiling `E/k`, the last column says how far each run sits from balance toward total collapse
+# onto two experts. The widget replays them (and the live runs above): the max/mean ratio of every run against
+# the ceiling, and for one run and layer the share of each expert over the steps.
 
 # %%
 recorded = {name: r["loads"] for name, r in runs["runs"].items()}
 steps_recorded = len(next(iter(recorded.values())))
 for name, r in runs["runs"].items():
     ratio = moe_char.max_mean_ratio(r["loads"][-50:].float()).mean().item()
-    print(f"{name:6s}: max/mean load over the last 50 of {steps_recorded} steps {ratio:.3f}; "
+    print(f"{name:6s}: max/mean load over the last 50 of {steps_recorded} steps {ratio:.3f} = "
+          f"{(ratio - 1) / (ceiling - 1):5.1%} of the way from balance (1) to the ceiling ({ceiling:g}); "
           f"final validation loss {r['val_loss'][-1]:.3f}")
+every_step = torch.cat([moe_char.max_mean_ratio(r["loads"].float()).flatten() for r in runs["runs"].values()])
+print(f"largest ratio of any recorded step and layer: {every_step.max().item():.3f} (≤ {ceiling:g})")
+assert every_step.max() <= ceiling + 1e-6
 
 # %% tags=["nbval-ignore-output"]
-vmoe.show_expert_loads({**recorded, **{k: h["loads"] for k, h in live.items()}})
+vmoe.show_expert_loads({**recorded, **{k: h["loads"] for k, h in live.items()}}, ceiling=ceiling)
 
 # %% [markdown]
-# ### What dispatch costs on a CPU
+# **Dropped tokens.** How many assignments would the two live models lose to a capacity limit (section 5)? Route
+# one batch of validation text through each trained model, take the experts every MoE layer chose, and apply the
+# capacity at factors 1.0 and 1.25. DeepSeek-V3 drops none by design; a model that drops tokens skips experts for
+# exactly the tokens routed to the busiest ones.
+
+# %%
+from llmcourse.data.corpus import char_corpus  # noqa: E402
+
+val_ids = char_corpus("tinyshakespeare").val[: cfg["batch_size"] * cfg["context_length"]]
+val_ids = val_ids.view(cfg["batch_size"], cfg["context_length"])
+for name, model in live_models.items():
+    chosen = []
+    hooks = [m.gate.register_forward_hook(lambda mod, inp, out: chosen.append(out[2])) for m in model.moe_layers()]
+    with torch.no_grad():
+        model(val_ids)
+    for h in hooks:
+        h.remove()
+    drops = {cf: sum(1 - M.capacity_mask(c, E_moe, cf)[0].float().mean().item() for c in chosen) / len(chosen)
+             for cf in (1.0, 1.25)}
+    print(f"{name}: dropped assignments at capacity factor 1.0: {drops[1.0]:.1%}, at 1.25: {drops[1.25]:.1%} "
+          f"(mean over the {len(chosen)} MoE layers)")
+
+# %% [markdown]
+# ### Where the time of an MoE layer goes on a CPU
 #
 # The MoE model above has the same number of **active** parameters per token as a dense model whose SwiGLU
 # width is three experts' worth (two routed and one shared). Below both train for the same number of steps on
-# the same batches. On a CPU with tiny experts the MoE model is **slower**, not faster: the per-expert loop
-# launches many small matrix products, gathers and scatters tokens, and runs the router, and none of that is
-# amortised at this size. MoE pays off when experts are large and spread over many devices.
+# the same batches, and the MoE model is compared with its dense twin.
 
 # %%
 timing = dict(recipe, steps=cfg["timing_steps"], warmup_steps=max(1, cfg["timing_steps"] // 5),
@@ -414,43 +591,87 @@ print(f"recorded by the pipeline: MoE {runs['runs']['none']['ms_per_step']:.0f} 
       f"{runs['dense_ms_per_step']:.0f} ms/step")
 
 # %% [markdown]
+# The layer does not loop over experts in Python: routing, one sort, one gather, one grouped product per
+# projection, one scatter. To see where the time goes, `profile_moe_forward` runs the steps of one forward of a
+# trained MoE layer with a clock between them (best of a few repeats, on a training batch's worth of tokens) and
+# checks that the staged run gives the layer's output. Next to it: the dense twin's feed-forward network on the
+# same tokens, and the multiply–adds each does.
+
+# %%
+moe_layer = live_models["live-bias"].moe_layers()[0]
+tokens_x = torch.randn(cfg["batch_size"], cfg["context_length"], 128, generator=torch.Generator().manual_seed(0))
+prof = M.profile_moe_forward(moe_layer, tokens_x, repeats=5)
+dense_ffn = moe_char.dense_char_model().layers[0].mlp
+with torch.no_grad():
+    dense_ms = min((lambda t0: (dense_ffn(tokens_x), time.perf_counter() - t0)[1])(time.perf_counter())
+                   for _ in range(5)) * 1e3
+stages = ["router", "sort", "gather", "pack", "gemm", "scatter", "shared"]
+for st in stages:
+    print(f"{st:8s} {prof[st]:7.3f} ms  {prof[st] / prof['total']:6.1%}")
+print(f"{'total':8s} {prof['total']:7.3f} ms   (staged output vs the layer: max |Δ| = {prof['max_abs_diff']:.1e})")
+n_tok_x, d_x, i_x = cfg["batch_size"] * cfg["context_length"], 128, moe_char.MOE_KW["moe_intermediate_size"]
+routed_macs = n_tok_x * k_moe * 3 * d_x * i_x
+dense_macs = n_tok_x * 3 * d_x * (3 * i_x)
+top = max(stages, key=prof.get)
+print(f"largest stage: {top}. The routed grouped products do {routed_macs / dense_macs:.0%} of the dense twin's "
+      f"multiply–adds and take {prof['gemm'] / dense_ms:.2f}× its time ({dense_ms:.3f} ms): "
+      f"{routed_macs / prof['gemm'] / 1e6:.1f} vs {dense_macs / dense_ms / 1e6:.1f} G multiply–adds per second")
+print(f"routing and data movement (router + sort + gather + pack + scatter): "
+      f"{sum(prof[st] for st in ('router', 'sort', 'gather', 'pack', 'scatter')) / prof['total']:.1%} of the layer")
+
+# %% [markdown]
+# Read the table (on this machine, in this run): the stage printed as the largest decides the gap. Where the
+# grouped products run at a lower rate than one dense product of the same work, the slowdown is the kernel
+# (many small matrices of a few hundred rows each), not Python; the router, the sort and the gather/scatter add
+# the rest. MoE pays off when experts are large, batches fill them, and they are spread over many devices.
+
+# %% [markdown]
 # ## Summary
 #
 # - An MoE layer stores many experts and runs a few per token: total and active parameters part ways.
 # - Softmax top-k with renormalisation equals a softmax over the selected logits; the sparse dispatch equals
 #   the dense reference.
-# - The auxiliary loss `α·Σ f_i·P_i` is `α` for a balanced router and `α·E` at collapse.
+# - The auxiliary loss `α·Σ f_i·P_i` is `α` for a balanced router and `α·E` at collapse; its sequence-wise
+#   form asks every sequence to be balanced, not only the batch.
 # - DeepSeek-V3 uses sigmoid affinities, normalised and scaled; the correction bias only chooses experts and
 #   is updated by the sign rule, in float32, outside the optimizer.
 # - Shared experts are summed (one wide network); fine-grained experts multiply the combinations at equal
 #   cost; groups are scored by their two best experts and the others masked with −∞.
+# - Group-limited routing is node-limited: `K_r/M` experts per chosen group explains the top-2 group score.
+# - A capacity factor drops assignments of the busiest experts; DeepSeek-V3 drops none and balances instead.
+#   The max/mean load of top-k routing lies between 1 and `E/k`.
 # - The layer matches `transformers`' DeepSeek-V3 with converted weights; on a CPU the tiny MoE is slower
-#   than its dense twin.
+#   than its dense twin, and the profile says which stage costs most.
 #
 # ## Extension (optional)
 #
-# DeepSeek-V3 also used a tiny **sequence-wise** balance loss: the auxiliary loss computed per sequence and
-# averaged, with the affinities normalised per token. Write `sequence_balance_loss(scores, indices, E, alpha)`
-# for `scores` `(B, T, E)` and `indices` `(B, T, k)` below; the self-check compares a batch of one sequence with
-# the batch-level loss on the normalised scores.
+# DeepSeek-V2's device-limited routing (section 9) scores a group by its **single best** affinity, keeps the
+# `topk_group` best groups, then takes the `top_k` best experts inside them. Write `v2_device_limited_route(scores,
+# top_k, n_group, topk_group)` returning the chosen expert indices `(N, top_k)` for affinities `scores (N, E)`; the
+# self-check runs it on the two-group example of section 9 and on random affinities against an independent count.
 
 # %%
-def sequence_balance_loss(scores, indices, num_experts, alpha):
-    # TODO (optional): per sequence, alpha · Σ_i f_i · P_i with P from scores normalised per token; mean over B
+def v2_device_limited_route(scores, top_k, n_group, topk_group):
+    # TODO (optional): group score = max affinity in the group; keep topk_group groups; top_k inside them
     raise NotImplementedError
 
 
-def self_check_sequence_loss(fn):
-    sc = torch.rand(1, 12, 8, generator=torch.Generator().manual_seed(4))
-    ind = sc.topk(2, -1).indices
+def self_check_v2_route(fn):
     try:
-        got = fn(sc, ind, 8, 0.001)
+        got = fn(affin, 2, 2, 1)
+        rnd = torch.rand(50, 12, generator=torch.Generator().manual_seed(4))
+        got_rnd = fn(rnd, 3, 4, 2)
     except NotImplementedError:
-        print("✗ not yet: sequence_balance_loss is not written")
-        return
-    want = M.load_balancing_loss((sc / sc.sum(-1, keepdim=True))[0], ind[0], 8, 0.001)
-    ok = torch.is_tensor(got) and abs(got.item() - want.item()) < 1e-7
-    print("✓ matches the batch loss for one sequence" if ok else f"✗ not yet: got {got}, expected {want.item():.6f}")
+        print("✗ not yet: optional extension")
+        return False
+    ok = sorted(got[0].tolist()) == sorted(v2_experts)
+    for row, chosen in zip(rnd, got_rnd):
+        groups = row.view(4, 3).max(-1).values.topk(2).indices.tolist()
+        allowed = torch.cat([row[3 * g:3 * g + 3] for g in sorted(groups)])
+        ids = torch.cat([torch.arange(3 * g, 3 * g + 3) for g in sorted(groups)])
+        ok = ok and sorted(chosen.tolist()) == sorted(ids[allowed.topk(3).indices].tolist())
+    print("✓ device-limited routing as in DeepSeek-V2" if ok else "✗ not yet: compare the chosen groups")
+    return ok
 
 
-self_check_sequence_loss(sequence_balance_loss)
+self_check_v2_route(v2_device_limited_route);

@@ -9,9 +9,12 @@
 # your attention against an explicit head-by-head computation in float32 and float64, cached decoding, the
 # absorbed matrices and the absorbed attention on a float64 example and with a cache longer than the
 # queries, a weight change between two calls, `DeepSeekMLA` against `transformers`' `DeepseekV3Attention`
-# with copied weights for four configurations (with and without query compression, both RoPE layouts),
-# the absorbed and cached paths, shifted positions, what your module writes into the cache, and cache sizes
-# of real models. When something fails it tells you what was expected, what came back, and, if your mistake
+# with copied weights for six configurations (with and without query compression, both RoPE layouts, unequal
+# head widths, another RoPE base), the absorbed and cached paths, shifted positions, what your module writes
+# into the cache, that a forward changes no parameter or buffer, and cache sizes of real models. The absorbed
+# paths are also graded by their **structure**: they must never turn the cached latents into per-head keys or
+# values (the grader makes the up-projections unusable as modules and scales the weights so that such keys would
+# overflow float32). When something fails it tells you what was expected, what came back, and, if your mistake
 # is a known one, its name and a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
@@ -169,14 +172,21 @@ print("visible tests passed")
 # def absorbed_forward(mla: SimpleMLA, x: Tensor, c_all: Tensor, mask) -> Tensor: ...   # (B, T, D)
 # ```
 #
-# Write `W_q[h]` for rows `h·hd … (h+1)·hd − 1` of `W_q.weight` (shape `(hd, D)`), and likewise `W_uk[h]`,
-# `W_uv[h]` `(hd, d_c)`; `W_o[:, h]` are the same **columns** of `W_o.weight` `(D, hd)`. The absorbed matrices
-# are, per head, `A[h] = W_q[h]ᵀ W_uk[h]` and `Bo[h] = W_o[:, h] W_uv[h]`. `absorbed_forward` computes the same
-# attention without rebuilding keys or values: for the queries `x (B, T, D)` and the latents `c_all (B, S, d_c)`
-# they may read, the score of head `h` between query `i` and latent `j` is `(x_i A[h]) · c_j / √hd`; the
-# masked softmax over `j` weights the latents themselves (a latent context per head, `(B, H, T, d_c)`), and the
-# output is the sum over heads of `Bo[h]` applied to that head's latent context. The result must equal
-# `mla(x, mask)` when `c_all = mla.W_dkv(x)`, and must follow the module's **current** weights on every call.
+# The contract is a property, the algebra is yours. `A[h]` `(D, d_c)` is head `h`'s score as a bilinear form:
+# for every token vector `x_i` (all `D` dims) and latent `c_j`, `x_i @ A[h] @ c_j` equals the raw score
+# `q_{h,i} · k_{h,j}` that `SimpleMLA` computes for head `h` (before the `1/√hd` scale). `Bo[h]` `(D, d_c)` maps a
+# latent context `lat` of head `h` to that head's contribution to the output: `Bo[h] @ lat` equals what `W_o`
+# makes of head `h`'s context `W_uv`-rebuilt from `lat` (the other heads' columns of `W_o` seeing zeros). Which
+# rows and columns of which weights form head `h`'s piece is for you to work out from `SimpleMLA`; the check runs
+# the float64 example of the lesson, where a plausible-looking shortcut is off by hundreds.
+#
+# `absorbed_forward` computes the same attention **without ever rebuilding keys or values**: for the queries
+# `x (B, T, D)` and the latents `c_all (B, S, d_c)` they may read, score each head's query against the latents
+# through `A[h]` (scaled as `SimpleMLA` scales), take the masked softmax over `j`, weight the **latents**
+# themselves (a latent context per head, `(B, H, T, d_c)`), and sum over heads what `Bo[h]` makes of it. The
+# result must equal `mla(x, mask)` when `c_all = mla.W_dkv(x)`, and must follow the module's **current** weights
+# on every call. Calling `mla.W_uk` or `mla.W_uv` (or multiplying the latents by their weights) rebuilds
+# per-head keys/values: the grader checks that your function does not.
 
 # %% tags=["solution:13.absorb"]
 def absorb_mla_weights(mla):
@@ -254,11 +264,15 @@ print("visible tests passed")
 # - **cache**: `cache.update(layer_idx, c_kv, k_pe)` with the normalised `c_kv (B, T, d_c)` and the rotated
 #   `k_pe (B, T, d_R)`; attend over everything it returns;
 # - **keys, values, scores**: `kv_b_proj(c_kv)` gives, **per head**, `d_nope` key dims followed by `d_v` value dims;
-#   a head's score is `(q_nope·k_nope + q_pe·k_pe) / √(d_nope + d_R)`; masked softmax, weighted sum of values,
+#   a head's raw score is `q_nope·k_nope + q_pe·k_pe`, scaled before the masked softmax; weighted sum of values,
 #   heads merged, `o_proj`;
+# - **the scale is your decision**: the module must equal `transformers`' `DeepseekV3Attention` (default RoPE, no
+#   YaRN) loaded with the same weights, and the grader compares with it on configurations where `d_nope`, `d_R`
+#   and `d_v` differ, so only one choice passes. Think about which vectors' dot product the score is;
 # - **`absorb=True`**: the same result computed in latent space — map `q_nope` through each head's key rows of
-#   `kv_b_proj`, score against `c_kv` directly (plus the rope part), and map the latent context out with the
-#   head's value rows.
+#   `kv_b_proj.weight`, score against `c_kv` directly (plus the rope part), and map the latent context out with
+#   the head's value rows. It must **never** build per-head keys or values from `c_kv`: the grader makes
+#   `kv_b_proj` unusable as a module in this path and scales the weights so that such keys would overflow float32.
 
 # %% tags=["solution:13.DeepSeekMLA"]
 class DeepSeekMLA(nn.Module):

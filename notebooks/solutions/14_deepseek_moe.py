@@ -1,15 +1,15 @@
 # %% [markdown]
 # # Unit 14 — DeepSeek mixture-of-experts: exercises
 #
-# Five graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
 # The grader runs more checks than you see here: your router and your layer are compared with Hugging
 # Face's DeepSeek-V3 router (`DeepseekV3TopkRouter`) and mixture-of-experts layer (`DeepseekV3MoE`) with
-# the same weights and random correction biases, the auxiliary loss with its closed form and its gradient,
-# the bias update with the sign rule, and the layer's structure (which tensors are parameters and which
-# are buffers, which experts actually run). When something fails it tells you what was expected, what
+# the same weights and random correction biases, the balance losses with their closed forms, boundary cases
+# and gradients, the bias update with the sign rule, and the layer's structure (which tensors are parameters
+# and which are buffers, which experts actually run, that a forward changes no parameter or buffer). When something fails it tells you what was expected, what
 # came back and, if your mistake is a known one, its name and a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
@@ -35,7 +35,7 @@ from llmcourse.models import SwiGLUFeedForward  # unit 11's gated MLP: each expe
 cfg = llmcourse.setup_notebook("14")
 
 # %% [markdown]
-# ## Exercise 1 — `softmax_topk_route` (3 points)
+# ## Exercise 1 — `softmax_topk_route` (2 points)
 #
 # ```python
 # def softmax_topk_route(logits: Tensor, k: int, renormalize: bool = True) -> tuple[Tensor, Tensor, Tensor]: ...
@@ -75,9 +75,14 @@ print("visible tests passed")
 # def load_balancing_loss(probs: Tensor, indices: Tensor, num_experts: int, alpha: float = 0.01) -> Tensor: ...
 # ```
 #
-# `probs` `(N, E)` (rows sum to 1), `indices` `(N, k)` long. With `f_i = E/(k·N) · #{(t, j): indices[t, j] = i}`
-# (the share of assignments that went to expert `i`, scaled so that a perfectly balanced router gives
-# `f_i = 1`) and `P_i = mean over tokens of probs[t, i]`, return the scalar `alpha · Σ_i f_i · P_i`.
+# `probs` `(N, E)` (rows sum to 1), `indices` `(N, k)` long: each token sent to `k` experts. Return the scalar
+# `alpha · Σ_i f_i · P_i`, where `P_i` is the mean over tokens of `probs[t, i]` and `f_i` is proportional to the
+# number of `(token, slot)` assignments to expert `i`. The normalisation of `f_i` is yours to choose; the grader
+# holds it to two boundary cases, **for any `k`**:
+#
+# - a uniform router (`probs` all `1/E`) whose assignments are perfectly balanced gives **exactly `alpha`**;
+# - a router that sends every token to expert 0 with probability 1 (`k = 1`) gives **`alpha · E`**.
+#
 # The counts carry no gradient; the loss must be differentiable in `probs`.
 
 # %% tags=["solution:14.load_balancing_loss"]
@@ -113,13 +118,18 @@ print("visible tests passed")
 #
 # 1. affinities `s = sigmoid(router_logits)` in float32; scores for choosing `sb = s + bias`;
 # 2. split the `E` experts into `n_group` contiguous groups; a group's score is the **sum of the two largest**
-#    `sb` in it; keep the `topk_group` best groups and set `sb` of every expert outside them to **−inf**;
-# 3. `indices` = the `top_k` largest `sb` (long);
+#    `sb` in it; keep the `topk_group` best groups; an expert outside them must never be chosen, whatever
+#    its score (how to exclude it is your decision: see the worked example below);
+# 3. `indices` = the `top_k` experts with the largest `sb` among those allowed (long);
 # 4. `weights` = the **unbiased** `s` of those experts; if `norm_topk_prob`, divide them by their sum
 #    (+1e-20); multiply by `routed_scaling_factor`.
 #
 # Return `(weights (N, top_k) float32, indices (N, top_k) long)`. The bias only decides *which* experts
 # are chosen, never how much they count.
+#
+# **Worked example** (the visible test): affinities `[0.9, 0.8, 0.3, 0.2]`, bias `[−1.0, −1.0, −1.5, −1.5]`, two
+# groups of two, keep one, `top_k = 2`. The biased scores `[−0.1, −0.2, −1.2, −1.3]` are all **negative**; group 0
+# wins (`−0.3` against `−2.5`), so the answer is experts `{0, 1}` with weights `0.9/1.7` and `0.8/1.7`.
 
 # %% tags=["solution:14.deepseek_route"]
 def deepseek_route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_factor=1.0,
@@ -157,7 +167,7 @@ assert torch.allclose(w[0, order], torch.tensor([0.9 / 1.7, 0.8 / 1.7]), atol=1e
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 4 — `update_bias` (3 points)
+# ## Exercise 4 — `update_bias` (2 points)
 #
 # ```python
 # @torch.no_grad()
@@ -277,4 +287,54 @@ assert moe(x).shape == (2, 5, 16)
 moe.train()
 moe(x)
 assert moe.last_indices.shape == (10, 2), "training mode stores the (N, top_k) routing"
+print("visible tests passed")
+
+
+# %% [markdown]
+# ## Exercise 6 — `sequence_balance_loss` (2 points)
+#
+# ```python
+# def sequence_balance_loss(scores: Tensor, indices: Tensor, num_experts: int, alpha: float = 0.0001) -> Tensor: ...
+# ```
+#
+# DeepSeek-V3 adds to its loss-free balancing a tiny **sequence-wise** balance loss: the product of exercise 2,
+# asked of every sequence on its own. `scores` `(B, T, E)` are a batch's non-negative affinities (DeepSeek-V3: the
+# sigmoid scores, which do **not** sum to 1 over the experts) and `indices` `(B, T, k)` long the experts each token
+# was sent to. For each sequence `b`, with its `T` tokens only:
+#
+# - `f_i` counts expert `i`'s assignments, normalised as in exercise 2 (a perfectly balanced sequence: `f_i = 1`);
+# - `P_i` is the mean over the sequence's tokens of expert `i`'s **share of that token's total affinity**;
+# - the sequence's loss is `alpha · Σ_i f_i · P_i`.
+#
+# Return the **mean** over the `B` sequences, a scalar differentiable in `scores` (the counts carry no gradient).
+# Two properties the grader checks: a batch whose sequences are each balanced, with equal affinities for all
+# experts (of any value), gives exactly `alpha`; a batch of two sequences collapsed onto different experts,
+# balanced as a batch, is penalised as much as one such sequence alone.
+
+# %% tags=["solution:14.sequence_balance_loss"]
+def sequence_balance_loss(scores, indices, num_experts, alpha=0.0001):
+    ### BEGIN SOLUTION
+    b, t, k = indices.shape
+    counts = torch.zeros(b, num_experts, dtype=scores.dtype)
+    counts = counts.scatter_add(1, indices.reshape(b, -1), torch.ones(b, t * k, dtype=scores.dtype))
+    shares = scores / scores.sum(dim=-1, keepdim=True)
+    per_seq = (counts * num_experts / (k * t) * shares.mean(dim=1)).sum(dim=-1)
+    return alpha * per_seq.mean()
+    ### END SOLUTION
+
+
+# %% tags=["tests:14.sequence_balance_loss"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("14.sequence_balance_loss")  # noqa: E702
+### END HIDDEN TESTS
+even = torch.tensor([[[0, 1], [2, 3]] * 4] * 2)                         # (B=2, T=8, k=2): balanced per sequence
+flat_scores = torch.full((2, 8, 4), 0.37)                                # equal affinities, not summing to 1
+loss = sequence_balance_loss(flat_scores, even, 4, alpha=0.01)
+assert loss.dim() == 0, "the loss is a scalar"
+assert abs(loss.item() - 0.01) < 1e-7, f"balanced sequences with equal affinities give exactly alpha; got {loss.item()}"
+one = torch.rand(1, 12, 8, generator=torch.Generator().manual_seed(4))
+one_idx = one.topk(2, -1).indices
+single = load_balancing_loss((one / one.sum(-1, keepdim=True))[0], one_idx[0], 8, 0.001)
+assert torch.allclose(sequence_balance_loss(one, one_idx, 8, 0.001), single, atol=1e-8), \
+    "a batch of one sequence equals exercise 2's loss on the affinities normalised per token"
 print("visible tests passed")
