@@ -99,7 +99,8 @@ def rope_inv_freq_no_smoothing(head_dim, theta=500000.0, scaling=None):
     return rope_inv_freq(head_dim, theta, None)
 
 
-@bug("B11.rope_bands_swapped", f"{U}.rope", "Short wavelengths stay; long wavelengths are divided by `factor`.",
+@bug("B11.rope_bands_swapped", f"{U}.rope", "Short wavelengths (fast pairs) stay; the slow pairs, with wavelengths "
+     "above the long-wavelength limit, have their frequency divided by `factor` (their wavelength multiplied by it).",
      name="rope_inv_freq")
 def rope_inv_freq_bands_swapped(head_dim, theta=500000.0, scaling=None):
     inv = rope_inv_freq(head_dim, theta, None)

@@ -101,15 +101,32 @@ print(f"max error vs float32: statistics in float32 {(good.float() - ref).abs().
 # negative for small negative z. SwiGLU multiplies a SiLU-activated projection (the **gate**) by a
 # second linear projection (**up**) and maps back with **down**. Three matrices instead of two: to keep
 # the parameter count of a `4·D` MLP, the hidden width shrinks to about `8/3 · D`
-# (`3 · D · I = 2 · D · 4D` gives `I = 8D/3`); Llama rounds it to a hardware-friendly multiple.
+# (`3 · D · I = 2 · D · 4D` gives `I = 8D/3`).
+#
+# The released models do not stop at `8D/3`. Meta's code computes the width from two numbers in each
+# model's `params.json`: `int(2·4D/3)`, multiplied by `ffn_dim_multiplier` (and truncated to an integer
+# again), then rounded **up** to a multiple of `multiple_of`. The multiplier is not 1 for most sizes, so
+# the ratio `I/D` differs from model to model. The cell computes each preset's width from the rule
+# (`llama_ffn_hidden_dim` in the library) and compares it with the width in the model's config.
 
 # %%
 z = torch.linspace(-6, 6, 13)
 print("silu:", [round(v, 3) for v in F.silu(z).tolist()])
 print("min of silu on a fine grid:", round(F.silu(torch.linspace(-6, 0, 60001)).min().item(), 4))
-for D in (128, 2048, 4096):
-    I = round(8 * D / 3)
-    print(f"D={D}: GELU MLP 8·D² = {8 * D * D:,}; SwiGLU with I = 8D/3 ≈ {I}: 3·D·I = {3 * D * I:,}")
+# (name, D, ffn_dim_multiplier, multiple_of from Meta's params.json, intermediate_size of the config)
+ffn_rows = [("llama3.2-1b", 2048, 1.5, 256, L.Llama3Config.preset("llama3.2-1b").intermediate_size),
+            ("llama3.2-3b", 3072, 1.0, 256, L.Llama3Config.preset("llama3.2-3b").intermediate_size),
+            ("Llama-3-8B", 4096, 1.3, 1024, 14336)]
+for name, D, mult, multiple, shipped in ffn_rows:
+    I = L.llama_ffn_hidden_dim(D, multiple, mult)
+    print(f"{name:12s} D={D}: int(8D/3) = {int(8 * D / 3)}, × {mult} -> {int(mult * int(8 * D / 3))}, up to a multiple "
+          f"of {multiple}: I = {I} (config: {shipped}); I/D = {I / D:.3f}; SwiGLU 3·D·I = {3 * D * I:,} vs "
+          f"GELU 8·D² = {8 * D * D:,}")
+    assert I == shipped
+D_tiny = llama_tiny.d_model
+print(f"llama3-tiny  D={D_tiny}: the course chose I = {llama_tiny.intermediate_size} = "
+      f"{llama_tiny.intermediate_size / D_tiny:g}·D; the rule gives it with no multiplier and multiple_of 128: "
+      f"{L.llama_ffn_hidden_dim(D_tiny, 128)}")
 mlp = L.SwiGLUFeedForward(128, 384)
 print("llama3-tiny MLP parameters:", count_parameters(mlp), "| GPT-2 tiny MLP:", 8 * 128 * 128 + 5 * 128)
 
@@ -283,24 +300,43 @@ assert proof < 1e-5
 #
 # Llama 3.1 and 3.2 were first trained at a shorter context and then extended to a much longer one
 # (the presets printed in section 10 carry both lengths). Rather than
-# stretching every frequency, the released configs reshape them by wavelength `λ_i = 2π/θ_i`, with
-# band limits `original / high_freq_factor` and `original / low_freq_factor`: short wavelengths are
-# kept (local order stays sharp), long wavelengths are divided by `factor` (they now span the longer
-# context), and the band between is interpolated smoothly. The keys are `factor`, `low_freq_factor`,
-# `high_freq_factor` and `original_max_position_embeddings`.
+# stretching every frequency, the released configs reshape them by wavelength `λ_i = 2π/θ_i` (the number
+# of positions a pair needs for one full turn), with band limits `original / high_freq_factor` and
+# `original / low_freq_factor`:
+#
+# - short wavelengths (fast pairs) are kept: local order stays sharp;
+# - long wavelengths (slow pairs) have their **frequency divided** by `factor`, so their **wavelength is
+#   multiplied** by `factor`: a slow pair now needs `factor` times more positions for the same angle, and
+#   spans the longer context;
+# - the pairs between the two limits move smoothly from one behaviour to the other.
+#
+# The keys are `factor`, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`. The
+# two generations ship different factors: Llama 3.2 (1B, 3B) uses 32, Llama 3.1 (8B, 70B, 405B) uses 8. The
+# course's presets are Llama 3.2 models, so they carry the factor-32 dict.
 
 # %%
-scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+print("Llama 3.2 (the presets):", L.LLAMA32_ROPE_SCALING, "\nLlama 3.1:              ", L.LLAMA31_ROPE_SCALING)
+assert L.Llama3Config.preset("llama3.2-1b").rope_scaling == L.LLAMA32_ROPE_SCALING
+scaling = dict(L.LLAMA32_ROPE_SCALING)
+factor, orig_ctx = scaling["factor"], scaling["original_max_position_embeddings"]
 inv16 = L.rope_inv_freq(16, 500000.0)
 new16 = L.rope_inv_freq(16, 500000.0, scaling)
-wl16 = 2 * math.pi / inv16
-lo_lim, hi_lim = 8192 / 1.0, 8192 / 4.0
+wl16, wl16_new = 2 * math.pi / inv16, 2 * math.pi / new16
+lo_lim, hi_lim = orig_ctx / scaling["low_freq_factor"], orig_ctx / scaling["high_freq_factor"]
 print("band limits (wavelength):", hi_lim, lo_lim)
 for i in range(8):
-    band = "kept" if wl16[i] < hi_lim else "divided" if wl16[i] > lo_lim else "smoothed"
-    s_i = (8192 / wl16[i] - 1.0) / (4.0 - 1.0)
-    extra = f", s = {s_i:.5f}" if band == "smoothed" else ""
-    print(f"pair {i}: wavelength {wl16[i]:10.1f}  θ {inv16[i]:.5g} -> {new16[i]:.5g}  ({band}{extra})")
+    band = "kept" if wl16[i] < hi_lim else "long" if wl16[i] > lo_lim else "between"
+    print(f"pair {i} ({band:>7}): θ {inv16[i]:.5g} -> {new16[i]:.5g} (× {new16[i] / inv16[i]:.4f}),  "
+          f"wavelength {wl16[i]:10.1f} -> {wl16_new[i]:12.1f} (× {wl16_new[i] / wl16[i]:.4f})")
+
+# %% [markdown]
+# One slow pair in detail: its frequency shrinks by `factor` and its wavelength grows by the same factor.
+
+# %%
+slow = int((wl16 > lo_lim).nonzero()[0])
+print(f"pair {slow}: θ {inv16[slow]:.4e} -> {new16[slow]:.4e} (÷ {inv16[slow] / new16[slow]:.2f}); "
+      f"wavelength {wl16[slow]:,.0f} -> {wl16_new[slow]:,.0f} positions (× {wl16_new[slow] / wl16[slow]:.2f})")
+assert abs(inv16[slow] / new16[slow] - factor) < 1e-3 * factor and abs(wl16_new[slow] / wl16[slow] - factor) < 1e-3 * factor
 
 # %% tags=["nbval-ignore-output"]
 viz.show_rope_smoothing()
