@@ -360,10 +360,10 @@ print("head_dim 128:", {b: bands["band"].count(b) for b in ("kept", "smoothed", 
 # %%
 print("repeat_interleave mapping (H 8, KV 2):", viz.llama.gqa_head_map(8, 2, True))
 print("repeat mapping            (H 8, KV 2):", viz.llama.gqa_head_map(8, 2, False))
-for name, c_ in (("llama3-tiny", llama_tiny),):
-    per_tok = 2 * c_.n_layers * c_.n_kv_heads * c_.hd
-    print(f"{name}: K and V elements per token = 2·L·KV·hd = {per_tok}")
-print(f"gpt2-char-tiny: 2·L·H·hd = {2 * gpt_tiny.n_layers * gpt_tiny.n_heads * gpt_tiny.head_dim}")
+print(f"key/value heads per layer: llama3-tiny {llama_tiny.n_kv_heads} for {llama_tiny.n_heads} query heads, "
+      f"gpt2-char-tiny {gpt_tiny.n_heads} for {gpt_tiny.n_heads}; same head size ({llama_tiny.hd} and "
+      f"{gpt_tiny.head_dim}): unit 12's cache holds {gpt_tiny.n_heads // llama_tiny.n_kv_heads}× fewer keys and "
+      f"values per token for the Llama")
 
 # %% tags=["nbval-ignore-output"]
 viz.show_gqa_map()
@@ -502,6 +502,141 @@ info = shipped.checkpoint_info
 print("validation loss of the shipped model:", round(info["val_loss"], 4), "| substitute:", info["substitute"])
 print("context:", shipped.cfg.context_length, "| recipe:", info["recipe"])
 print("ROMEO:" + sample_text(shipped, tok, "ROMEO:", cfg["sample_chars"], temperature=0.8, seed=0))
+
+# %% [markdown]
+# ### Spot the bug: a Llama written from its state dict
+#
+# Porting a model often means writing its forward pass straight from a checkpoint's tensors. The function
+# below does that for the shipped character Llama in one short function, with the course's RoPE and
+# `repeat_kv` and torch's `rms_norm`. It runs and every shape is right; yet its logits are
+# not those of `Llama3Model` (which equals `LlamaForCausalLM`, section 10). There is **one** bug, unmarked.
+# Run the cell: it prints the gap position by position, and a second clue: what happens to the logits of
+# position 0 when only the **last** token changes.
+
+# %%
+def llama_from_state(W, c, idx):
+    """A Llama forward written straight from a state dict W: (1, T) token ids -> (1, T, V) logits."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+W_shipped = {k: v.detach() for k, v in shipped.state_dict().items()}
+probe_ids = torch.tensor([tok.encode("ROMEO:\nWhat light through yonder window")])
+probe_ids2 = probe_ids.clone()
+probe_ids2[0, -1] = (probe_ids2[0, -1] + 1) % shipped.cfg.vocab_size
+
+
+def self_check_llama_from_state(forward) -> bool:
+    """✓ when `forward` reproduces Llama3Model's logits on the shipped model and stays causal."""
+    try:
+        with torch.no_grad():
+            want, got = shipped(probe_ids), forward(W_shipped, shipped.cfg, probe_ids)
+            leak = (forward(W_shipped, shipped.cfg, probe_ids2)[0, :-1] - got[0, :-1]).abs().max().item()
+        gap = (got - want).abs().max().item()
+    except Exception as exc:   # a self-check never raises
+        print(f"✗ not yet: the forward raised {type(exc).__name__}: {exc}")
+        return False
+    ok = gap < 1e-4 and leak < 1e-6
+    print(f"✓ equal to Llama3Model (max gap {gap:.1e}) and causal" if ok else
+          f"✗ not yet: max gap {gap:.3g} from Llama3Model; changing the last token moves earlier logits by {leak:.3g}")
+    return ok
+
+
+with torch.no_grad():
+    gaps = (llama_from_state(W_shipped, shipped.cfg, probe_ids) - shipped(probe_ids)).abs().amax(-1)[0]
+    moved = (llama_from_state(W_shipped, shipped.cfg, probe_ids2)[0, 0]
+             - llama_from_state(W_shipped, shipped.cfg, probe_ids)[0, 0]).abs().max().item()
+print("largest logit gap per position:", [round(g_, 2) for g_ in gaps.tolist()])
+print(f"position 0's logits move by {moved:.3g} when only the last token changes")
+
+# %% [markdown]
+# **Your turn.** The next cell holds the same code under the name `llama_from_state_fixed`. Find the bug and
+# fix it there (one line), then run the self-check. Think about the second clue: the mask is a lower
+# triangle, so where else can information travel between positions?
+
+# %%
+def llama_from_state_fixed(W, c, idx):
+    """TODO: the same forward with its one bug fixed."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+self_check_llama_from_state(llama_from_state_fixed);
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: merging the heads must first put the head axis next to the feature axis. mixed is
+# (1, H, T, hd); reshaping it straight to (1, T, H·hd) reads it in memory order, so "position" t of the result
+# holds pieces of several positions of one head (future ones included): the future leaks and every logit moves.
+def llama_from_state_reference(W, c, idx):
+    """A Llama forward written straight from a state dict W: (1, T) token ids -> (1, T, V) logits."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.transpose(1, 2).reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+assert self_check_llama_from_state(llama_from_state_reference)
 
 # %% [markdown]
 # ## Summary

@@ -148,6 +148,108 @@ with torch.no_grad():
         print(f"{name:>28}: {len(chunks):3d} calls, max |logit difference| {gap:.1e}")
 
 # %% [markdown]
+# ### Spot the bug: a chunked prefill that drifts
+#
+# The helper below prefills a long prompt chunk by chunk, then decodes greedily with the cache. Its tokens
+# should be those of the cache-free loop; they are not. One thing in it is wrong, unmarked. Run it: the cell
+# prints where the tokens part ways and how many positions the cache holds after the prefill.
+
+# %%
+def chunked_generate(model, ids, n_new, chunk=8):
+    """Greedy decoding after a prefill in chunks of `chunk` tokens: (tokens (B, T + n_new), cached length after the prefill)."""
+    cache = KVCache(len(model.layers))
+    T = ids.shape[1]
+    logits = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            piece = ids[:, max(s - 1, 0):s + chunk]   # each chunk with the token before it, for context
+            logits = model(piece, cache=cache)
+        prefilled = cache.seq_len
+        out = ids
+        for step in range(n_new):
+            nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            if step < n_new - 1:
+                logits = model(nxt, cache=cache)
+    return out, prefilled
+
+
+long_prompt = text[:, :40]
+n_diag = 20
+want_tokens = generate_uncached(model, long_prompt, n_diag)
+
+
+def self_check_chunked(generate_fn) -> bool:
+    """✓ when the chunked loop gives the cache-free tokens and its cache holds exactly the prompt after prefill."""
+    try:
+        got, prefilled = generate_fn(fast, long_prompt, n_diag)
+        ok = torch.equal(got, want_tokens) and prefilled == long_prompt.shape[1]
+    except Exception as exc:   # a self-check never raises
+        print(f"✗ not yet: it raised {type(exc).__name__}: {exc}")
+        return False
+    print(f"✓ same tokens as without a cache; {prefilled} positions cached after the prefill" if ok else
+          f"✗ not yet: {prefilled} positions cached after prefilling {long_prompt.shape[1]} tokens; tokens equal: "
+          f"{torch.equal(got, want_tokens)}")
+    return ok
+
+
+got_tokens, cached_after = chunked_generate(fast, long_prompt, n_diag)
+differ = (got_tokens != want_tokens).nonzero()
+print(f"prompt of {long_prompt.shape[1]} tokens, cache after the prefill: {cached_after} positions")
+print("first differing new token:", int(differ[0, 1]) - long_prompt.shape[1] if len(differ) else None)
+
+# %% [markdown]
+# **Your turn.** Fix the copy below (`chunked_generate_fixed`) and run the self-check. Ask what the cache
+# already holds when a chunk arrives, and which absolute positions the model gives the chunk's tokens.
+
+# %%
+def chunked_generate_fixed(model, ids, n_new, chunk=8):
+    """TODO: the same loop with its one bug fixed."""
+    cache = KVCache(len(model.layers))
+    T = ids.shape[1]
+    logits = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            piece = ids[:, max(s - 1, 0):s + chunk]   # each chunk with the token before it, for context
+            logits = model(piece, cache=cache)
+        prefilled = cache.seq_len
+        out = ids
+        for step in range(n_new):
+            nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            if step < n_new - 1:
+                logits = model(nxt, cache=cache)
+    return out, prefilled
+
+
+self_check_chunked(chunked_generate_fixed);
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: the cache already carries the context of every earlier chunk, so a chunk must bring only new
+# tokens. Re-feeding the token before each chunk stores it twice, shifts every later position by one per
+# chunk, and the model then sees a prompt that was never written.
+def chunked_generate_reference(model, ids, n_new, chunk=8):
+    """Greedy decoding after a prefill in chunks of `chunk` tokens: (tokens (B, T + n_new), cached length after the prefill)."""
+    cache = KVCache(len(model.layers))
+    T = ids.shape[1]
+    logits = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            piece = ids[:, s:s + chunk]
+            logits = model(piece, cache=cache)
+        prefilled = cache.seq_len
+        out = ids
+        for step in range(n_new):
+            nxt = logits[:, -1, :].argmax(-1, keepdim=True)
+            out = torch.cat([out, nxt], dim=1)
+            if step < n_new - 1:
+                logits = model(nxt, cache=cache)
+    return out, prefilled
+
+
+assert self_check_chunked(chunked_generate_reference)
+
+# %% [markdown]
 # ## 4. Positions with a cache
 #
 # A chunk of `T` new tokens continues a cache that already holds `start` positions, so its tokens sit at
