@@ -263,7 +263,8 @@ def load_fixed(wq, wk):
 
 # %%
 diff = (scores_half_split(*load_fixed(W_q, W_k)) - target).abs().max().item()
-print("self-check:", f"{diff:.2e}", "-> fixed" if diff < 1e-5 else "-> not fixed yet: which rows form a pair?")
+print(f"✓ fixed: scores agree to {diff:.2e}" if diff < 1e-5 else
+      f"✗ not yet: scores differ by {diff:.2e}; which rows form a pair?")
 
 # %% [markdown]
 # <details><summary>Reference fix (open after trying)</summary>
@@ -502,6 +503,75 @@ info = shipped.checkpoint_info
 print("validation loss of the shipped model:", round(info["val_loss"], 4), "| substitute:", info["substitute"])
 print("context:", shipped.cfg.context_length, "| recipe:", info["recipe"])
 print("ROMEO:" + sample_text(shipped, tok, "ROMEO:", cfg["sample_chars"], temperature=0.8, seed=0))
+
+# %% [markdown]
+# ## Longer than the training context
+#
+# The shipped model was trained on windows of `context_length` characters. RoPE has no table of positions,
+# so nothing stops us from running it on 2× or 4× longer windows; the question is what the rotations then
+# mean to it. Three ways to set the angles for a window `s` times longer, all without any further training:
+#
+# - **no scaling**: positions simply go on (the fast pairs never repeat a pattern they have not seen, but the
+#   slow pairs reach angles that training never produced);
+# - **position interpolation**: divide every frequency by `s`, so that the longest window spans the angles of
+#   the training window (neighbouring tokens then sit `s` times closer in angle than in training);
+# - **Llama 3's smoothing** with `factor = s` and the training context as `original_max_position_embeddings`:
+#   fast pairs keep their frequencies, slow pairs are divided by `s`, the band between moves smoothly.
+#
+# The same validation windows are cut at 1×, 2× and 4× the training context; the loss is averaged per position.
+
+# %%
+C_train = shipped.cfg.context_length
+val_ids = corpus.val[: cfg["extrapolation_windows"] * (4 * C_train + 1)].view(cfg["extrapolation_windows"], -1)
+W_ext = shipped.state_dict()
+
+
+def extrapolation_model(length, method):
+    c_ = L.Llama3Config(**(shipped.cfg.to_dict() | {"context_length": length}))
+    m_ = L.Llama3Model(c_).eval()
+    m_.load_state_dict(W_ext)
+    stretch = length / C_train
+    inv = L.rope_inv_freq(c_.hd, c_.rope_theta)
+    if method == "position interpolation":
+        inv = inv / stretch
+    elif method == "Llama 3 smoothing" and stretch > 1:
+        inv = L.rope_inv_freq(c_.hd, c_.rope_theta, {"factor": stretch, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": C_train})
+    m_.rope_cos, m_.rope_sin = L.rope_cos_sin(inv, torch.arange(length))
+    return m_
+
+
+methods = ("no scaling", "position interpolation", "Llama 3 smoothing")
+loss_by_pos = {}
+for mult in (1, 2, 4):
+    ids_ = val_ids[:, : mult * C_train + 1]
+    for method in methods:
+        with torch.no_grad():
+            logits_ = extrapolation_model(mult * C_train, method)(ids_[:, :-1])
+        loss_by_pos[mult, method] = F.cross_entropy(logits_.transpose(1, 2), ids_[:, 1:], reduction="none").mean(0)
+print(f"{'':>24}" + "".join(f"{f'{m_}× ({m_ * C_train})':>14}" for m_ in (1, 2, 4)) + f"  {'beyond ' + str(C_train):>14} (4×)")
+for method in methods:
+    row = "".join(f"{loss_by_pos[m_, method].mean():>14.3f}" for m_ in (1, 2, 4))
+    print(f"{method:>24}{row}  {loss_by_pos[4, method][C_train:].mean():>14.3f}")
+best = min(methods, key=lambda m_: loss_by_pos[4, m_].mean())
+print(f"lowest mean loss over the 4× window: {best}")
+
+# %%
+fig, ax = viz.figure(figsize=(7.5, 4))
+for method in methods:
+    curve = loss_by_pos[4, method]
+    ax.plot(range(8, len(curve) + 1), curve.unfold(0, 8, 1).mean(1), label=method)
+ax.axvline(C_train, color="grey", ls=":", label="training context")
+ax.set_xlabel("position in a 4× window")
+ax.set_ylabel("loss (nats/char, 8-position mean)")
+ax.legend(fontsize=8)
+fig
+
+# %% [markdown]
+# Compare the columns and the curves: where does each method lose, inside the training length or beyond it,
+# and why (think of which pairs each one changes)? The released Llama 3.1/3.2 models were trained further on
+# long documents after their frequencies changed; the numbers above are the starting point of such training,
+# not its result.
 
 # %% [markdown]
 # ### Spot the bug: a Llama written from its state dict
