@@ -151,8 +151,7 @@ print("visible tests passed")
 
 # %%
 # the required values: rope_inv_freq(16, 500000.0, scaling) must return these (rtol 1e-4)
-SMOOTHING_EXAMPLE = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192}
+SMOOTHING_EXAMPLE = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
 REQUIRED = {  # pair: (wavelength without scaling, θ without scaling, θ required with scaling)
     3: (861.58, 7.2927e-3, 7.2927e-3),
     4: (4442.9, 1.4142e-3, 4.2956e-4),
