@@ -526,17 +526,16 @@ val_ids = corpus.val[: cfg["extrapolation_windows"] * (4 * C_train + 1)].view(cf
 W_ext = shipped.state_dict()
 
 
-def extrapolation_model(length, method):
-    c_ = L.Llama3Config(**(shipped.cfg.to_dict() | {"context_length": length}))
-    m_ = L.Llama3Model(c_).eval()
-    m_.load_state_dict(W_ext)
+def set_angles(m_, method):
+    """Give the model's RoPE tables the angles of `method` for its (longer) context."""
+    length, hd, theta = m_.cfg.context_length, m_.cfg.hd, m_.cfg.rope_theta
     stretch = length / C_train
-    inv = L.rope_inv_freq(c_.hd, c_.rope_theta)
+    inv = L.rope_inv_freq(hd, theta)
     if method == "position interpolation":
         inv = inv / stretch
     elif method == "Llama 3 smoothing" and stretch > 1:
-        inv = L.rope_inv_freq(c_.hd, c_.rope_theta, {"factor": stretch, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                     "original_max_position_embeddings": C_train})
+        inv = L.rope_inv_freq(hd, theta, {"factor": stretch, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": C_train})
     m_.rope_cos, m_.rope_sin = L.rope_cos_sin(inv, torch.arange(length))
     return m_
 
@@ -545,9 +544,11 @@ methods = ("no scaling", "position interpolation", "Llama 3 smoothing")
 loss_by_pos = {}
 for mult in (1, 2, 4):
     ids_ = val_ids[:, : mult * C_train + 1]
+    long_model = L.Llama3Model(L.Llama3Config(**(shipped.cfg.to_dict() | {"context_length": mult * C_train}))).eval()
+    long_model.load_state_dict(W_ext)
     for method in methods:
         with torch.no_grad():
-            logits_ = extrapolation_model(mult * C_train, method)(ids_[:, :-1])
+            logits_ = set_angles(long_model, method)(ids_[:, :-1])
         loss_by_pos[mult, method] = F.cross_entropy(logits_.transpose(1, 2), ids_[:, 1:], reduction="none").mean(0)
 print(f"{'':>24}" + "".join(f"{f'{m_}× ({m_ * C_train})':>14}" for m_ in (1, 2, 4)) + f"  {'beyond ' + str(C_train):>14} (4×)")
 for method in methods:
