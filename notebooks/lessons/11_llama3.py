@@ -647,6 +647,7 @@ print(f"position 0's logits move by {moved:.3g} when only the last token changes
 # triangle, so where else can information travel between positions?
 
 # %%
+# TODO: find the one bug and fix it in this copy
 def llama_from_state_fixed(W, c, idx):
     """TODO: the same forward with its one bug fixed."""
     T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd

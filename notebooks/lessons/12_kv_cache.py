@@ -205,6 +205,7 @@ print("chunks fed:", fed_b)
 # already holds when a chunk arrives, and which absolute positions the model gives the chunk's tokens.
 
 # %%
+# TODO: find the one bug and fix it in this copy
 def chunked_prefill_fixed(model, ids, chunk=8):
     """TODO: the same helper with its one bug fixed."""
     if chunk < 1:
