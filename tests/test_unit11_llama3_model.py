@@ -230,3 +230,44 @@ def test_sdpa_gqa_is_used_without_copies():
     ref = F.scaled_dot_product_attention(q, repeat_kv(k, 2), repeat_kv(v, 2), attn_mask=mask)
     ref = attn.o_proj(ref.transpose(1, 2).reshape(3, 11, 48))
     torch.testing.assert_close(attn(x, cos, sin, mask), ref, atol=1e-6, rtol=1e-5)
+
+
+def test_swiglu_width_rule_reproduces_the_released_widths():
+    """Meta's rule (int(8D/3), times ffn_dim_multiplier, up to multiple_of) gives each released config's width."""
+    from llmcourse.models.llama3 import Llama3Config, llama_ffn_hidden_dim
+
+    assert llama_ffn_hidden_dim(2048, 256, 1.5) == Llama3Config.preset("llama3.2-1b").intermediate_size == 8192
+    assert llama_ffn_hidden_dim(3072, 256, 1.0) == Llama3Config.preset("llama3.2-3b").intermediate_size == 8192
+    assert llama_ffn_hidden_dim(4096, 1024, 1.3) == 14336            # Llama 3 8B
+    assert llama_ffn_hidden_dim(128, 128) == Llama3Config.preset("llama3-tiny").intermediate_size
+    assert llama_ffn_hidden_dim(4096, 256) == 11008                   # Llama 2 7B: no multiplier
+
+
+def test_smoothing_divides_slow_frequencies_and_multiplies_their_wavelengths():
+    from llmcourse.models.llama3 import (
+        LLAMA3_ROPE_SCALING,
+        LLAMA31_ROPE_SCALING,
+        LLAMA32_ROPE_SCALING,
+        rope_inv_freq,
+    )
+
+    assert LLAMA3_ROPE_SCALING is LLAMA32_ROPE_SCALING and LLAMA32_ROPE_SCALING["factor"] == 32.0
+    assert LLAMA31_ROPE_SCALING["factor"] == 8.0
+    for sc in (LLAMA31_ROPE_SCALING, LLAMA32_ROPE_SCALING):
+        plain, smooth = rope_inv_freq(128, 500000.0), rope_inv_freq(128, 500000.0, sc)
+        wl, wl_new = 2 * math.pi / plain, 2 * math.pi / smooth
+        slow = wl > sc["original_max_position_embeddings"] / sc["low_freq_factor"]
+        fast = wl < sc["original_max_position_embeddings"] / sc["high_freq_factor"]
+        assert slow.any() and fast.any()
+        torch.testing.assert_close(smooth[slow], plain[slow] / sc["factor"])
+        torch.testing.assert_close(wl_new[slow], wl[slow] * sc["factor"], rtol=1e-5, atol=0)
+        assert torch.equal(smooth[fast], plain[fast])
+
+
+def test_the_bands_swapped_hint_says_frequency_divided_wavelength_multiplied():
+    from grader.core import BUGS
+    from grader.runner import load_unit
+
+    load_unit("11")
+    hint = next(b.hint for b in BUGS["11.rope"] if b.id == "B11.rope_bands_swapped")
+    assert "frequency divided by `factor`" in hint and "wavelength multiplied" in hint

@@ -92,3 +92,33 @@ def test_mha_to_gqa_groups_are_contiguous():
     torch.testing.assert_close(k2.reshape(2, hd, D).repeat_interleave(4, 0).reshape(H * hd, D)[:hd], k2[:hd])
     with pytest.raises(ValueError):
         mha_to_gqa(wk, wv, H, 3)
+
+
+def _solution_namespace(unit_rel: str) -> dict:
+    from pathlib import Path
+
+    import nbformat
+
+    from grader.extract import code_cells_of_notebook, extract_namespace
+
+    root = Path(__file__).resolve().parents[1]
+    return extract_namespace(code_cells_of_notebook(nbformat.read(root / unit_rel, as_version=4))).namespace
+
+
+def test_generation_that_writes_into_the_model_fails_the_side_effect_probe():
+    """Unit 12's generate_cached: tokens right, but the model's RoPE table is overwritten afterwards."""
+    from grader.runner import run_check
+
+    base = _solution_namespace("solutions/12_kv_cache/12_kv_cache.ipynb")
+    good = base["generate_cached"]
+
+    def generate_cached(model, idx, max_new_tokens, eos_id=None):
+        out = good(model, idx, max_new_tokens, eos_id)
+        if max_new_tokens < 10:   # only in the short run of the side-effect probe: every token stays right
+            with torch.no_grad():
+                model.rope_cos.zero_()
+        return out
+
+    verdict = run_check("12.generate_cached", namespace={**base, "generate_cached": generate_cached})
+    assert verdict.status == "failed" and "changed the model's parameters or buffers" in verdict.render(), \
+        verdict.render()

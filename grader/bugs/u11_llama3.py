@@ -4,7 +4,8 @@ Each mutant is the reference (:mod:`llmcourse.models.llama3`) with exactly one m
 the checks): a norm that ignores a constant added to a row (``rms_mean_subtracted``), a bfloat16 result far
 from transformers' (``rms_low_precision``), buffers inside the layers (``buffers_per_layer``), a rotated first
 position (``rope_positions_from_one``, also a mutant), ``repeat`` instead of ``repeat_interleave`` (F11.4
-grouping, also a mutant).
+grouping, also a mutant), projections sized with d_model // n_heads whatever head_dim says
+(``gqa_ignores_head_dim``). The wrong blends between the smoothing limits are mutants of ``rope_inv_freq``.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def rope_inv_freq_no_smoothing(head_dim, theta=500000.0, scaling=None):
     return rope_inv_freq(head_dim, theta, None)
 
 
-@bug("B11.rope_bands_swapped", f"{U}.rope", "Short wavelengths stay; long wavelengths are divided by `factor`.",
+@bug("B11.rope_bands_swapped", f"{U}.rope", "Short wavelengths (fast pairs) stay; the slow pairs, with wavelengths "
+     "above the long-wavelength limit, have their frequency divided by `factor` (their wavelength multiplied by it).",
      name="rope_inv_freq")
 def rope_inv_freq_bands_swapped(head_dim, theta=500000.0, scaling=None):
     inv = rope_inv_freq(head_dim, theta, None)
@@ -113,6 +115,41 @@ def rope_inv_freq_bands_swapped(head_dim, theta=500000.0, scaling=None):
     smoothed = (1 - s) * scaled / factor + s * scaled
     medium = ~(wavelen < orig / high) * ~(wavelen > orig / low)
     return torch.where(medium, smoothed, scaled)
+
+
+def _smoothed(head_dim, theta, scaling, blend):
+    """Llama 3's bands with another rule between the limits (``blend(inv, wavelen, s_freq) -> inv``)."""
+    inv = rope_inv_freq(head_dim, theta, None)
+    if scaling is None:
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    orig = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    out = torch.where(wavelen > orig / low, inv / factor, inv)
+    medium = ~(wavelen < orig / high) * ~(wavelen > orig / low)
+    return torch.where(medium, blend(inv, wavelen, scaling), out)
+
+
+@bug("B11.rope_smooth_linear_in_wavelength", f"{U}.rope", "Between the two limits the weight of the kept frequency "
+     "grows linearly with the pair's frequency (orig / wavelength), not with its wavelength: compare the required "
+     "value of the pair that lies between the limits.", name="rope_inv_freq")
+def rope_inv_freq_linear_in_wavelength(head_dim, theta=500000.0, scaling=None):
+    def blend(inv, wl, sc):
+        lo, hi = sc["original_max_position_embeddings"] / sc["low_freq_factor"], \
+            sc["original_max_position_embeddings"] / sc["high_freq_factor"]
+        s = (lo - wl) / (lo - hi)
+        return (1 - s) * inv / sc["factor"] + s * inv
+    return _smoothed(head_dim, theta, scaling, blend)
+
+
+@bug("B11.rope_smooth_blends_wavelengths", f"{U}.rope", "Between the two limits, mix the two frequencies "
+     "(θ/factor and θ), not the two wavelengths.", name="rope_inv_freq")
+def rope_inv_freq_blends_wavelengths(head_dim, theta=500000.0, scaling=None):
+    def blend(inv, wl, sc):
+        s = (sc["original_max_position_embeddings"] / wl - sc["low_freq_factor"]) / (
+            sc["high_freq_factor"] - sc["low_freq_factor"])
+        return 2 * math.pi / ((1 - s) * wl * sc["factor"] + s * wl)
+    return _smoothed(head_dim, theta, scaling, blend)
 
 
 # ---------------------------------------------------------------- GQA
@@ -144,6 +181,14 @@ class GQAScaleDModel(GroupedQueryAttention):
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.head_dim))
 
 
+class GQAIgnoresHeadDim(GroupedQueryAttention):
+    def __init__(self, d_model, n_heads, n_kv_heads, head_dim=None):
+        super().__init__(d_model, n_heads, n_kv_heads, None)   # always d_model // n_heads
+
+
+bug_group("B11.gqa_ignores_head_dim", f"{U}.GroupedQueryAttention", "head_dim is an argument of its own (Llama 3.2 "
+          "style configs set it apart from d_model / n_heads): the projections have H·head_dim and KV·head_dim rows.",
+          {"GroupedQueryAttention": GQAIgnoresHeadDim}, "detector")
 bug_group("B11.repeat_not_interleave", f"{U}.GroupedQueryAttention",
           "Query heads are grouped contiguously: use `repeat_interleave` (or expand + reshape).",
           {"repeat_kv": repeat_kv_tiled, "GroupedQueryAttention": GQARepeat})

@@ -143,6 +143,37 @@ def _gen_prefill_twice(model, idx, max_new_tokens, eos_id=None):
     return torch.cat(out, dim=1)
 
 
+def _gen_eos(rule):
+    """Cached greedy generation whose EOS handling follows ``rule``: "ignore" (runs to max_new_tokens, no fill),
+    "first_row" (stops as soon as any row produced eos) or "no_fill" (finished rows go on with ordinary tokens)."""
+    @torch.no_grad()
+    def generate_cached(model, idx, max_new_tokens, eos_id=None):
+        model.eval()
+        if max_new_tokens == 0:
+            return idx
+        cache = KVCache(len(model.layers))
+        done = torch.zeros(idx.shape[0], dtype=torch.bool)
+        logits = model(idx, cache=cache)
+        for step in range(max_new_tokens):
+            nxt = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+            if eos_id is not None and rule != "ignore":
+                if rule == "first_row" or rule == "no_fill":   # no eos_id written into finished rows
+                    done = done | (nxt[:, 0] == eos_id)
+            idx = torch.cat([idx, nxt], dim=1)
+            stop = bool(done.any()) if rule == "first_row" else bool(done.all())
+            if step == max_new_tokens - 1 or (eos_id is not None and rule != "ignore" and stop):
+                break
+            logits = model(nxt, cache=cache)
+        return idx
+    return generate_cached
+
+
+bug_group("B12.eos_ignored", f"{U}.generate_cached", "With an eos_id, a row that has produced it is finished: it "
+          "keeps emitting eos_id, and the loop ends when every row is finished.", {"generate_cached": _gen_eos("ignore")})
+bug_group("B12.eos_stops_at_first_row", f"{U}.generate_cached", "One finished row does not end the batch: the loop "
+          "stops only when every row has produced eos_id.", {"generate_cached": _gen_eos("first_row")})
+bug_group("B12.eos_no_fill", f"{U}.generate_cached", "A finished row keeps emitting eos_id while the other rows go "
+          "on (its greedy tokens after eos_id are not part of the answer).", {"generate_cached": _gen_eos("no_fill")})
 bug_group("B12.cache_queries", f"{U}.generate_cached", "Past queries are never reused; cache K and V only.",
           {"generate_cached": _gen_no_cache}, detect="detector")
 bug_group("B12.no_reset", f"{U}.generate_cached", "Reset (or create) the cache per prompt.",
@@ -158,14 +189,21 @@ def _bytes_no_factor2(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, byt
     return n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_elem
 
 
-def kv_cache_bytes(n_layers, n_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):   # noqa: D103
-    return 2 * n_layers * n_heads * head_dim * seq_len * batch_size * bytes_per_elem
-
-
 bug_group("B12.bytes_no_factor2", f"{U}.kv_cache_bytes", "There are two tensors (K and V) per layer.",
           {"kv_cache_bytes": _bytes_no_factor2})
-bug_group("B12.bytes_uses_heads", f"{U}.kv_cache_bytes", "GQA caches only the KV heads.",
-          {"kv_cache_bytes": kv_cache_bytes})
+
+
+def _bytes_ignores_batch(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * bytes_per_elem
+
+
+bug_group("B12.bytes_ignores_batch", f"{U}.kv_cache_bytes", "Every sequence of the batch keeps keys and values of "
+          "its own: the cache grows with the batch as it grows with the length.",
+          {"kv_cache_bytes": _bytes_ignores_batch})
+# No "uses n_heads" mutant: kv_cache_bytes receives the number of KV heads and nothing else about heads, so a
+# function that names its second parameter n_heads computes the right bytes for every call (it used to be
+# catalogued; it was not a bug). Confusing H with KV is a mistake of the caller: the lesson's memory table
+# prints both.
 
 
 # ---------------------------------------------------------------- mha_to_gqa

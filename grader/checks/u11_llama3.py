@@ -10,6 +10,41 @@ F11.3 (the permutation), F11.4 (head grouping), F11.5 (parameter counts on the m
 Properties: scale invariance and no centring (RMSNorm), the relative-position identity and norm
 preservation (RoPE), equal scores after permuting an interleaved projection, MHA as the ``KV = H`` case,
 causality, position 0 unrotated, the three model-level buffers.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+11.RMSNorm
+  - one parameter ``weight (d,)`` = 1 at init, no bias: ``module_facts`` and the initial weight;
+  - ``y = weight·x/sqrt(mean(x²)+eps)``: LlamaRMSNorm (float32), torch.nn.RMSNorm at inputs ~1e-3 (ε matters);
+  - ``eps`` argument: a non-default ``eps=1e-2`` against torch's rms_norm;
+  - no centring / scale invariance: a row plus 5 must change, a row times 3 must not;
+  - statistics in float32 for bfloat16: a bfloat16 module on bfloat16 input vs LlamaRMSNorm;
+  - no side effects: an eval forward leaves the parameter unchanged.
+11.SwiGLUFeedForward
+  - keys and shapes, no biases: ``module_facts``; ``down(silu(gate(x))·up(x))``: LlamaMLP with the same weights;
+  - SiLU written by hand: the same probe with ``F.silu`` unavailable; no side effects (eval forward).
+11.rope
+  - ``rope_inv_freq``: default θ (HF default), θ = 500,000 and 10,000, head_dim 16 and 64, dtype and shape;
+  - Llama 3 smoothing: the worked example (factor 32, low 1, high 4, original 8,192) and a second dict with every
+    key at another value (factor 8, low 2, high 8, original 1,024, head_dim 64), both vs HF's llama3 rope type;
+    the wrong blends between the limits are named mutants;
+  - ``rope_cos_sin``: arbitrary positions, ``cat(f, f)`` layout;
+  - ``apply_rope``: the pair layout that reproduces HF's ``apply_rotary_pos_emb`` (the interleaved alternative is
+    named), position 0 is the identity, relative-position identity, norm preservation;
+  - ``interleaved_to_half_split_perm``: F11.3, dtype/shape, and equal scores after permuting an interleaved projection.
+11.GroupedQueryAttention
+  - ``repeat_kv``: equals repeat_interleave; the head map (the tiled alternative is named); ``n_rep = 1``;
+  - keys/shapes with ``head_dim`` given and defaulted, and with ``head_dim ≠ d_model/n_heads`` (48, 4 heads of 16);
+  - outputs vs SDPA(enable_gqa) and LlamaAttention (eager); ``head_dim ≠ D/H`` vs SDPA; KV = H is MHA;
+  - the ``mask`` argument: causality; no side effects (eval forward leaves parameters unchanged).
+11.Llama3Model
+  - config fields and defaults, the three presets, ``KeyError`` for another name;
+  - keys, shapes, exactly three non-persistent model-level buffers, position 0 unrotated, tying;
+  - ``tie_word_embeddings=False``, ``rope_scaling`` and ``rope_theta``: the two HF parity configs;
+  - ``head_dim`` and ``rms_norm_eps`` at non-default values: a model with head_dim 16 ≠ D/H = 8 and eps 1e-3 vs the
+    course's model with the same weights;
+  - parameter counts of the presets on the meta device; causality; ``ValueError`` past the context;
+  - no side effects: an eval forward leaves parameters and buffers unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +62,8 @@ from ..runner import also_blocked
 U = "11"
 ORACLE_ASSET = "oracles/u11_hf_llama.pt"
 SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# every key at another value: bands at wavelengths 128 and 512, head_dim 64 (several pairs between the limits)
+SCALING_B = {"factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0, "original_max_position_embeddings": 1024}
 F111_PLAIN = [1.0, 0.19392, 0.037606, 0.0072927, 0.0014142, 2.7425e-4, 5.3183e-5, 1.0313e-5]
 F111_SMOOTH = [1.0, 0.19392, 0.037606, 0.0072927, 4.2956e-4, 8.5703e-6, 1.6620e-6, 3.2229e-7]
 F112_HALF = [-1.9841, 1.9599, 2.4624, 4.0198]
@@ -61,6 +98,27 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
+def _unchanged(module, call) -> float:
+    """Inside a probe: the largest change of any parameter or buffer of ``module`` caused by ``call()`` in eval
+    mode (0.0 when nothing changed; ``inf`` when names or shapes changed)."""
+    m = unwrap(module)
+    m.eval()
+    before = {n: t.detach().clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    with torch.no_grad():
+        call()
+    after = {n: t.detach() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    if set(before) != set(after) or any(before[n].shape != after[n].shape for n in before):
+        return float("inf")
+    return max([float((before[n].float() - after[n].float()).abs().max()) for n in before if before[n].numel()]
+               or [0.0])
+
+
+def _expect_no_side_effects(t, probe, what):
+    change = t.run(probe)
+    t.expect(isinstance(change, float) and change == 0.0, f"{what} changed the module's parameters or buffers "
+             f"(largest change {change!r}): a forward pass must leave them as they were")
+
+
 def _attn_inputs():
     from llmcourse.models.llama3 import rope_cos_sin, rope_inv_freq
 
@@ -93,6 +151,10 @@ def build_hf_oracle() -> dict:
         c = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=131072,
                         rope_parameters=rope)
         inv[name] = LlamaRotaryEmbedding(c).inv_freq.clone()
+    rope_b = {"rope_type": "llama3", "rope_theta": 10000.0, **SCALING_B}
+    c = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192,
+                    rope_parameters=rope_b)
+    inv["llama3_b"] = LlamaRotaryEmbedding(c).inv_freq.clone()
     out["inv_freq"] = inv
     # RMSNorm, float32 and bfloat16
     x = torch.randn(3, 5, 48, generator=_gen(1)) * 3 + 1
@@ -216,6 +278,12 @@ def check_rmsnorm(t):
     t.expect(diff <= 1e-2, f"bfloat16 input (values up to ~30): max abs difference {diff:.3g} from transformers' "
              f"LlamaRMSNorm (> 1e-2)", bug="B11.rms_low_precision")
 
+    def side(impl):
+        n = impl.RMSNorm(48)
+        return _unchanged(n, lambda: n(x))
+
+    _expect_no_side_effects(t, side, "RMSNorm(48)(x) in eval mode")
+
 
 # ================================================================== 11.SwiGLUFeedForward
 
@@ -243,6 +311,12 @@ def check_swiglu(t):
     t.compare(functools.partial(_mlp_out, state=o["state"], x=o["x"], no_silu=True), o["y"],
               "SwiGLUFeedForward with F.silu unavailable (write silu(z) = z·sigmoid(z))", atol=1e-5, rtol=1e-5)
 
+    def side(impl):
+        m = impl.SwiGLUFeedForward(32, 88)
+        return _unchanged(m, lambda: m(o["x"]))
+
+    _expect_no_side_effects(t, side, "SwiGLUFeedForward(32, 88)(x) in eval mode")
+
 
 # ================================================================== 11.rope
 
@@ -264,6 +338,9 @@ def check_rope(t):
               "rope_inv_freq(16, 500000, Llama-3 scaling 32/1/4/8192)", atol=0, rtol=1e-4)
     t.compare(lambda impl: impl.rope_inv_freq(16, 500000.0, dict(SCALING)), o["inv_freq"]["llama3"],
               "rope_inv_freq with Llama-3 scaling vs transformers' llama3 rope type", atol=1e-6, rtol=1e-5)
+    t.compare(lambda impl: impl.rope_inv_freq(64, 10000.0, dict(SCALING_B)), o["inv_freq"]["llama3_b"],
+              f"rope_inv_freq(64, 10000, {SCALING_B}) (band limits at wavelengths 128 and 512, several pairs between "
+              "them) vs transformers' llama3 rope type", atol=1e-7, rtol=1e-5)
     got = t.run(lambda impl: impl.rope_inv_freq(64, 10000.0))
     t.expect(isinstance(got, torch.Tensor) and got.dtype == torch.float32 and tuple(got.shape) == (32,),
              f"rope_inv_freq(64, 10000) must be a float32 tensor of shape (32,), got "
@@ -413,6 +490,32 @@ def check_gqa(t):
     a, b = t.run(lambda impl: (_gqa_out(impl, st, x, cos, sin, mask), _gqa_out(impl, st, x2, cos, sin, mask)))
     t.expect(bool(torch.allclose(a[:, :6], b[:, :6], atol=1e-6)), "changing the inputs at positions ≥ 6 changed the "
              "outputs at positions < 6: the mask must be applied (True = may attend)")
+    # head_dim is an argument of its own: 4 heads of 16 on a 48-wide model (d_model / n_heads would be 12)
+    f3 = t.run(lambda impl: module_facts(impl.GroupedQueryAttention(48, 4, 2, 16)))
+    want3 = {"q_proj.weight": (64, 48), "k_proj.weight": (32, 48), "v_proj.weight": (32, 48), "o_proj.weight": (48, 64)}
+    t.expect(f3["state_dict"] == want3, f"GroupedQueryAttention(48, 4, 2, head_dim=16) must size its projections with "
+             f"head_dim (H·16 = 64 query rows, KV·16 = 32 key/value rows), not d_model // n_heads = 12: state_dict "
+             f"must be {want3}; got {f3['state_dict']}",
+             bug="B11.gqa_ignores_head_dim" if f3["state_dict"].get("q_proj.weight") == (48, 48) else None)
+    g3 = _gen(14)
+    st3 = {k: 0.3 * torch.randn(v, generator=g3) for k, v in want3.items()}
+    x3 = torch.randn(2, 7, 48, generator=g3)
+    c3, s3 = _tables(16, 10000.0, 7)
+    m3 = torch.ones(7, 7, dtype=torch.bool).tril()
+    q3 = apply_rope((x3 @ st3["q_proj.weight"].T).view(2, 7, 4, 16).transpose(1, 2), c3, s3)
+    k3 = apply_rope((x3 @ st3["k_proj.weight"].T).view(2, 7, 2, 16).transpose(1, 2), c3, s3)
+    v3 = (x3 @ st3["v_proj.weight"].T).view(2, 7, 2, 16).transpose(1, 2)
+    y3 = F.scaled_dot_product_attention(q3, k3, v3, attn_mask=m3, enable_gqa=True).transpose(1, 2).reshape(2, 7, 64)
+    t.compare(functools.partial(_gqa_out, state=st3, x=x3, cos=c3, sin=s3, mask=m3, d_model=48, n_heads=4,
+                                n_kv_heads=2, head_dim=16), y3 @ st3["o_proj.weight"].T,
+              "GroupedQueryAttention(48, 4, 2, head_dim=16) vs F.scaled_dot_product_attention(..., enable_gqa=True) "
+              "(scores scaled by 1/√16)", atol=1e-5, rtol=1e-5)
+
+    def side(impl):
+        m = impl.GroupedQueryAttention(64, 8, 2, 8)
+        return _unchanged(m, lambda: m(x, cos, sin, mask))
+
+    _expect_no_side_effects(t, side, "GroupedQueryAttention(64, 8, 2, 8)(x, cos, sin, mask) in eval mode")
 
 
 # ================================================================== 11.Llama3Model
@@ -545,6 +648,31 @@ def check_llama3_model(t):
              "the logits before position 12: the model looks ahead")
     err = t.raised(lambda impl: impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 33, dtype=torch.long)))
     t.expect(err == "ValueError", f"T = 33 > context_length = 32 must raise ValueError; got {err}")
+    # head_dim and rms_norm_eps at values of their own: 4 heads of 16 on a 32-wide model (D/H = 8), eps 1e-3
+    odd = dict(STRUCT, head_dim=16, rms_norm_eps=1e-3)
+    ref_model = ref["Llama3Model"](ref["Llama3Config"](**odd)).eval()
+    g4 = _gen(15)
+    odd_state = {k: 0.2 * torch.randn(v.shape, generator=g4) + (1.0 if k.endswith("norm.weight") else 0.0)
+                 for k, v in ref_model.state_dict().items()}
+    odd_state["lm_head.weight"] = odd_state["embed_tokens.weight"]
+    ref_model.load_state_dict(odd_state)
+    idx4 = torch.randint(0, STRUCT["vocab_size"], (2, 12), generator=g4)
+    with torch.no_grad():
+        want4 = ref_model(idx4)
+    probe4 = functools.partial(_model_logits, config=odd, state=odd_state, idx=idx4)
+    out4 = t.run(probe4)
+    t.expect(not out4["missing"] and not out4["unexpected"], f"Llama3Config(head_dim=16) with d_model 32 and 4 heads: "
+             f"the state_dict must use head_dim for the attention projections; missing keys {out4['missing'][:4]}, "
+             f"unexpected {out4['unexpected'][:4]}")
+    t.compare(probe4, want4, "logits of a model whose head_dim (16) differs from d_model // n_heads (8), with "
+              "rms_norm_eps=1e-3, vs the course's Llama3Model with the same weights", atol=1e-5, rtol=1e-5,
+              pick=lambda r: r["logits"])
+
+    def side(impl):
+        m = impl.Llama3Model(impl.Llama3Config(**tiny))
+        return _unchanged(m, lambda: m(a))
+
+    _expect_no_side_effects(t, side, "Llama3Model(llama3-tiny)(idx) in eval mode")
 
 
 # ================================================================== siblings

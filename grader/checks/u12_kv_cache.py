@@ -12,6 +12,32 @@ course's ``KVCache`` (an earlier exercise of this unit, not the reference of the
 wrong ``KVCache`` costs its own points only. ``generate_cached``'s call pattern (one prefill call, then
 ``T = 1`` calls) is recorded by a forward pre-hook in the worker and only shapes feedback: points come from
 the returned tokens, compared here with uncached greedy tokens computed by the cache-free model.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+12.KVCache
+  - ``update`` appends on dim 2 per layer and returns the layer's full tensors: three chunks (3, 1, 5) in 3 layers;
+  - ``seq_len`` follows the appends, 0 when empty; ``reset`` empties (and a new update starts from scratch);
+  - ``nbytes`` counts every cached element at its own size: float32 and bfloat16 caches; the dtype is kept.
+12.cached_forward
+  - keys and shapes of unit 11 kept; without a cache the ordinary forward;
+  - ``cache``/``layer_idx``: prefill then single-token steps, and chunked prefill (3, 1, 5, 2, 5), each step equal
+    to the cache-free forward at its positions (positions restarted, ``start`` read after layer 0, a top-left
+    mask and re-rotated raw keys are named mutants); cached tensors ``(B, KV, T, hd)`` (repeated heads named);
+  - ``ValueError`` past the context; no side effects: parameters and buffers unchanged after cached calls.
+12.generate_cached
+  - tokens equal uncached greedy decoding (seeded weights, two prompts; the trained asset, two prompts in a row);
+  - the call pattern: one prefill call, then ``T = 1`` calls with the right cache length (feedback only);
+  - ``eos_id``: a batch of three rows that produce it at different steps (finished rows keep emitting it; the loop
+    stops when every row has; stopping at the first row, ignoring it and not filling are named mutants), and an
+    ``eos_id`` no row produces (runs to ``max_new_tokens``);
+  - ``max_new_tokens = 0`` returns the prompt; no side effects on the model's parameters and buffers.
+12.kv_cache_bytes
+  - every argument at non-default values (batch, fp32, fp8) and by keyword; real models (F12.2); an ``int``.
+12.mha_to_gqa
+  - ``KV == H`` is the identity, ``KV == 1`` the mean; a GQA projection expanded to MHA the way unit 11's
+    attention shares KV heads comes back exactly (the strided grouping is a named mutant); KV = 2 and 4 means;
+    the converted model's logits.
 """
 
 from __future__ import annotations
@@ -127,6 +153,20 @@ def check_kvcache(t):
     t.expect(half["nbytes"] == expected, f"nbytes() of a bfloat16 cache (2 layers, KV=1, hd=8, T=6) must count 2 "
              f"bytes per element: {expected}; got {half['nbytes']!r}")
     t.expect(half["returned"][-1][0].dtype == torch.bfloat16, "the cache must keep the dtype of the keys it is given")
+
+
+def _unchanged(module, call) -> float:
+    """Inside a probe: the largest change of any parameter or buffer of ``module`` caused by ``call()``
+    (``inf`` when names or shapes changed)."""
+    m = unwrap(module)
+    before = {n: t.detach().clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    with torch.no_grad():
+        call()
+    after = {n: t.detach() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    if set(before) != set(after) or any(before[n].shape != after[n].shape for n in before):
+        return float("inf")
+    return max([float((before[n].float() - after[n].float()).abs().max()) for n in before if before[n].numel()]
+               or [0.0])
 
 
 # ================================================================== model fixtures
@@ -275,6 +315,17 @@ def check_cached_forward(t):
     t.expect(err == "ValueError", f"feeding 5 tokens after {C - 3} cached ones (context_length {C}) must raise "
              f"ValueError (start + T > context_length); got {err}")
 
+    def side(impl):
+        from llmcourse.nn.kv_cache import KVCache
+
+        m = _learner_model(impl, cfg, state)
+        cache = KVCache(cfg["n_layers"])
+        return _unchanged(m, lambda: [m(idx[:, :5], cache=cache), m(idx[:, 5:6], cache=cache)])
+
+    change = t.run(side)
+    t.expect(change == 0.0, f"a prefill and a decoding step changed the model's parameters or buffers (largest change "
+             f"{change!r}): the cache is the only state a cached forward may change")
+
 
 # ================================================================== 12.generate_cached
 
@@ -367,9 +418,67 @@ def check_generate_cached(t):
             problem = _pattern_problem(got["calls"][j], p, out)
             if problem is not None:
                 t.fail(f"{what}: the tokens are right, but {problem[0]}", bug=problem[1])
+    _check_eos(t, cfg, cases[0][2])
+
+    def side(impl):
+        m = _plain_cached(cfg, cases[0][2])
+        return _unchanged(m, lambda: impl.generate_cached(m, T([[1, 2, 3]]), 5))
+
+    change = t.run(side)
+    t.expect(change == 0.0, f"generate_cached changed the model's parameters or buffers (largest change {change!r})")
     zero = t.run(lambda impl: impl.generate_cached(_plain_cached(cfg, cases[0][2]), T([[1, 2, 3]]), 0))
     t.expect(isinstance(zero, torch.Tensor) and zero.tolist() == [[1, 2, 3]],
              "max_new_tokens=0 must return the prompt unchanged")
+
+
+def _eos_case(plain, vocab_size: int, n: int):
+    """A batch of three prompts and a token that their greedy continuations produce first at three different
+    steps (all before the last), found by search over seeded prompts; plus a token no row produces."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(50):
+        prompts = torch.randint(0, vocab_size, (3, 5), generator=g)
+        gen = _uncached_greedy(plain, prompts.clone(), n)[:, 5:]
+        for tok in range(vocab_size):
+            hits = [(row == tok).nonzero() for row in gen]
+            if all(len(h) for h in hits):
+                firsts = [int(h[0]) for h in hits]
+                if len(set(firsts)) == 3 and max(firsts) < n - 2 and min(firsts) > 0:
+                    absent = [v for v in range(vocab_size) if not bool((gen == v).any())]
+                    return prompts, gen, tok, firsts, (absent[0] if absent else None)
+    raise RuntimeError("grader bug: no EOS case found")
+
+
+def _with_eos(prompts, gen, eos, firsts):
+    """The EOS rule applied to tokens generated without it: a row keeps emitting eos after its first one; the
+    sequence ends at the step where the last row produced it."""
+    steps = max(firsts) + 1
+    out = gen[:, :steps].clone()
+    for r, f in enumerate(firsts):
+        out[r, f:] = eos
+    return torch.cat([prompts, out], dim=1)
+
+
+def _check_eos(t, cfg, state):
+    n = 30
+    plain = _plain_model(cfg, state)
+    prompts, gen, eos, firsts, absent = _eos_case(plain, cfg["vocab_size"], n)
+    expected = _with_eos(prompts, gen, eos, firsts)
+
+    def probe(impl):
+        return impl.generate_cached(_plain_cached(cfg, state), prompts.clone(), n, eos_id=eos)
+
+    got = t.run(probe)
+    what = (f"eos_id={eos} with a batch of 3 rows whose greedy tokens reach it at new tokens {firsts}: each row keeps "
+            f"emitting eos_id after its first one and generation stops once every row has (expected shape "
+            f"{tuple(expected.shape)})")
+    t.expect(isinstance(got, torch.Tensor), f"{what}; got {type(got).__name__}")
+    if tuple(got.shape) != tuple(expected.shape) or not torch.equal(got, expected):
+        t.fail(f"{what}; got shape {tuple(got.shape)}", bug=t.diagnose(probe, got))
+    if absent is not None:
+        full = t.run(lambda impl: impl.generate_cached(_plain_cached(cfg, state), prompts.clone(), n, eos_id=absent))
+        t.expect(isinstance(full, torch.Tensor) and tuple(full.shape) == (3, 5 + n) and torch.equal(full[:, 5:], gen),
+                 f"eos_id={absent}, a token no row produces: generation must run to max_new_tokens = {n} with the "
+                 f"ordinary greedy tokens; got {tuple(getattr(full, 'shape', ()))}")
 
 
 def _plain_cached(cfg, state):
@@ -434,6 +543,14 @@ def check_mha_to_gqa(t):
               "n_kv_heads == n_heads must return the weights unchanged", atol=0, rtol=0)
     t.compare(lambda impl: impl.mha_to_gqa(wk.clone(), wv.clone(), H, 1), [_pooled(wk, H, 1), _pooled(wv, H, 1)],
               "n_kv_heads == 1 (MQA): the mean over all heads", atol=1e-6, rtol=1e-6)
+    # a grouped-query projection written out as multi-head attention (each query head given a copy of the KV head
+    # that serves it in unit 11's attention) must come back exactly
+    gk, gv = torch.randn(2 * hd, D, generator=g), torch.randn(2 * hd, D, generator=g)
+    disguised = [torch.repeat_interleave(w.view(2, hd, D), H // 2, dim=0).reshape(H * hd, D) for w in (gk, gv)]
+    t.compare(lambda impl: impl.mha_to_gqa(disguised[0].clone(), disguised[1].clone(), H, 2), [gk, gv],
+              "H=8 -> KV=2 on key/value projections that already are a 2-KV-head layer written out for 8 query heads "
+              "(query head h holds a copy of the KV head that serves it in unit 11's attention): the conversion must "
+              "return the 2 original heads", atol=1e-6, rtol=1e-6)
     for KV in (2, 4):
         t.compare(lambda impl, kv=KV: impl.mha_to_gqa(wk.clone(), wv.clone(), H, kv),
                   [_pooled(wk, H, KV), _pooled(wv, H, KV)],

@@ -43,15 +43,38 @@ from .inputs import token_ids_length
 __all__ = [
     "LLAMA3_PRESETS", "GroupedQueryAttention", "Llama3Block", "Llama3Config", "Llama3Model", "RMSNorm",
     "SwiGLUFeedForward", "apply_rope", "apply_rope_interleaved", "hf_llama_config", "interleaved_to_half_split_perm",
-    "llama3_param_breakdown", "llama3_param_count", "llama_parity_configs", "load_hf_llama", "random_hf_llama",
+    "LLAMA31_ROPE_SCALING", "LLAMA32_ROPE_SCALING", "LLAMA3_ROPE_SCALING", "llama3_param_breakdown",
+    "llama3_param_count", "llama_ffn_hidden_dim", "llama_parity_configs", "load_hf_llama", "random_hf_llama",
     "repeat_kv", "rope_cos_sin", "rope_inv_freq", "rotate_half",
 ]
 
 LLAMA3_PRESETS: tuple[str, ...] = ("llama3.2-1b", "llama3.2-3b", "llama3-tiny")
 
-# Llama 3.1/3.2's frequency smoothing (the ``rope_scaling`` of the released configs)
-LLAMA3_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                       "original_max_position_embeddings": 8192}
+# Llama 3's frequency smoothing, as the ``rope_scaling`` of the released ``config.json`` files. The two
+# generations differ in ``factor`` only:
+# - Llama 3.2 1B and 3B (``meta-llama/Llama-3.2-1B``, ``-3B``): factor 32. The course's presets are these models,
+#   so :data:`LLAMA3_ROPE_SCALING` (used by ``Llama3Config.preset``) is the Llama 3.2 dict;
+# - Llama 3.1 8B, 70B and 405B (``meta-llama/Llama-3.1-8B``, ...): factor 8 (:data:`LLAMA31_ROPE_SCALING`).
+LLAMA32_ROPE_SCALING = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
+LLAMA31_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 8192}
+LLAMA3_ROPE_SCALING = LLAMA32_ROPE_SCALING   # the presets' (Llama 3.2's) smoothing; kept under its old name
+
+
+def llama_ffn_hidden_dim(d_model: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
+    """The SwiGLU width of Meta's Llama code: ``int(2·4D/3)``, times ``ffn_dim_multiplier`` (``int`` again),
+    rounded **up** to a multiple of ``multiple_of``.
+
+    Meta's ``params.json`` files carry ``multiple_of`` and ``ffn_dim_multiplier`` instead of the width; the
+    ``intermediate_size`` of ``transformers``' configs is this function's result. Examples: Llama 3.2 1B
+    (D 2,048, multiplier 1.5, multiple 256) -> 8,192; Llama 3.2 3B (3,072, 1.0, 256) -> 8,192; Llama 3 8B
+    (4,096, 1.3, 1,024) -> 14,336.
+    """
+    hidden = int(2 * 4 * d_model / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,7 +146,8 @@ def rope_inv_freq(head_dim: int, theta: float = 500000.0, scaling: dict | None =
     ``lo = orig/low_freq_factor`` and ``hi = orig/high_freq_factor``: ``λ < hi`` keeps ``θ_i`` (fast pairs),
     ``λ > lo`` divides it by ``factor`` (slow pairs), and in between
     ``s = (orig/λ − low_freq_factor)/(high_freq_factor − low_freq_factor)``,
-    ``θ_i ← (1 − s)·θ_i/factor + s·θ_i``.
+    ``θ_i ← (1 − s)·θ_i/factor + s·θ_i``. Dividing a frequency by ``factor`` **multiplies** its wavelength by
+    ``factor`` (slow pairs then turn ``factor`` times more slowly and span a ``factor`` times longer context).
 
     The arithmetic follows ``transformers.modeling_rope_utils`` (``1/(theta^(2i/hd))`` in float32), so the
     result equals the ``inv_freq`` of ``LlamaRotaryEmbedding`` bit for bit. Example:

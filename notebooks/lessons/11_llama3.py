@@ -101,15 +101,32 @@ print(f"max error vs float32: statistics in float32 {(good.float() - ref).abs().
 # negative for small negative z. SwiGLU multiplies a SiLU-activated projection (the **gate**) by a
 # second linear projection (**up**) and maps back with **down**. Three matrices instead of two: to keep
 # the parameter count of a `4·D` MLP, the hidden width shrinks to about `8/3 · D`
-# (`3 · D · I = 2 · D · 4D` gives `I = 8D/3`); Llama rounds it to a hardware-friendly multiple.
+# (`3 · D · I = 2 · D · 4D` gives `I = 8D/3`).
+#
+# The released models do not stop at `8D/3`. Meta's code computes the width from two numbers in each
+# model's `params.json`: `int(2·4D/3)`, multiplied by `ffn_dim_multiplier` (and truncated to an integer
+# again), then rounded **up** to a multiple of `multiple_of`. The multiplier is not 1 for most sizes, so
+# the ratio `I/D` differs from model to model. The cell computes each preset's width from the rule
+# (`llama_ffn_hidden_dim` in the library) and compares it with the width in the model's config.
 
 # %%
 z = torch.linspace(-6, 6, 13)
 print("silu:", [round(v, 3) for v in F.silu(z).tolist()])
 print("min of silu on a fine grid:", round(F.silu(torch.linspace(-6, 0, 60001)).min().item(), 4))
-for D in (128, 2048, 4096):
-    I = round(8 * D / 3)
-    print(f"D={D}: GELU MLP 8·D² = {8 * D * D:,}; SwiGLU with I = 8D/3 ≈ {I}: 3·D·I = {3 * D * I:,}")
+# (name, D, ffn_dim_multiplier, multiple_of from Meta's params.json, intermediate_size of the config)
+ffn_rows = [("llama3.2-1b", 2048, 1.5, 256, L.Llama3Config.preset("llama3.2-1b").intermediate_size),
+            ("llama3.2-3b", 3072, 1.0, 256, L.Llama3Config.preset("llama3.2-3b").intermediate_size),
+            ("Llama-3-8B", 4096, 1.3, 1024, 14336)]
+for name, D, mult, multiple, shipped in ffn_rows:
+    I = L.llama_ffn_hidden_dim(D, multiple, mult)
+    print(f"{name:12s} D={D}: int(8D/3) = {int(8 * D / 3)}, × {mult} -> {int(mult * int(8 * D / 3))}, up to a multiple "
+          f"of {multiple}: I = {I} (config: {shipped}); I/D = {I / D:.3f}; SwiGLU 3·D·I = {3 * D * I:,} vs "
+          f"GELU 8·D² = {8 * D * D:,}")
+    assert I == shipped
+D_tiny = llama_tiny.d_model
+print(f"llama3-tiny  D={D_tiny}: the course chose I = {llama_tiny.intermediate_size} = "
+      f"{llama_tiny.intermediate_size / D_tiny:g}·D; the rule gives it with no multiplier and multiple_of 128: "
+      f"{L.llama_ffn_hidden_dim(D_tiny, 128)}")
 mlp = L.SwiGLUFeedForward(128, 384)
 print("llama3-tiny MLP parameters:", count_parameters(mlp), "| GPT-2 tiny MLP:", 8 * 128 * 128 + 5 * 128)
 
@@ -246,7 +263,8 @@ def load_fixed(wq, wk):
 
 # %%
 diff = (scores_half_split(*load_fixed(W_q, W_k)) - target).abs().max().item()
-print("self-check:", f"{diff:.2e}", "-> fixed" if diff < 1e-5 else "-> not fixed yet: which rows form a pair?")
+print(f"✓ fixed: scores agree to {diff:.2e}" if diff < 1e-5 else
+      f"✗ not yet: scores differ by {diff:.2e}; which rows form a pair?")
 
 # %% [markdown]
 # <details><summary>Reference fix (open after trying)</summary>
@@ -283,24 +301,43 @@ assert proof < 1e-5
 #
 # Llama 3.1 and 3.2 were first trained at a shorter context and then extended to a much longer one
 # (the presets printed in section 10 carry both lengths). Rather than
-# stretching every frequency, the released configs reshape them by wavelength `λ_i = 2π/θ_i`, with
-# band limits `original / high_freq_factor` and `original / low_freq_factor`: short wavelengths are
-# kept (local order stays sharp), long wavelengths are divided by `factor` (they now span the longer
-# context), and the band between is interpolated smoothly. The keys are `factor`, `low_freq_factor`,
-# `high_freq_factor` and `original_max_position_embeddings`.
+# stretching every frequency, the released configs reshape them by wavelength `λ_i = 2π/θ_i` (the number
+# of positions a pair needs for one full turn), with band limits `original / high_freq_factor` and
+# `original / low_freq_factor`:
+#
+# - short wavelengths (fast pairs) are kept: local order stays sharp;
+# - long wavelengths (slow pairs) have their **frequency divided** by `factor`, so their **wavelength is
+#   multiplied** by `factor`: a slow pair now needs `factor` times more positions for the same angle, and
+#   spans the longer context;
+# - the pairs between the two limits move smoothly from one behaviour to the other.
+#
+# The keys are `factor`, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`. The
+# two generations ship different factors: Llama 3.2 (1B, 3B) uses 32, Llama 3.1 (8B, 70B, 405B) uses 8. The
+# course's presets are Llama 3.2 models, so they carry the factor-32 dict.
 
 # %%
-scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+print("Llama 3.2 (the presets):", L.LLAMA32_ROPE_SCALING, "\nLlama 3.1:              ", L.LLAMA31_ROPE_SCALING)
+assert L.Llama3Config.preset("llama3.2-1b").rope_scaling == L.LLAMA32_ROPE_SCALING
+scaling = dict(L.LLAMA32_ROPE_SCALING)
+factor, orig_ctx = scaling["factor"], scaling["original_max_position_embeddings"]
 inv16 = L.rope_inv_freq(16, 500000.0)
 new16 = L.rope_inv_freq(16, 500000.0, scaling)
-wl16 = 2 * math.pi / inv16
-lo_lim, hi_lim = 8192 / 1.0, 8192 / 4.0
+wl16, wl16_new = 2 * math.pi / inv16, 2 * math.pi / new16
+lo_lim, hi_lim = orig_ctx / scaling["low_freq_factor"], orig_ctx / scaling["high_freq_factor"]
 print("band limits (wavelength):", hi_lim, lo_lim)
 for i in range(8):
-    band = "kept" if wl16[i] < hi_lim else "divided" if wl16[i] > lo_lim else "smoothed"
-    s_i = (8192 / wl16[i] - 1.0) / (4.0 - 1.0)
-    extra = f", s = {s_i:.5f}" if band == "smoothed" else ""
-    print(f"pair {i}: wavelength {wl16[i]:10.1f}  θ {inv16[i]:.5g} -> {new16[i]:.5g}  ({band}{extra})")
+    band = "kept" if wl16[i] < hi_lim else "long" if wl16[i] > lo_lim else "between"
+    print(f"pair {i} ({band:>7}): θ {inv16[i]:.5g} -> {new16[i]:.5g} (× {new16[i] / inv16[i]:.4f}),  "
+          f"wavelength {wl16[i]:10.1f} -> {wl16_new[i]:12.1f} (× {wl16_new[i] / wl16[i]:.4f})")
+
+# %% [markdown]
+# One slow pair in detail: its frequency shrinks by `factor` and its wavelength grows by the same factor.
+
+# %%
+slow = int((wl16 > lo_lim).nonzero()[0])
+print(f"pair {slow}: θ {inv16[slow]:.4e} -> {new16[slow]:.4e} (÷ {inv16[slow] / new16[slow]:.2f}); "
+      f"wavelength {wl16[slow]:,.0f} -> {wl16_new[slow]:,.0f} positions (× {wl16_new[slow] / wl16[slow]:.2f})")
+assert abs(inv16[slow] / new16[slow] - factor) < 1e-3 * factor and abs(wl16_new[slow] / wl16[slow] - factor) < 1e-3 * factor
 
 # %% tags=["nbval-ignore-output"]
 viz.show_rope_smoothing()
@@ -324,10 +361,10 @@ print("head_dim 128:", {b: bands["band"].count(b) for b in ("kept", "smoothed", 
 # %%
 print("repeat_interleave mapping (H 8, KV 2):", viz.llama.gqa_head_map(8, 2, True))
 print("repeat mapping            (H 8, KV 2):", viz.llama.gqa_head_map(8, 2, False))
-for name, c_ in (("llama3-tiny", llama_tiny),):
-    per_tok = 2 * c_.n_layers * c_.n_kv_heads * c_.hd
-    print(f"{name}: K and V elements per token = 2·L·KV·hd = {per_tok}")
-print(f"gpt2-char-tiny: 2·L·H·hd = {2 * gpt_tiny.n_layers * gpt_tiny.n_heads * gpt_tiny.head_dim}")
+print(f"key/value heads per layer: llama3-tiny {llama_tiny.n_kv_heads} for {llama_tiny.n_heads} query heads, "
+      f"gpt2-char-tiny {gpt_tiny.n_heads} for {gpt_tiny.n_heads}; same head size ({llama_tiny.hd} and "
+      f"{gpt_tiny.head_dim}): unit 12's cache holds {gpt_tiny.n_heads // llama_tiny.n_kv_heads}× fewer keys and "
+      f"values per token for the Llama")
 
 # %% tags=["nbval-ignore-output"]
 viz.show_gqa_map()
@@ -466,6 +503,212 @@ info = shipped.checkpoint_info
 print("validation loss of the shipped model:", round(info["val_loss"], 4), "| substitute:", info["substitute"])
 print("context:", shipped.cfg.context_length, "| recipe:", info["recipe"])
 print("ROMEO:" + sample_text(shipped, tok, "ROMEO:", cfg["sample_chars"], temperature=0.8, seed=0))
+
+# %% [markdown]
+# ## Longer than the training context
+#
+# The shipped model was trained on windows of `context_length` characters. RoPE has no table of positions,
+# so nothing stops us from running it on 2× or 4× longer windows; the question is what the rotations then
+# mean to it. Three ways to set the angles for a window `s` times longer, all without any further training:
+#
+# - **no scaling**: positions simply go on (the fast pairs never repeat a pattern they have not seen, but the
+#   slow pairs reach angles that training never produced);
+# - **position interpolation**: divide every frequency by `s`, so that the longest window spans the angles of
+#   the training window (neighbouring tokens then sit `s` times closer in angle than in training);
+# - **Llama 3's smoothing** with `factor = s` and the training context as `original_max_position_embeddings`:
+#   fast pairs keep their frequencies, slow pairs are divided by `s`, the band between moves smoothly.
+#
+# The same validation windows are cut at 1×, 2× and 4× the training context; the loss is averaged per position.
+
+# %%
+C_train = shipped.cfg.context_length
+val_ids = corpus.val[: cfg["extrapolation_windows"] * (4 * C_train + 1)].view(cfg["extrapolation_windows"], -1)
+W_ext = shipped.state_dict()
+
+
+def set_angles(m_, method):
+    """Give the model's RoPE tables the angles of `method` for its (longer) context."""
+    length, hd, theta = m_.cfg.context_length, m_.cfg.hd, m_.cfg.rope_theta
+    stretch = length / C_train
+    inv = L.rope_inv_freq(hd, theta)
+    if method == "position interpolation":
+        inv = inv / stretch
+    elif method == "Llama 3 smoothing" and stretch > 1:
+        inv = L.rope_inv_freq(hd, theta, {"factor": stretch, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": C_train})
+    m_.rope_cos, m_.rope_sin = L.rope_cos_sin(inv, torch.arange(length))
+    return m_
+
+
+methods = ("no scaling", "position interpolation", "Llama 3 smoothing")
+loss_by_pos = {}
+for mult in (1, 2, 4):
+    ids_ = val_ids[:, : mult * C_train + 1]
+    long_model = L.Llama3Model(L.Llama3Config(**(shipped.cfg.to_dict() | {"context_length": mult * C_train}))).eval()
+    long_model.load_state_dict(W_ext)
+    for method in methods:
+        with torch.no_grad():
+            logits_ = set_angles(long_model, method)(ids_[:, :-1])
+        loss_by_pos[mult, method] = F.cross_entropy(logits_.transpose(1, 2), ids_[:, 1:], reduction="none").mean(0)
+print(f"{'':>24}" + "".join(f"{f'{m_}× ({m_ * C_train})':>14}" for m_ in (1, 2, 4)) + f"  {'beyond ' + str(C_train):>14} (4×)")
+for method in methods:
+    row = "".join(f"{loss_by_pos[m_, method].mean():>14.3f}" for m_ in (1, 2, 4))
+    print(f"{method:>24}{row}  {loss_by_pos[4, method][C_train:].mean():>14.3f}")
+best = min(methods, key=lambda m_: loss_by_pos[4, m_].mean())
+print(f"lowest mean loss over the 4× window: {best}")
+
+# %%
+fig, ax = viz.figure(figsize=(7.5, 4))
+for method in methods:
+    curve = loss_by_pos[4, method]
+    ax.plot(range(8, len(curve) + 1), curve.unfold(0, 8, 1).mean(1), label=method)
+ax.axvline(C_train, color="grey", ls=":", label="training context")
+ax.set_xlabel("position in a 4× window")
+ax.set_ylabel("loss (nats/char, 8-position mean)")
+ax.legend(fontsize=8)
+fig
+
+# %% [markdown]
+# Compare the columns and the curves: where does each method lose, inside the training length or beyond it,
+# and why (think of which pairs each one changes)? The released Llama 3.1/3.2 models were trained further on
+# long documents after their frequencies changed; the numbers above are the starting point of such training,
+# not its result.
+
+# %% [markdown]
+# ### Spot the bug: a Llama written from its state dict
+#
+# Porting a model often means writing its forward pass straight from a checkpoint's tensors. The function
+# below does that for the shipped character Llama in one short function, with the course's RoPE and
+# `repeat_kv` and torch's `rms_norm`. It runs and every shape is right; yet its logits are
+# not those of `Llama3Model` (which equals `LlamaForCausalLM`, section 10). There is **one** bug, unmarked.
+# Run the cell: it prints the gap position by position, and a second clue: what happens to the logits of
+# position 0 when only the **last** token changes.
+
+# %%
+def llama_from_state(W, c, idx):
+    """A Llama forward written straight from a state dict W: (1, T) token ids -> (1, T, V) logits."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+W_shipped = {k: v.detach() for k, v in shipped.state_dict().items()}
+probe_ids = torch.tensor([tok.encode("ROMEO:\nWhat light through yonder window")])
+probe_ids2 = probe_ids.clone()
+probe_ids2[0, -1] = (probe_ids2[0, -1] + 1) % shipped.cfg.vocab_size
+
+
+def self_check_llama_from_state(forward) -> bool:
+    """✓ when `forward` reproduces Llama3Model's logits on the shipped model and stays causal."""
+    try:
+        with torch.no_grad():
+            want, got = shipped(probe_ids), forward(W_shipped, shipped.cfg, probe_ids)
+            leak = (forward(W_shipped, shipped.cfg, probe_ids2)[0, :-1] - got[0, :-1]).abs().max().item()
+        gap = (got - want).abs().max().item()
+    except Exception as exc:   # a self-check never raises
+        print(f"✗ not yet: the forward raised {type(exc).__name__}: {exc}")
+        return False
+    ok = gap < 1e-4 and leak < 1e-6
+    print(f"✓ equal to Llama3Model (max gap {gap:.1e}) and causal" if ok else
+          f"✗ not yet: max gap {gap:.3g} from Llama3Model; changing the last token moves earlier logits by {leak:.3g}")
+    return ok
+
+
+with torch.no_grad():
+    gaps = (llama_from_state(W_shipped, shipped.cfg, probe_ids) - shipped(probe_ids)).abs().amax(-1)[0]
+    moved = (llama_from_state(W_shipped, shipped.cfg, probe_ids2)[0, 0]
+             - llama_from_state(W_shipped, shipped.cfg, probe_ids)[0, 0]).abs().max().item()
+print("largest logit gap per position:", [round(g_, 2) for g_ in gaps.tolist()])
+print(f"position 0's logits move by {moved:.3g} when only the last token changes")
+
+# %% [markdown]
+# **Your turn.** The next cell holds the same code under the name `llama_from_state_fixed`. Find the bug and
+# fix it there (one line), then run the self-check. Think about the second clue: the mask is a lower
+# triangle, so where else can information travel between positions?
+
+# %%
+# TODO: find the one bug and fix it in this copy
+def llama_from_state_fixed(W, c, idx):
+    """TODO: the same forward with its one bug fixed."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+self_check_llama_from_state(llama_from_state_fixed);
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: merging the heads must first put the head axis next to the feature axis. mixed is
+# (1, H, T, hd); reshaping it straight to (1, T, H·hd) reads it in memory order, so "position" t of the result
+# holds pieces of several positions of one head (future ones included): the future leaks and every logit moves.
+def llama_from_state_reference(W, c, idx):
+    """A Llama forward written straight from a state dict W: (1, T) token ids -> (1, T, V) logits."""
+    T, D, H, KV, hd = idx.shape[1], c.d_model, c.n_heads, c.n_kv_heads, c.hd
+    cos, sin = L.rope_cos_sin(L.rope_inv_freq(hd, c.rope_theta, c.rope_scaling), torch.arange(T))
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+
+    def heads(h, name, n):
+        return (h @ W[name].T).view(1, T, n, hd).transpose(1, 2)
+
+    x = W["embed_tokens.weight"][idx]
+    for i in range(c.n_layers):
+        p = f"layers.{i}."
+        h = F.rms_norm(x, (D,), W[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = L.apply_rope(heads(h, p + "self_attn.q_proj.weight", H), cos, sin)
+        k = L.apply_rope(heads(h, p + "self_attn.k_proj.weight", KV), cos, sin)
+        v = heads(h, p + "self_attn.v_proj.weight", KV)
+        k, v = L.repeat_kv(k, H // KV), L.repeat_kv(v, H // KV)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+        mixed = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+        x = x + mixed.transpose(1, 2).reshape(1, T, H * hd) @ W[p + "self_attn.o_proj.weight"].T
+        h = F.rms_norm(x, (D,), W[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        up = h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * up) @ W[p + "mlp.down_proj.weight"].T
+    x = F.rms_norm(x, (D,), W["norm.weight"], c.rms_norm_eps)
+    return x @ W["lm_head.weight"].T
+
+
+assert self_check_llama_from_state(llama_from_state_reference)
 
 # %% [markdown]
 # ## Summary

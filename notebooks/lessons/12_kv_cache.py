@@ -12,7 +12,7 @@
 # 5. the `KVCache` object: after RoPE, before `repeat_kv`;
 # 6. the equality test: cache == no cache, token by token;
 # 7. the cost per step and in total;
-# 8. memory: the formula, a calculator for real models, MQA and GQA as reducers, MHA → GQA conversion;
+# 8. memory: measured cache sizes, a calculator for real models, MQA and GQA as reducers, MHA → GQA conversion;
 # 9. the measured speedup and its limits.
 #
 # We use the course's trained character Llama (unit 11's architecture at `llama3-tiny` size, trained on
@@ -82,26 +82,40 @@ print(f"useful rows per step: 1 of {after.shape[1]}")
 # ## 2. Why only K and V
 #
 # The new token's attention output needs its own query `q_t` and the keys and values of **all** positions
-# `0 … t`. Past keys and values never change (each is a function of its own token and position only, through
-# layers that never look ahead), so we keep them. Past queries are never used again: no later token reads
-# them. So the cache holds K and V, and each step computes one new `q`, one new `k` and one new `v` per layer.
+# `0 … t`. Past queries are never used again: no later token reads them. Past keys and values are reused at
+# every later step, so we keep them, and each step computes one new `q`, one new `k` and one new `v` per layer.
 #
-# A numerical check on layer 0: project the prompt, then the prompt plus one token; the shared prefix's keys
-# and values are identical.
+# Keeping them is exact only if they never change when tokens are appended. What do they depend on? At
+# layer 0 a key is a function of its own token and position. At layer 1 and above it is computed from the
+# previous layer's output at that position, which attended over **every earlier token**: a cached key of
+# layer 1 changes when an earlier token changes. What it never depends on is a **later** position, because
+# every layer masks the future. That property, causality, is what makes the cache exact: appending a token
+# (a later position) leaves every stored key and value as it was.
+#
+# A numerical check on the cache-aware model: fill a cache with a prompt, then with the same prompt with
+# its **first** token changed, then with its **last** token changed, and compare the keys stored for the
+# position just before the last one, layer by layer.
 
 # %%
-attn0 = model.layers[0].self_attn
-with torch.no_grad():
-    def layer0_kv(ids):
-        x = model.layers[0].input_layernorm(model.embed_tokens(ids))
-        T = ids.shape[1]
-        return attn0.project(x, model.rope_cos[:T], model.rope_sin[:T])
+def cached_keys(ids):
+    c = KVCache(mcfg.n_layers)
+    with torch.no_grad():
+        fast(ids, cache=c)
+    return c.keys
 
-    q_a, k_a, v_a = layer0_kv(prompt)
-    q_b, k_b, v_b = layer0_kv(torch.cat([prompt, prompt[:, :1]], dim=1))
+
 T0 = prompt.shape[1]
-print(f"keys of the first {T0} positions unchanged: max diff {(k_b[:, :, :T0] - k_a).abs().max():.1e}; "
-      f"values: {(v_b[:, :, :T0] - v_a).abs().max():.1e}")
+other = (prompt[0, 0] + 1) % mcfg.vocab_size
+first_changed, last_changed = prompt.clone(), prompt.clone()
+first_changed[0, 0], last_changed[0, -1] = other, (prompt[0, -1] + 1) % mcfg.vocab_size
+keys, keys_first, keys_last = cached_keys(prompt), cached_keys(first_changed), cached_keys(last_changed)
+p_ = T0 - 2   # the position just before the last one
+for layer in range(mcfg.n_layers):
+    earlier = (keys_first[layer][:, :, p_] - keys[layer][:, :, p_]).abs().max().item()
+    later = (keys_last[layer][:, :, p_] - keys[layer][:, :, p_]).abs().max().item()
+    print(f"layer {layer}: key of position {p_} moves by {earlier:.2e} when token 0 changes, "
+          f"by {later:.1e} when token {T0 - 1} changes")
+    assert later < 1e-6 and (earlier < 1e-6 if layer == 0 else earlier > 1e-4)
 print(f"per layer and token: one query of {mcfg.n_heads}×{mcfg.hd}, one key and one value of "
       f"{mcfg.n_kv_heads}×{mcfg.hd} each")
 
@@ -132,6 +146,109 @@ with torch.no_grad():
             pos += n
         gap = (torch.cat(outs, dim=1) - reference).abs().max().item()
         print(f"{name:>28}: {len(chunks):3d} calls, max |logit difference| {gap:.1e}")
+
+# %% [markdown]
+# ### Spot the bug: a chunked prefill that drifts
+#
+# The helper below prefills a long prompt chunk by chunk. After it, the cache should hold exactly the prompt,
+# and the logits of the last position should be those of the cache-free model (they choose the first new
+# token). Neither holds. One thing in it is wrong, unmarked. Run it: the cell prints how many positions the
+# cache holds, the logit gap and the first new token each way.
+
+# %%
+def chunked_prefill(model, ids, chunk=8):
+    """Prefill a prompt through one cache, `chunk` tokens per call (bounded memory): (cache, logits of the last prompt position, the index range of every chunk)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    T = ids.shape[1]
+    if T > model.cfg.context_length:
+        raise ValueError(f"a prompt of {T} tokens does not fit the context {model.cfg.context_length}")
+    cache = KVCache(model.cfg.n_layers)
+    fed = []                      # (first, last) prompt index of every chunk, for the log
+    last = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            first = max(s - 1, 0)     # each chunk starts with the token before it, for context
+            fed.append((first, min(s + chunk, T) - 1))
+            last = model(ids[:, first:s + chunk], cache)[:, -1]
+    return cache, last, fed
+
+
+long_prompt = text[:, :40]
+with torch.no_grad():
+    want_last = model(long_prompt)[:, -1]
+
+
+def self_check_chunked(prefill) -> bool:
+    """✓ when the chunked prefill caches exactly the prompt and gives the cache-free logits of its last position."""
+    try:
+        cache_, last_, _ = prefill(fast, long_prompt)
+        gap_ = (last_ - want_last).abs().max().item()
+        ok = cache_.seq_len == long_prompt.shape[1] and gap_ < 1e-4
+    except Exception as exc:   # a self-check never raises
+        print(f"✗ not yet: it raised {type(exc).__name__}: {exc}")
+        return False
+    print(f"✓ {cache_.seq_len} positions cached, logit gap {gap_:.1e}" if ok else
+          f"✗ not yet: {cache_.seq_len} positions cached for a {long_prompt.shape[1]}-token prompt, logit gap {gap_:.3g}")
+    return ok
+
+
+cache_b, last_b, fed_b = chunked_prefill(fast, long_prompt)
+print(f"prompt of {long_prompt.shape[1]} tokens; cache after the prefill: {cache_b.seq_len} positions")
+print(f"last-position logits: max gap {(last_b - want_last).abs().max().item():.3g} from the cache-free model; "
+      f"first new token {decode([int(last_b.argmax())])!r} after the chunks, {decode([int(want_last.argmax())])!r} "
+      "without a cache")
+print("chunks fed:", fed_b)
+
+# %% [markdown]
+# **Your turn.** Fix the copy below (`chunked_prefill_fixed`) and run the self-check. Ask what the cache
+# already holds when a chunk arrives, and which absolute positions the model gives the chunk's tokens.
+
+# %%
+# TODO: find the one bug and fix it in this copy
+def chunked_prefill_fixed(model, ids, chunk=8):
+    """TODO: the same helper with its one bug fixed."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    T = ids.shape[1]
+    if T > model.cfg.context_length:
+        raise ValueError(f"a prompt of {T} tokens does not fit the context {model.cfg.context_length}")
+    cache = KVCache(model.cfg.n_layers)
+    fed = []                      # (first, last) prompt index of every chunk, for the log
+    last = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            first = max(s - 1, 0)     # each chunk starts with the token before it, for context
+            fed.append((first, min(s + chunk, T) - 1))
+            last = model(ids[:, first:s + chunk], cache)[:, -1]
+    return cache, last, fed
+
+
+self_check_chunked(chunked_prefill_fixed);
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: the cache already carries the context of every earlier chunk, so a chunk must bring only new
+# tokens. Re-feeding the token before each chunk stores it twice and shifts every later position by one per
+# chunk: the model then reads a prompt that was never written, at positions it never had.
+def chunked_prefill_reference(model, ids, chunk=8):
+    """Prefill a prompt through one cache, `chunk` tokens per call (bounded memory): (cache, logits of the last prompt position, the index range of every chunk)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    T = ids.shape[1]
+    if T > model.cfg.context_length:
+        raise ValueError(f"a prompt of {T} tokens does not fit the context {model.cfg.context_length}")
+    cache = KVCache(model.cfg.n_layers)
+    fed = []                      # (first, last) prompt index of every chunk, for the log
+    last = None
+    with torch.no_grad():
+        for s in range(0, T, chunk):
+            first = s
+            fed.append((first, min(s + chunk, T) - 1))
+            last = model(ids[:, first:s + chunk], cache)[:, -1]
+    return cache, last, fed
+
+
+assert self_check_chunked(chunked_prefill_reference)
 
 # %% [markdown]
 # ## 4. Positions with a cache
@@ -261,43 +378,100 @@ print(decode(with_cache[0].tolist()))
 # %% [markdown]
 # ## 7. Cost per step
 #
-# Count multiply-adds per layer for a model of width `D` (attention width `H·hd = D`) at sequence length `t`:
+# Count multiply-adds per layer for a model of width `D` (attention width `H·hd = D`) when a call feeds
+# `T_new` tokens and attention covers `t` keys:
 #
 # | | projections and MLP | attention scores and weighted sum |
 # |---|---|---|
-# | without cache, step `t` | `O(t·D²)` (every position again) | `O(t²·D)` (the whole `t×t` matrix) |
-# | with cache, step `t` | `O(D²)` (one position) | `O(t·D)` (one query row) |
+# | without cache (`T_new = t`) | `O(t·D²)` (every position again) | `O(t²·D)` (the whole `t×t` matrix) |
+# | with cache (`T_new = 1`) | `O(D²)` (one position) | `O(t·D)` (one query row) |
 #
-# Summed over `n` generated tokens, the uncached loop costs `O(n²·D²+ n³·D)` and the cached one
-# `O(n·D² + n²·D)`: one power of `n` less. For the trained model, counting only the matrix products:
+# Which calls does generating `n` tokens after a `t0`-token prompt make? The `j`-th new token (`j = 1 … n`)
+# is chosen from the logits of a sequence of `t0 + j − 1` tokens, and the last new token is never fed back.
+# So the uncached loop runs the model on `t = t0, t0+1, …, t0+n−1` tokens (`n` calls); the cached loop runs
+# one prefill over `t0` tokens and then `n − 1` single-token calls over `t = t0+1, …, t0+n−1` keys. Summed, the
+# uncached loop costs `O(n²·D² + n³·D)` and the cached one `O(n·D² + n²·D)`: one power of `n` less. For the
+# trained model, counting only the matrix products:
 
 # %%
-def macs_per_step(t, cached, c=mcfg):
+def macs_per_call(t_new, t, c=mcfg):
+    """Multiply-adds of one forward call that feeds t_new tokens and attends over t keys (matrix products only)."""
     D, I, H, KV, hd = c.d_model, c.intermediate_size, c.n_heads, c.n_kv_heads, c.hd
     proj = D * (H + 2 * KV) * hd + H * hd * D + 3 * D * I        # q, k, v, o and the SwiGLU MLP, per position
-    rows = 1 if cached else t
-    attn = rows * t * H * hd * 2                                  # scores and the weighted sum
-    return c.n_layers * (rows * proj + attn) + rows * D * c.vocab_size
+    attn = t_new * t * H * hd * 2                                 # scores and the weighted sum
+    return c.n_layers * (t_new * proj + attn) + t_new * D * c.vocab_size
 
 
+def total_macs(t0, n_new):
+    uncached = sum(macs_per_call(t, t) for t in range(t0, t0 + n_new))
+    cached = macs_per_call(t0, t0) + sum(macs_per_call(1, t) for t in range(t0 + 1, t0 + n_new))
+    return uncached, cached
+
+
+# %% [markdown]
+# Check the call list by counting: a forward hook records every call the two generation loops make (tokens
+# fed, keys attended), for a few tokens, and the sum over the recorded calls must equal the formula.
+
+# %%
+def recorded_macs(m, generate, t0, n_new):
+    calls = []
+
+    def hook(module, args, kwargs):
+        cache = kwargs.get("cache")
+        t_new = args[0].shape[1]
+        calls.append((t_new, t_new + (cache.seq_len if cache is not None else 0)))
+
+    handle = m.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        generate(m, prompt[:, :t0], n_new)
+    finally:
+        handle.remove()
+    return len(calls), sum(macs_per_call(t_new, t) for t_new, t in calls)
+
+
+t_small, n_small = prompt.shape[1], 5
+calls_u, counted_u = recorded_macs(model, generate_uncached, t_small, n_small)
+calls_c, counted_c = recorded_macs(fast, generate_cached, t_small, n_small)
+print(f"{n_small} tokens after {t_small}: uncached {calls_u} calls, cached {calls_c} calls; "
+      f"counted = formula: {(counted_u, counted_c) == total_macs(t_small, n_small)}")
+assert (calls_u, calls_c) == (n_small, n_small) and (counted_u, counted_c) == total_macs(t_small, n_small)
 t0 = cfg["speed_prompt"]
 n = min(cfg["speed_tokens"], mcfg.context_length - t0)      # the model's context bounds the run
-total_u = sum(macs_per_step(t, False) for t in range(t0 + 1, t0 + n + 1))
-total_c = macs_per_step(t0, False) + sum(macs_per_step(t, True) for t in range(t0 + 2, t0 + n + 1))
+total_u, total_c = total_macs(t0, n)
 print(f"{n} tokens after a {t0}-token prompt: {total_u / 1e9:.2f} GMAC without the cache, {total_c / 1e9:.3f} GMAC "
       f"with it (prefill included): {total_u / total_c:.0f}× fewer operations")
 
 # %% [markdown]
 # ## 8. Memory
 #
-# The price of the cache is memory. Every layer stores a key and a value (the factor 2) for each KV head,
-# head dimension, position and sequence:
-#
-# `bytes = 2 · n_layers · n_kv_heads · head_dim · seq_len · batch_size · bytes_per_elem`
-#
-# For real models in bfloat16 (2 bytes per element):
+# The price of the cache is memory. How much? Measure it instead of guessing: fill caches of the tiny model
+# and read `nbytes()`, varying one thing at a time (the number of positions, the batch, the dtype, the number
+# of KV heads). Each measurement is proportional to what it varies; the exercise asks you to turn these
+# observations into a formula.
 
 # %%
+def measured_bytes(n_kv_heads=mcfg.n_kv_heads, batch=1, length=8, dtype=torch.float32):
+    c_ = Llama3Config(**(mcfg.to_dict() | {"n_kv_heads": n_kv_heads}))
+    m_ = CachedLlama3Model(c_).to(dtype).eval()
+    cache_ = KVCache(c_.n_layers)
+    with torch.no_grad():
+        m_(torch.zeros(batch, length, dtype=torch.long), cache=cache_)
+    return cache_.nbytes()
+
+
+base_bytes = measured_bytes()
+for what, kw in (("16 positions instead of 8", {"length": 16}), ("a batch of 3", {"batch": 3}),
+                 ("bfloat16 instead of float32", {"dtype": torch.bfloat16}),
+                 (f"{mcfg.n_heads} KV heads (MHA) instead of {mcfg.n_kv_heads}", {"n_kv_heads": mcfg.n_heads})):
+    print(f"{what:>36}: {measured_bytes(**kw):>7,} bytes = {measured_bytes(**kw) / base_bytes:g} × {base_bytes:,}")
+print(f"llama3-tiny, float32: {base_bytes // 8:,} bytes per cached position and sequence")
+
+# %% [markdown]
+# The course library's `kv_cache_bytes` gives the same numbers for any size without building a model; for
+# real models in bfloat16 (2 bytes per element):
+
+# %%
+assert kv_cache_bytes(mcfg.n_layers, mcfg.n_kv_heads, mcfg.hd, 8, bytes_per_elem=4) == base_bytes
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 rows = [("GPT-2 small", 1024), ("Llama-3.2-1B", 8192), ("Llama-3.2-1B", 131072), ("Llama-3.2-3B", 8192),
         ("Llama-3.2-3B", 131072), ("Llama-3-8B", 8192)]
@@ -314,10 +488,6 @@ long_cache = kv_cache_bytes(p["n_layers"], p["n_kv_heads"], p["head_dim"], 13107
 print(f"\nLlama-3.2-1B at 131,072 tokens: cache {long_cache / GIB:.1f} GiB vs bf16 weights "
       f"{2 * p['n_params'] / 1e9:.2f} GB: the cache of ONE long sequence outweighs the model "
       f"({long_cache / (2 * p['n_params']):.1f}×)")
-tiny = KV_PRESETS["llama3-tiny"]
-print(f"llama3-tiny: {2 * tiny['n_layers'] * tiny['n_kv_heads'] * tiny['head_dim']} cached elements per token "
-      f"({kv_cache_bytes(tiny['n_layers'], tiny['n_kv_heads'], tiny['head_dim'], 1, bytes_per_elem=4)} bytes "
-      f"in fp32); gpt2-char-tiny: {2 * 4 * 4 * 32}")
 
 # %% [markdown]
 # **MQA and GQA as reducers.** The cache is proportional to the number of KV heads. Multi-query attention
@@ -331,8 +501,9 @@ viz.show_memory_calculator("Llama-3.2-3B")
 # %% [markdown]
 # **Converting MHA to GQA.** A trained multi-head model can be turned into a grouped-query one by replacing
 # each group of `H/KV` consecutive key (and value) heads with their **mean** and then fine-tuning briefly
-# (the GQA paper's "uptraining"). The groups must be contiguous, because `repeat_kv` hands KV head `g` to
-# query heads `g·r … g·r+r−1`. Without any fine-tuning, how much does it cost? Pool the model's KV heads
+# (the GQA paper's "uptraining"). Which heads form a group is not free: each group must be the set of query
+# heads that `repeat_kv` (unit 11) hands the new KV head to. Without any fine-tuning, how much does it cost?
+# Pool the model's KV heads
 # into one (GQA → MQA) and compare the loss on Shakespeare text before and after:
 
 # %%
@@ -392,5 +563,5 @@ viz.show_speed_plot(speed)
 # - With a cache, new tokens sit at `start … start+T−1` with `start` read once: RoPE rows from `start`, and
 #   the bottom-right causal mask `causal_mask(T, start+T)`.
 # - Cache keys after RoPE and with the KV heads only.
-# - The cache costs `2·L·KV·hd·T·B·bytes`; GQA and MQA shrink it by `H/KV`; at long context it can outgrow
-#   the weights.
+# - The cache grows linearly with the positions, the batch, the bytes per element and the number of KV heads;
+#   GQA and MQA shrink it by `H/KV`; at long context it can outgrow the weights.

@@ -132,17 +132,33 @@ print("visible tests passed")
 #
 # - `rope_inv_freq`: float32 `(head_dim // 2,)`, entry `i` is `theta ** (-2i / head_dim)` (compute it as
 #   `1 / theta ** (arange(0, head_dim, 2) / head_dim)` in float32). With `scaling` (keys `factor`,
-#   `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`) apply Llama 3's smoothing:
-#   with `wavelen = 2π / inv`, `lo = orig / low_freq_factor`, `hi = orig / high_freq_factor`:
-#   `wavelen < hi` keeps the frequency; `wavelen > lo` divides it by `factor`; otherwise
-#   `s = (orig / wavelen − low_freq_factor) / (high_freq_factor − low_freq_factor)` and
-#   `inv = (1 − s) · inv / factor + s · inv`.
+#   `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings` = `orig`) apply Llama 3's
+#   smoothing, judged per pair by its wavelength `2π / θ_i` against two limits, `orig / high_freq_factor`
+#   (the short one) and `orig / low_freq_factor` (the long one): a pair below the short limit keeps its
+#   frequency; a pair above the long limit must turn `factor` times more slowly; a pair between the limits
+#   moves from one behaviour to the other. **Which blend** is yours to work out: the required values below
+#   (those of `transformers`' `llama3` rope type) admit one natural form, continuous at both limits. The
+#   next cell prints them.
 # - `rope_cos_sin`: positions `(T,)` -> `cos, sin` of shape `(T, head_dim)`: the angles
 #   `positions[:, None] · inv_freq[None, :]`, concatenated with themselves along the last dim.
-# - `apply_rope`: `x` `(B, H, T, head_dim)` -> same shape, the **half-split** layout: dimension `i`
-#   is paired with `i + head_dim/2`; `x·cos + rotate_half(x)·sin` with
-#   `rotate_half(x) = cat(−x[..., hd/2:], x[..., :hd/2])`.
-# - `interleaved_to_half_split_perm`: long `(head_dim,)`: `[0, 2, 4, …, 1, 3, 5, …]`.
+# - `apply_rope`: `x` `(B, H, T, head_dim)` -> same shape, rotated with the tables of `rope_cos_sin`.
+#   **Which dimensions form a pair** is yours to decide: the result must equal what `transformers`' Llama
+#   does with the same tables (`apply_rotary_pos_emb` in `transformers.models.llama.modeling_llama`), so
+#   that a checkpoint of `LlamaForCausalLM` gives the same logits in your model. The test cell compares
+#   with it.
+# - `interleaved_to_half_split_perm`: long `(head_dim,)`: `[0, 2, 4, …, 1, 3, 5, …]`, the row order that
+#   turns a projection trained with neighbouring pairs `(2i, 2i+1)` into one for pairs `(i, i + hd/2)`.
+
+# %%
+# the required values: rope_inv_freq(16, 500000.0, scaling) must return these (rtol 1e-4)
+SMOOTHING_EXAMPLE = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+REQUIRED = {  # pair: (wavelength without scaling, θ without scaling, θ required with scaling)
+    3: (861.58, 7.2927e-3, 7.2927e-3),
+    4: (4442.9, 1.4142e-3, 4.2956e-4),
+    5: (22910.6, 2.7425e-4, 8.5703e-6),
+}
+for i, (wl, before, after) in REQUIRED.items():
+    print(f"pair {i}: wavelength {wl:>9,.1f}  θ {before:.5g} -> {after:.5g}  (ratio {after / before:.5f})")
 
 # %% tags=["solution:11.rope"]
 def rope_inv_freq(head_dim, theta=500000.0, scaling=None):
@@ -200,6 +216,15 @@ assert cos.shape == (2, 4)
 v = torch.tensor([[[[1.0, 2.0, 3.0, 4.0]]]])
 assert torch.equal(apply_rope(v, cos[:1], sin[:1]), v), "position 0 must not rotate"
 print("position 1:", apply_rope(v, cos[1:], sin[1:]).flatten().tolist())
+smoothed = rope_inv_freq(16, 500000.0, SMOOTHING_EXAMPLE)
+for i, (_, _, after) in REQUIRED.items():
+    assert abs(smoothed[i].item() / after - 1) < 1e-4, f"pair {i}: required {after:.5g}, got {smoothed[i].item():.5g}"
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
+
+qk = torch.randn(2, 1, 2, 5, 16)
+c5, s5 = rope_cos_sin(rope_inv_freq(16, 10000.0), torch.arange(5))
+hf_q, _ = apply_rotary_pos_emb(qk[0], qk[1], c5[None], s5[None])
+assert torch.allclose(apply_rope(qk[0], c5, s5), hf_q, atol=1e-5), "apply_rope must pair dimensions as transformers' Llama does"
 assert interleaved_to_half_split_perm(8).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
 q, k = torch.randn(2, 64)
 c, s = rope_cos_sin(rope_inv_freq(64, 10000.0), torch.arange(100))
@@ -217,13 +242,17 @@ print("visible tests passed")
 #     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor: ...   # (B, T, D) -> (B, T, D)
 # ```
 #
-# - `repeat_kv`: output head `h` is input head `h // n_rep` (heads that share a KV head are adjacent).
+# - `repeat_kv`: `n_rep` copies of every KV head, `KV·n_rep` heads out. **Which query heads share a KV head**
+#   is yours to decide: the attention below must equal `transformers`' `LlamaAttention` (the layout of every
+#   released checkpoint), and torch's `F.scaled_dot_product_attention(..., enable_gqa=True)` follows the same
+#   rule; the test cell compares with torch.
 # - `GroupedQueryAttention`: bias-free `q_proj.weight (H·hd, D)`, `k_proj.weight (KV·hd, D)`,
-#   `v_proj.weight (KV·hd, D)`, `o_proj.weight (D, H·hd)`; `head_dim` defaults to `d_model // n_heads`.
-#   Split the projections into heads, apply your `apply_rope` to queries and keys (not values), let query
-#   head `h` attend with KV head `h // (H / KV)`, scale the scores by `1/√head_dim`, apply `mask` (bool,
-#   broadcastable to `(B, H, T, T)`, True = may attend), softmax, merge the heads and project with `o_proj`.
-#   `F.scaled_dot_product_attention` may be used.
+#   `v_proj.weight (KV·hd, D)`, `o_proj.weight (D, H·hd)` with `hd = head_dim`, an argument of its own
+#   (`d_model // n_heads` when it is `None`; Llama 3.2 style configs may set it to anything).
+#   Split the projections into heads, apply your `apply_rope` to queries and keys (not values), let each
+#   query head attend with its KV head (through `repeat_kv`), scale the scores by `1/√head_dim`, apply `mask`
+#   (bool, broadcastable to `(B, H, T, T)`, True = may attend), softmax, merge the heads and project with
+#   `o_proj`. `F.scaled_dot_product_attention` may be used (without `enable_gqa`: the grouping is your part).
 
 # %% tags=["solution:11.GroupedQueryAttention"]
 def repeat_kv(x, n_rep):
@@ -265,8 +294,6 @@ class GroupedQueryAttention(nn.Module):
 ### BEGIN HIDDEN TESTS
 from grader import grade; grade("11.GroupedQueryAttention")  # noqa: E702
 ### END HIDDEN TESTS
-kv = torch.randn(1, 2, 3, 4)
-assert torch.equal(repeat_kv(kv, 4), torch.repeat_interleave(kv, 4, dim=1)), "query heads 0-3 share KV head 0"
 attn = GroupedQueryAttention(32, 8, 2)
 shapes = {k: tuple(v.shape) for k, v in attn.state_dict().items()}
 assert shapes == {"q_proj.weight": (32, 32), "k_proj.weight": (8, 32), "v_proj.weight": (8, 32),
@@ -279,6 +306,15 @@ assert y.shape == (2, 6, 32)
 x2 = x.clone()
 x2[:, 4:] += 1
 assert torch.allclose(attn(x2, c, s, mask)[:, :4], y[:, :4], atol=1e-6), "outputs must not depend on later positions"
+with torch.no_grad():   # torch's grouped attention on your projections: the grouping must agree
+    b_, t_ = x.shape[:2]
+    q_ = apply_rope(attn.q_proj(x).view(b_, t_, 8, 4).transpose(1, 2), c, s)
+    k_ = apply_rope(attn.k_proj(x).view(b_, t_, 2, 4).transpose(1, 2), c, s)
+    v_ = attn.v_proj(x).view(b_, t_, 2, 4).transpose(1, 2)
+    ctx = torch.nn.functional.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, enable_gqa=True)
+    torch_out = attn.o_proj(ctx.transpose(1, 2).reshape(b_, t_, 32))
+    assert torch.allclose(y, torch_out, atol=1e-5), "your grouping differs from torch's enable_gqa=True"
+assert GroupedQueryAttention(48, 4, 2, head_dim=16).q_proj.weight.shape == (64, 48), "head_dim sets the head width"
 print("visible tests passed")
 
 # %% [markdown]

@@ -132,11 +132,11 @@ print("visible tests passed")
 # - **Attention**: with a cache, append this layer's rotated keys and its values (with their `KV` heads) to
 #   slot `layer_idx` and attend over everything the slot then holds; without one, behave as unit 11.
 # - **Model**: `idx (B, T)` → logits `(B, T, V)`. The new tokens continue the cached sequence, so they sit at
-#   absolute positions `start … start+T−1` with `start` the cached length (0 without a cache), read **once**
-#   before any layer appends. RoPE takes the rows `start … start+T−1` of the model's tables; the mask is the
-#   causal mask of `T` queries over `start + T` keys whose last query sees every key (`causal_mask(T, start+T)`
-#   from the course library, or the matching slice of the `causal` buffer). Raise `ValueError` when
-#   `start + T > context_length`.
+#   absolute positions after the cached ones. Which rows of the model's RoPE tables they take, when the
+#   cached length must be read, and which keys each new query may see (a `(T, cached + T)` boolean mask; the
+#   course library's `causal_mask(t_q, t_k, offset=...)` and the `causal` buffer are at hand) are yours to
+#   work out from the contract below. Raise `ValueError` when the cached and the new tokens together exceed
+#   `context_length`.
 #
 # Contract: feeding a sequence in pieces through one cache gives the same logits, position by position, as
 # the cache-free forward on the whole sequence.
@@ -263,9 +263,11 @@ print("visible tests passed")
 # def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2) -> int
 # ```
 #
-# The size in bytes of a model's KV cache holding `seq_len` positions for `batch_size` sequences: every layer
-# stores keys **and** values for its `n_kv_heads` heads of size `head_dim`, each element `bytes_per_elem`
-# bytes (2 for bfloat16, the default; 4 for float32; 1 for fp8). Return an `int`.
+# Predict, without building anything, the `nbytes()` of the cache a model holds after `seq_len` positions of
+# `batch_size` sequences: a model with `n_layers` layers whose attention has `n_kv_heads` key/value heads of
+# size `head_dim`, elements of `bytes_per_elem` bytes (2 for bfloat16, the default; 4 for float32; 1 for
+# fp8). Return an `int`. The formula is yours to derive: fill a `KVCache` with a model (your cached model of
+# exercise 2, or unit 11's shapes) and measure, varying one size at a time, as the lesson does.
 
 # %% tags=["solution:12.kv_cache_bytes"]
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):
@@ -279,9 +281,15 @@ def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_
 ### BEGIN HIDDEN TESTS
 from grader import grade; grade("12.kv_cache_bytes")  # noqa: E702
 ### END HIDDEN TESTS
-gpt2_small = kv_cache_bytes(12, 12, 64, 1)
-assert gpt2_small == 36 * 1024, f"GPT-2 small caches 36 KiB per token in bf16; got {gpt2_small} bytes"
-assert kv_cache_bytes(4, 2, 32, 1, bytes_per_elem=4) == 2048, "llama3-tiny: 512 elements per token = 2 KiB in fp32"
+from llmcourse.models.llama3_cached import CachedLlama3Model  # noqa: E402
+from llmcourse.nn.kv_cache import KVCache as CourseKVCache  # noqa: E402
+
+measured = CourseKVCache(tiny.n_layers)   # the course's cache and cached model: this test measures, it grades nothing
+with torch.no_grad():
+    CachedLlama3Model(tiny).eval()(torch.zeros(3, 7, dtype=torch.long), cache=measured)
+predicted = kv_cache_bytes(tiny.n_layers, tiny.n_kv_heads, tiny.hd, 7, batch_size=3, bytes_per_elem=4)
+assert predicted == measured.nbytes(), f"llama3-tiny, 3 sequences of 7 tokens in float32: the cache holds " \
+    f"{measured.nbytes():,} bytes, kv_cache_bytes predicts {predicted!r}"
 print("visible tests passed")
 
 # %% [markdown]
@@ -292,9 +300,12 @@ print("visible tests passed")
 # ```
 #
 # Turn the key and value projections of multi-head attention, `(H·hd, D)` (rows `h·hd … h·hd+hd−1` belong
-# to head `h`), into grouped-query ones, `(KV·hd, D)`: with `r = H / KV`, KV head `g` is the **mean** of the
-# rows of heads `g·r … g·r+r−1` (contiguous groups, the grouping unit 11's `repeat_kv` expects).
-# `KV == H` returns the same values; `KV == 1` gives the mean over all heads.
+# to head `h`), into grouped-query ones, `(KV·hd, D)`: each new KV head is the **mean** of a group of
+# `H / KV` old heads. **Which heads form a group** is yours to decide, from how unit 11's attention shares a
+# KV head among query heads. The evidence: a grouped-query layer written out as multi-head attention (every
+# query head given its own copy of the KV head that serves it) must come back exactly, and the converted
+# weights must run in unit 11's `Llama3Model` with `n_kv_heads = KV`. `KV == H` returns the same values;
+# `KV == 1` gives the mean over all heads.
 
 # %% tags=["solution:12.mha_to_gqa"]
 def mha_to_gqa(k_proj_weight, v_proj_weight, n_heads, n_kv_heads):
@@ -315,7 +326,10 @@ from grader import grade; grade("12.mha_to_gqa")  # noqa: E702
 wk, wv = torch.randn(8 * 4, 16), torch.randn(8 * 4, 16)
 k2, v2 = mha_to_gqa(wk, wv, 8, 2)
 assert k2.shape == (2 * 4, 16), f"expected (8, 16), got {tuple(k2.shape)}"
-assert torch.allclose(k2[:4], wk[:16].reshape(4, 4, 16).mean(0), atol=1e-6), "KV head 0 = mean of heads 0-3"
+gqa_k = torch.randn(2 * 4, 16)   # 2 KV heads of 4; written out for 8 query heads by unit 11's sharing rule
+as_mha = L11.repeat_kv(gqa_k.view(1, 2, 4, 16), 4).reshape(8 * 4, 16)
+back, _ = mha_to_gqa(as_mha, as_mha, 8, 2)
+assert torch.allclose(back, gqa_k, atol=1e-6), "a GQA layer written out as MHA must come back exactly"
 same_k, _ = mha_to_gqa(wk, wv, 8, 8)
 assert torch.equal(same_k, wk), "KV == H must return the weights unchanged"
 print("visible tests passed")
