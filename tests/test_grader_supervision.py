@@ -21,8 +21,8 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
+from hostile import HOSTILE_KINDS, hostile_code, surviving_daemons
 
-from conftest import HOSTILE_KINDS, hostile_code, surviving_daemons
 from grader import forkserver
 from grader.extract import code_cells_of_notebook
 from grader.runner import run_unit
