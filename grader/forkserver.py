@@ -46,12 +46,38 @@ def without_main():
             sys.modules["__main__"] = main
 
 
+@contextlib.contextmanager
+def _our_sys_path():
+    """Start the forkserver with this process's ``sys.path``.
+
+    CPython 3.11's forkserver ignores the ``sys_path`` it is handed and inherits ``-I`` from a checker
+    started with it (``course grade``): it would import ``grader`` and ``llmcourse`` from the installed
+    copy, not from the snapshot the checker runs. Its ``-c`` command is prefixed with this process's path.
+    """
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+
+    def spawnv_passfds(path, args, passfds):
+        args = list(args)
+        if "-c" in args:
+            i = args.index("-c") + 1
+            args[i] = f"import sys; sys.path[:] = {list(map(str, sys.path))!r}; " + args[i]
+        return original(path, args, passfds)
+
+    util.spawnv_passfds = spawnv_passfds
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
+
+
 def start_forkserver() -> None:
-    """Start the forkserver now (its preloading overlaps with the caller's own imports)."""
+    """Start the forkserver now, unless it runs (its preloading overlaps with the caller's own imports)."""
     from multiprocessing import forkserver
 
     context()
-    with without_main():
+    with without_main(), _our_sys_path():
         forkserver.ensure_running()
 
 

@@ -135,6 +135,7 @@ class LearnerProcess:
         if not _forkserver_healthy():
             _replace_forkserver()
         for attempt in range(2):
+            start_forkserver()  # with this process's sys.path (see grader.forkserver); at once when running
             ctx = _context()
             conn, child = ctx.Pipe(duplex=True)
             settings = {"memory_mb": int(os.environ.get(MEMORY_ENV, "4096")),
