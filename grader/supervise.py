@@ -7,11 +7,11 @@ What a grading run does with it (see :mod:`grader.worker` and ``course grade``):
 * **Confinement of a worker** (:func:`confine_worker`, first thing in every learner process): its own
   session and process group (``os.setsid``: ``kill(0, …)`` and ``killpg(getpgrp(), …)`` reach only the
   worker and what it spawned); a child subreaper (orphans of what it spawns stay below it, so they can be
-  found and killed); where the grading runs as root, the worker drops to the unprivileged user ``nobody``
-  (65534), keeping only ``CAP_DAC_READ_SEARCH`` (it still reads the course, the assets and the environment,
-  which may sit in private folders), with ``no_new_privs`` set: ``kill()`` on the checker or the forkserver
-  fails with EPERM and it cannot write the grading code; finally a parent-death signal (SIGKILL when the
-  forkserver dies; set last, since a change of credentials clears it).
+  found and killed); where the grading runs as root, the worker drops to the user ``nobody`` (65534),
+  keeping only the file-access capabilities (it still reads the course, the assets and the environment,
+  which may sit in private folders, and writes the data sets' cache locks as before), with ``no_new_privs``
+  set: ``kill()`` on the checker or the forkserver fails with EPERM; finally a parent-death signal
+  (SIGKILL when the forkserver dies; set last, since a change of credentials clears it).
 * **End of an exercise** (:func:`kill_tree`): every process of the worker's session, every descendant of
   the worker, and every process left under the forkserver that is not a live worker (orphans: the
   forkserver is a child subreaper too, see :mod:`grader._forkserver_init`) is SIGKILLed, in rounds until
@@ -39,7 +39,9 @@ PR_SET_PDEATHSIG = 1
 PR_SET_KEEPCAPS = 8
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
+CAP_DAC_OVERRIDE = 1
 CAP_DAC_READ_SEARCH = 2
+CAP_FOWNER = 3
 _CAP_VERSION_3 = 0x20080522
 
 
@@ -218,7 +220,13 @@ def reap_children() -> None:
 
 
 def _drop_to_nobody() -> bool:
-    """As root: become uid/gid 65534 keeping only CAP_DAC_READ_SEARCH (read access to what the grader reads)."""
+    """As root: become uid/gid 65534 keeping only the file-access capabilities.
+
+    CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER: the worker reads and writes files as the grading
+    user could (the course in a private folder, the data sets' cache and its lock files under root's home),
+    but without CAP_KILL and with another uid, ``kill()`` on the checker or the forkserver fails (EPERM), and
+    it cannot ptrace them or read their memory.
+    """
     import ctypes
 
     if os.geteuid() != 0 or not sys.platform.startswith("linux"):
@@ -236,7 +244,7 @@ def _drop_to_nobody() -> bool:
         _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
                     ("inheritable", ctypes.c_uint32)]
 
-    keep = 1 << CAP_DAC_READ_SEARCH
+    keep = (1 << CAP_DAC_OVERRIDE) | (1 << CAP_DAC_READ_SEARCH) | (1 << CAP_FOWNER)
     data = (Data * 2)(Data(keep, keep, 0), Data(0, 0, 0))
     libc.capset(ctypes.byref(Header(_CAP_VERSION_3, 0)), data)  # best effort: without it, nobody's own rights
     libc.prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0)
