@@ -539,6 +539,19 @@ def _encode(reply: dict) -> bytes:
                       f"({type(exc).__name__})"})
 
 
+def _close_supervisor_fds() -> None:
+    """Close what multiprocessing hands every forkserver child: the forkserver's "alive" pipe (data written
+    to it ends the forkserver) and the resource tracker's pipe (garbage written to it ends the tracker)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner, attr in ((forkserver._forkserver, "_forkserver_alive_fd"), (resource_tracker._resource_tracker, "_fd")):
+        fd = getattr(owner, attr, None)
+        if isinstance(fd, int):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            setattr(owner, attr, None)
+
+
 def serve(conn, settings: dict) -> None:
     """The worker's main loop (runs in the forked process).
 
@@ -546,6 +559,7 @@ def serve(conn, settings: dict) -> None:
     root, death with the forkserver), before any learner code runs.
     """
     _supervise.confine_worker(parent=os.getppid(), drop=bool(settings.get("nobody", True)))
+    _close_supervisor_fds()
     _isolate_io()
     _limit_memory(int(settings.get("memory_mb", 4096)))
     torch.set_num_threads(max(1, int(settings.get("threads", 1))))
