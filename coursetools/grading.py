@@ -17,15 +17,18 @@ the course: ``solutions/``, ``exercises/``, ``.grading/``) with the course's
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,13 +48,17 @@ def _nbgrader(args: list[str], work: Path, course_root: Path, timeout: float | N
     """Run ``python -m nbgrader <args>`` in ``work`` with the course config."""
     (work / "nbgrader_config.py").write_text(
         f"c = get_config()\nload_subconfig({str(_config_path(course_root))!r})\n", encoding="utf-8")
-    env = {**os.environ, "LLMCOURSE_NBGRADER_ROOT": str(work), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(course_root), os.environ.get("PYTHONPATH")])),
-           # nbgrader runs the `alembic` executable: make this interpreter's scripts folder findable
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-           **(env_extra or {})}
+    env = _nbgrader_env(work, course_root, env_extra)
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def _nbgrader_env(work: Path, course_root: Path, env_extra: dict | None = None) -> dict:
+    return {**os.environ, "LLMCOURSE_NBGRADER_ROOT": str(work), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(course_root), os.environ.get("PYTHONPATH")])),
+            # nbgrader runs the `alembic` executable: make this interpreter's scripts folder findable
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            **(env_extra or {})}
 
 
 def _sha(text: str) -> str:
@@ -228,9 +235,20 @@ class GradingSnapshot:
 
 
 class CheckerProcess:
-    """``grader.checker`` started from a snapshot; verdicts come back over a dedicated pipe."""
+    """``grader.checker`` started from a snapshot; verdicts come back over a dedicated pipe.
+
+    Supervised: a reply is awaited with a deadline (:data:`CHECKER_S_PER_EXERCISE` per exercise), polling
+    the checker's state meanwhile. A checker found stopped, dead or past its deadline is killed with
+    everything below it (its forkserver and workers), a fresh one is started from the same snapshot, and
+    that submission scores 0 with its cause (fail closed); the run goes on with the next one.
+    """
 
     def __init__(self, snapshot: GradingSnapshot, log_path: Path):
+        self._snapshot, self._log_path = snapshot, log_path
+        self._start()
+
+    def _start(self) -> None:
+        snapshot, log_path = self._snapshot, self._log_path
         req_r, self._req_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         code = (f"import sys; sys.path.insert(0, {str(snapshot.path)!r}); "
@@ -240,45 +258,122 @@ class CheckerProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
                                      cwd=snapshot.path, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=self._log)
+                                     stderr=self._log, start_new_session=True)
         os.close(req_r)
         os.close(rep_w)
-        self._out = os.fdopen(self._req_w, "w", encoding="utf-8")
-        self._in = os.fdopen(self._rep_r, "r", encoding="utf-8")
-        hello = self._read()
-        if not hello or not hello.get("ready") or Path(hello.get("root", "")).resolve() != snapshot.path.resolve():
+        os.set_blocking(self._req_w, False)
+        self._buf = b""
+        hello = self._read(time.monotonic() + CHECKER_START_S)
+        if not isinstance(hello, dict) or not hello.get("ready") or \
+                Path(hello.get("root", "")).resolve() != snapshot.path.resolve():
+            self._kill()
             raise RuntimeError(f"the checker process did not start from the snapshot (see {log_path})")
 
-    def _read(self) -> dict | None:
-        line = self._in.readline()
-        return json.loads(line) if line else None
+    def _read(self, until: float) -> dict | str:
+        """The next reply line as a dict, or why none came: "stopped", "ended" or "timeout"."""
+        from grader.supervise import stopped
 
-    def verdicts(self, key: list[str], unit_id: str, sources: list[str]) -> tuple[list[dict] | None, str]:
-        """``(verdict dicts, "")``, or ``(None, cause)`` when none could be computed (fail closed)."""
+        while b"\n" not in self._buf:
+            left = until - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            ready, _, _ = select.select([self._rep_r], [], [], min(left, 0.25))
+            if ready:
+                chunk = os.read(self._rep_r, 1 << 20)
+                if not chunk:
+                    return "ended"
+                self._buf += chunk
+            elif stopped(self.proc.pid):
+                return "stopped"
+            elif self.proc.poll() is not None:
+                return "ended"
+        line, self._buf = self._buf.split(b"\n", 1)
         try:
-            self._out.write(json.dumps({"key": key, "unit": unit_id, "sources": sources}) + "\n")
-            self._out.flush()
-            reply = self._read()
+            return json.loads(line)
+        except ValueError:
+            return "ended"
+
+    def _send(self, line: str, until: float) -> str | None:
+        """Write a request line without blocking past ``until``; None, or why it could not be sent."""
+        from grader.supervise import stopped
+
+        data = memoryview(line.encode("utf-8"))
+        while data:
+            left = until - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            _, ready, _ = select.select([], [self._req_w], [], min(left, 0.25))
+            if ready:
+                try:
+                    data = data[os.write(self._req_w, data[:1 << 16]):]
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    return "ended"
+            elif stopped(self.proc.pid):
+                return "stopped"
+            elif self.proc.poll() is not None:
+                return "ended"
+        return None
+
+    def verdicts(self, key: list[str], unit_id: str, sources: list[str],
+                 n_exercises: int = 1) -> tuple[list[dict] | None, str]:
+        """``(verdict dicts, "")``, or ``(None, cause)`` when none could be computed (fail closed)."""
+        from grader.supervise import STOPPED_NOTE
+
+        until = time.monotonic() + CHECKER_S_PER_EXERCISE * max(n_exercises, 1) + 60
+        try:
+            reply = self._send(json.dumps({"key": key, "unit": unit_id, "sources": sources}) + "\n", until)
+            reply = reply or self._read(until)
         except (OSError, ValueError) as exc:
-            return None, f"the checker failed ({type(exc).__name__})"
-        if reply is None:
-            return None, "the checker process ended unexpectedly"
-        if "error" in reply:
+            reply = f"failed ({type(exc).__name__})"
+        if isinstance(reply, dict) and "verdicts" in reply:
+            return reply["verdicts"], ""
+        if isinstance(reply, dict) and "error" in reply:
             return None, f"the checker failed: {reply['error']}"
-        return reply["verdicts"], ""
+        cause = {"stopped": f"{STOPPED_NOTE} (the checker was found stopped)",
+                 "ended": f"{STOPPED_NOTE} (the checker process ended unexpectedly)",
+                 "timeout": "the checker did not answer within its deadline"}.get(reply, f"the checker {reply}")
+        self.restart()
+        return None, cause
+
+    def _kill(self) -> None:
+        from grader.supervise import kill_tree
+
+        kill_tree(self.proc.pid, session=self.proc.pid, include_root=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(OSError, ValueError):
+            self._log.close()
+        for fd in (self._req_w, self._rep_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def restart(self) -> None:
+        """Kill this checker and everything below it; start a fresh one from the same snapshot."""
+        self._kill()
+        self._start()
 
     def close(self) -> None:
-        try:
-            self._out.write(json.dumps({"op": "exit"}) + "\n")
-            self._out.close()
-        except (OSError, ValueError):
-            pass
+        from grader.supervise import kill_tree
+
+        with contextlib.suppress(OSError, ValueError):
+            self._send(json.dumps({"op": "exit"}) + "\n", time.monotonic() + 5)
+        with contextlib.suppress(OSError):
+            os.close(self._req_w)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._in.close()
+            kill_tree(self.proc.pid, include_root=True)
+            self.proc.wait(timeout=10)
+        kill_tree(self.proc.pid, session=self.proc.pid)  # anything the checker's children left
+        with contextlib.suppress(OSError):
+            os.close(self._rep_r)
         self._log.close()
+
+
+CHECKER_START_S = 300.0  # the checker imports every unit's checks and references first
+CHECKER_S_PER_EXERCISE = 150.0  # a backstop: a worker's own limits (load 60 s, check 30 s) end far sooner
 
 
 def _submission_sources(path: Path, unit) -> tuple[list[str], list[str], object]:
@@ -339,11 +434,15 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        (:class:`GradingSnapshot`) before anything of a submission runs.
     2. Every submission is read into memory; its locked cells are restored from the release.
     3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
-       per exercise; learner definitions run only in its worker processes.
+       per exercise; learner definitions run only in its worker processes (supervised: see
+       :mod:`grader.supervise`); a checker that stops answering is replaced and that submission scores 0.
     4. nbgrader autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment
        (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
        feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
-       without execution.
+       without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
+       hangs nbgrader ends that run, its submission is recorded without execution ("the submission
+       stopped the grading process") and the others run on in a new batch; what kernels leave running
+       is killed after every run.
     5. The originals and the copy are verified after the checker's every submission and after every
        nbgrader run (:class:`GradingTampered` stops the run: nothing is written; a tamperer inside a batch
        is named with the batch). Then each grade cell's score in the gradebook is set
@@ -369,6 +468,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         GradingTampered: grading files changed while submissions ran.
     """
     from grader.repair import answer_cell_notes
+    from grader.supervise import STOPPED_NOTE
 
     course = course or load_course()
     check_kernel(course)
@@ -390,6 +490,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     env_extra = {"LLMCOURSE_CELL_TIMEOUT": str(cell_timeout)} if cell_timeout else {}
     # the hidden cells' in-kernel checks would be replaced by the checker's verdicts: skip them there
     env_extra["LLMCOURSE_DEFER_CHECKS"] = "1"
+    # every process nbgrader starts carries this run's token: what a kernel left running is found by it
+    token = f"{os.getpid()}-{os.urandom(8).hex()}"
+    env_extra[RUN_TOKEN_ENV] = token
 
     snapshot = GradingSnapshot(course.root)
     try:
@@ -416,7 +519,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         checker = CheckerProcess(snapshot, work / ".grading" / "checker.log")
         try:
             for (student, assignment), (sources, _) in jobs.items():
-                got, cause = checker.verdicts([student, assignment], known[assignment].id, sources)
+                got, cause = checker.verdicts([student, assignment], known[assignment].id, sources,
+                                              len(known[assignment].exercises))
                 if got is None:
                     causes[(student, assignment)] = cause
                 else:
@@ -441,18 +545,42 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             if proc.returncode != 0:
                 raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
         nb_notes: dict[tuple[str, str], list[str]] = {}
+        timeout_s = int(cell_timeout or os.environ.get("LLMCOURSE_CELL_TIMEOUT") or 600)
+        # limits of a notebook in nbgrader (its cells have timeout_s each): the whole notebook, and silence
+        limits = {"per_notebook_s": 120 + 6 * timeout_s, "idle_s": timeout_s + 60}
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
-            proc = _nbgrader(["autograde", assignment, "--create", "--force"], work, course.root, env_extra=env_extra)
-            snapshot.verify(f"while nbgrader ran {_batch_name(students, assignment)}")
-            logs, failed = _split_autograde_log(proc, students)
             name = Path(known[assignment].exercise).name
-            missing = [s for s in students if not (work / ".grading" / "autograded" / s / assignment / name).exists()]
+
+            def graded(student, assignment=assignment, name=name):
+                return (work / ".grading" / "autograded" / student / assignment / name).exists()
+
+            # supervised batches: a batch that a kernel stopped, killed or hung is ended, the submission it was
+            # running is set aside (recorded below without execution), and the rest run on in a new batch
+            logs: dict[str, str] = {s: "" for s in students}
+            failed: set[str] = set()
+            culprits: dict[str, str] = {}
+            todo, force = list(students), True
+            while todo:
+                proc, abnormal = _autograde(assignment, work, course.root, env_extra, token, force=force,
+                                            exclude=sorted(set(students) - set(todo)), **limits)
+                snapshot.verify(f"while nbgrader ran {_batch_name(todo, assignment)}")
+                part, bad = _split_autograde_log(proc, todo)
+                for s in todo:
+                    logs[s] += part[s]
+                failed |= bad
+                started = _started(proc, todo)
+                if abnormal is None or not started:  # done (or nobody to blame: the rest are recorded below)
+                    break
+                # nbgrader takes the submissions one after the other: the last one it started ended the run
+                culprits[started[-1]] = abnormal
+                todo, force = [s for s in todo if s not in started], False
+            # record without running them (the verdicts never depended on the run): what nbgrader could not
+            # run, and what ended a run (its autograded copy was written before it ran)
+            missing = [s for s in students if not graded(s) or s in culprits]
             if missing:
-                # record them without running them (the verdicts never depended on the run): without --force,
-                # nbgrader takes only the submissions that have no autograded folder
-                _nbgrader(["autograde", assignment, "--create", "--Execute.enabled=False"], work, course.root,
-                          env_extra=env_extra)
+                _autograde(assignment, work, course.root, env_extra, token, force=True, execute=False,
+                           exclude=sorted(set(students) - set(missing)), **limits)
                 snapshot.verify(f"while nbgrader recorded {_batch_name(missing, assignment)}")
             for student in students:
                 notes = list(jobs[(student, assignment)][1])
@@ -460,7 +588,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 if (student, assignment) in unreadable:
                     nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
                     continue
-                if student in missing or student in failed:
+                if student in culprits:
+                    notes.append(f"{STOPPED_NOTE} in nbgrader ({culprits[student]}); it was recorded without running "
+                                 "it and its answers were graded by the checker all the same")
+                elif student in missing or student in failed:
                     if student in missing:
                         ran = "could not be run" if graded_nb.exists() else "could not be recorded"
                     else:
@@ -476,6 +607,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             u = known[assignment]
             per = _verdict_points(u, verdicts.get(key), causes.get(key))
             notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
+            stopped_in = [v["exercise_id"] for v in verdicts.get(key) or [] if STOPPED_NOTE in v["message"].lower()]
+            if stopped_in:
+                notes.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
             notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
                                    names.get(student))
             report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
@@ -503,6 +637,114 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         snapshot.cleanup()
     report.grades_csv = _write_grades(work, report.rows, course)
     return report
+
+
+RUN_TOKEN_ENV = "LLMCOURSE_GRADING_RUN"
+# nbclient's log line for a cell timeout. With interrupt_on_timeout it interrupts the kernel and waits again:
+# a kernel that no longer answers (its sockets closed or garbled) is waited for without end. A notebook is
+# ended at its third timeout (its answers are graded by the checker all the same).
+_TIMEOUT_LINE = "Timeout waiting for execute reply"
+MAX_CELL_TIMEOUTS = 3
+
+
+def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, token: str, *, force: bool,
+               exclude: list[str], per_notebook_s: float, idle_s: float, execute: bool = True
+               ) -> tuple[subprocess.CompletedProcess, str | None]:
+    """One supervised ``nbgrader autograde <assignment>`` run; ``(its result, None or why it was ended)``.
+
+    nbgrader runs in a session of its own, its output goes to files (never a pipe that could fill up),
+    and this process polls it: stopped (a kernel sent SIGSTOP to its parent), killed by a signal (SIGKILL,
+    SIGTERM from a kernel), one notebook running past ``per_notebook_s`` (counted from the log line that
+    starts it), :data:`MAX_CELL_TIMEOUTS` cell timeouts in one notebook, or ``idle_s`` without a log line
+    or half a second of CPU time in nbgrader and its kernel (a kernel whose channels were garbled: nbgrader
+    waits for it without a timeout) ends the run. A process that carries this run's ``token`` in its environment but has left
+    nbgrader's process tree (a kernel's daemon: double fork, ``setsid``) is killed on sight; when the run
+    ends, everything below nbgrader and everything carrying the token is killed.
+    """
+    from grader.supervise import descendants, kill_tree, processes_with_env, state
+
+    args = ["autograde", assignment, "--create"] + (["--force"] if force else [])
+    if not execute:
+        args.append("--Execute.enabled=False")
+    if exclude:
+        args.append(f"--CourseDirectory.student_id_exclude={','.join(exclude)}")
+    (work / "nbgrader_config.py").write_text(
+        f"c = get_config()\nload_subconfig({str(_config_path(course_root))!r})\n", encoding="utf-8")
+    env = _nbgrader_env(work, course_root, env_extra)
+    needle = f"{RUN_TOKEN_ENV}={token}"
+    abnormal = None
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True)
+        started, notebook_until, last_scan = -1, time.monotonic() + per_notebook_s, 0.0
+        idle_since, cpu_at, log_size = time.monotonic(), 0, 0
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if state(proc.pid) in ("T", "t"):
+                    abnormal = "a kernel stopped nbgrader"
+                elif now - last_scan > 1.0:
+                    last_scan = now
+                    log = os.pread(err.fileno(), os.fstat(err.fileno()).st_size, 0).decode("utf-8", "replace")
+                    n = len(_STUDENT_LINE.findall(log))
+                    if n != started:  # the next notebook started: its own deadline
+                        started, notebook_until = n, now + per_notebook_s
+                    timeouts = log[log.rfind("Creating/updating student"):].count(_TIMEOUT_LINE)
+                    if timeouts >= MAX_CELL_TIMEOUTS:  # nbclient interrupts a silent kernel for ever
+                        abnormal = f"{timeouts} cell timeouts: its kernel stopped answering"
+                    tree = {proc.pid, *descendants(proc.pid)}
+                    # no CPU time and no log line in nbgrader and its kernel for idle_s: it waits for ever
+                    cpu, size = _cpu_ticks(tree), len(log)
+                    if cpu - cpu_at > 50 or size != log_size:
+                        idle_since, cpu_at, log_size = now, cpu, size
+                    elif now - idle_since > idle_s:
+                        abnormal = f"nbgrader and its kernel made no progress for {idle_s:.0f} s"
+                    for pid in set(processes_with_env(needle)) - tree:  # escaped from nbgrader's tree: killed
+                        kill_tree(pid, include_root=True)
+                    if now > notebook_until and not abnormal:
+                        abnormal = f"a notebook did not finish within {per_notebook_s:.0f} s"
+                if abnormal:
+                    kill_tree(proc.pid, include_root=True, env_token=needle)
+                    proc.wait()
+                    break
+                time.sleep(0.25)
+        finally:
+            if proc.poll() is None:  # interrupted: leave nothing running
+                kill_tree(proc.pid, include_root=True, env_token=needle)
+                proc.wait()
+            kill_tree(proc.pid, session=proc.pid, env_token=needle)  # what the kernels left
+        if abnormal is None and proc.returncode < 0:
+            import signal
+
+            try:
+                name = signal.Signals(-proc.returncode).name
+            except ValueError:
+                name = f"signal {-proc.returncode}"
+            abnormal = f"nbgrader was killed by {name}"
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read().decode("utf-8", "replace"),
+                                             err.read().decode("utf-8", "replace"))
+    return result, abnormal
+
+
+def _cpu_ticks(pids) -> int:
+    """User + system CPU time of ``pids`` in clock ticks (``/proc/<pid>/stat``; 0 for what cannot be read)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _started(proc: subprocess.CompletedProcess, students: list[str]) -> list[str]:
+    """The students nbgrader started in a run, in order (its log's "Creating/updating student" lines)."""
+    text = (proc.stderr or "") + (proc.stdout or "")
+    return [m.group("id") for m in _STUDENT_LINE.finditer(text) if m.group("id") in students]
 
 
 def _verdict_points(unit, verdicts: list[dict] | None, cause: str | None) -> dict[str, float]:

@@ -117,6 +117,19 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
             the mutants this way); not for learner submissions.
         problems: notes about the notebook (trusted namespaces only; a worker reports its own).
     """
+    used: list = []
+    verdict = _run_check(exercise_id, sources, namespace, problems, used)
+    if used and getattr(used[0], "harmed", False):
+        # the forkserver (the worker's parent) was stopped or killed while this exercise ran: 0, one line
+        from .supervise import STOPPED_NOTE
+
+        verdict = Verdict(exercise_id, "failed", f"{STOPPED_NOTE[0].upper()}{STOPPED_NOTE[1:]} (it signalled the "
+                          "process that supervises it); this exercise scores 0.", max_points=verdict.max_points,
+                          notes=verdict.notes)
+    return verdict
+
+
+def _run_check(exercise_id: str, sources, namespace, problems, used: list) -> Verdict:
     load_unit(exercise_id[:2])
     max_points = _points(exercise_id)
     spec = CHECKS.get(exercise_id)
@@ -136,6 +149,7 @@ def run_check(exercise_id: str, sources: list[str] | None = None, *, namespace: 
             from .worker import LearnerProcess
 
             learner = LearnerProcess(sources, blocked_references(spec))
+            used.append(learner)
             notes = list(dict.fromkeys(learner.problems))
         # warnings would print grader file names and lines; learners get the verdict instead
         with warnings.catch_warnings(), time_limit(CHECK_TIME_LIMIT_S):

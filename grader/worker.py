@@ -19,18 +19,31 @@ A worker that dies, hangs or runs out of memory (``RLIMIT_AS``; ``LLMCOURSE_WORK
 default 4096 MiB above what the preloaded interpreter maps) fails that exercise with a message that
 says so; the next exercise gets a fresh worker. Facts observed in the worker can only make a check
 fail: every pass is decided by the checker on returned data.
+
+Supervision (:mod:`grader.supervise`): a worker runs in its own session, as a child subreaper, as
+``nobody`` when the grading runs as root (it cannot signal the checker or the forkserver), and dies
+with the forkserver. The checker never blocks without a deadline: a stopped, killed or hung worker or
+forkserver is detected while it waits; after every exercise the worker's session, its descendants and
+any orphan under the forkserver are killed; a forkserver found stopped or dead is replaced and the
+exercise scores 0 with "the submission stopped the grading process".
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import select
+import socket
+import struct
 import sys
+import threading
 import time
 import types
 
 import torch
 
+from . import supervise as _supervise
 from .core import (
     BLOCK_MARK,
     CheckFailure,
@@ -43,6 +56,9 @@ from .core import (
 from .extract import extract_namespace
 from .forkserver import PRELOAD, start_forkserver  # noqa: F401 - re-exported
 from .forkserver import context as _context
+from .forkserver import healthy as _forkserver_healthy
+from .forkserver import pid as _forkserver_pid
+from .forkserver import replace as _replace_forkserver
 from .forkserver import without_main as _without_main
 from .plain import dumps, loads, plain
 
@@ -50,7 +66,13 @@ __all__ = ["LearnerProcess", "WorkerDied", "block_reference", "serve"]
 
 MEMORY_ENV = "LLMCOURSE_WORKER_MEMORY_MB"
 THREADS_ENV = "LLMCOURSE_WORKER_THREADS"
+# "0": a worker keeps the grading user's identity even as root (tests of the supervision without the drop)
+NOBODY_ENV = "LLMCOURSE_WORKER_NOBODY"
 LOAD_TIME_LIMIT_S = 60.0
+START_TIME_LIMIT_S = 120.0  # a fresh forkserver preloads torch first (seconds; more on a loaded machine)
+NO_DEADLINE_S = 3600.0  # a request without a deadline of its own (direct use of LearnerProcess)
+POLL_S = 0.25  # how often a waiting checker looks at the worker's and the forkserver's state
+MAX_REPLY_BYTES = 512 * 1024 * 1024
 _BLOCKED_PACKAGES = ("grader.checks", "grader.bugs")
 
 
@@ -76,56 +98,178 @@ class LearnerProcess:
         sources: the code cells of the notebook, in order.
         blocked: ``(module, qualname)`` of the course objects that are this exercise's answer.
         deadline: ``time.monotonic()`` value after which a pending request is abandoned.
+
+    Supervised (:mod:`grader.supervise`): nothing here blocks without a deadline. Starting a worker
+    has one (a stopped forkserver is killed and replaced); a request is sent and its reply read on a
+    socket with timeouts, polling the worker's and the forkserver's state meanwhile; a reply framed
+    wrongly (garbage written to the pipe) or over :data:`MAX_REPLY_BYTES` ends the worker. After the
+    worker, everything it spawned is killed (:meth:`close`). ``harmed`` is True when the forkserver was
+    found stopped or dead meanwhile: the checker then scores the exercise 0 with
+    :data:`grader.supervise.STOPPED_NOTE`, and a fresh forkserver serves the next exercise.
     """
+
+    _live: set[int] = set()  # pids of this process's live workers (spared when orphans are killed)
 
     def __init__(self, sources: list[str], blocked: list[tuple[str, str]] | None = None,
                  deadline: float | None = None):
         _register_checks_by_value()
-        ctx = _context()
-        self._conn, child = ctx.Pipe(duplex=True)
-        settings = {"memory_mb": int(os.environ.get(MEMORY_ENV, "4096")),
-                    "threads": int(os.environ.get(THREADS_ENV, "1"))}
-        self._proc = ctx.Process(target=serve, args=(child, settings), daemon=True, name="llmcourse-learner")
-        with _without_main():
-            self._proc.start()
-        child.close()
+        self.harmed = False
         self.deadline = deadline
-        info = self._request({"op": "load", "sources": list(sources), "blocked": list(blocked or [])},
-                             timeout=LOAD_TIME_LIMIT_S)
+        self._sock = None
+        self._proc = None
+        self._pid = None
+        self._start()
+        try:
+            info = self._request({"op": "load", "sources": list(sources), "blocked": list(blocked or [])},
+                                 timeout=LOAD_TIME_LIMIT_S)
+        except BaseException:
+            self.close()
+            if self.harmed:
+                raise WorkerDied(f"{_supervise.STOPPED_NOTE[0].upper()}{_supervise.STOPPED_NOTE[1:]} while your "
+                                 "notebook was loaded.") from None
+            raise
         self.problems = [str(p) for p in info.get("problems", [])] if isinstance(info, dict) else []
 
+    # -- starting, with a deadline -------------------------------------------------------------
+    def _start(self) -> None:
+        if not _forkserver_healthy():
+            _replace_forkserver()
+        for attempt in range(2):
+            start_forkserver()  # with this process's sys.path (see grader.forkserver); at once when running
+            ctx = _context()
+            conn, child = ctx.Pipe(duplex=True)
+            settings = {"memory_mb": int(os.environ.get(MEMORY_ENV, "4096")),
+                        "threads": int(os.environ.get(THREADS_ENV, "1")),
+                        "nobody": os.environ.get(NOBODY_ENV, "1") != "0"}
+            proc = ctx.Process(target=serve, args=(child, settings), daemon=True, name="llmcourse-learner")
+            error: list[BaseException] = []
+
+            def start(proc=proc, error=error):
+                try:
+                    with _without_main():
+                        proc.start()
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    error.append(exc)
+
+            thread = threading.Thread(target=start, daemon=True)
+            thread.start()
+            limit = time.monotonic() + START_TIME_LIMIT_S
+            while thread.is_alive() and time.monotonic() < limit:
+                thread.join(0.1)
+                if thread.is_alive() and not _forkserver_healthy():
+                    break
+            if thread.is_alive() or error:
+                # the forkserver never answered (stopped, dead, hung): kill it; the start fails with EOF
+                _replace_forkserver()
+                thread.join(5.0)
+                child.close()
+                conn.close()
+                if attempt == 0:
+                    continue
+                raise WorkerDied("The grader could not start a process for your code (its forkserver did not "
+                                 "answer).")
+            child.close()
+            self._proc, self._pid = proc, proc.pid
+            LearnerProcess._live.add(proc.pid)
+            self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+            self._sock.setblocking(False)
+            conn.close()
+            return
+
     # -- protocol ----------------------------------------------------------------------------
+    def _limit(self, timeout: float | None) -> float:
+        if timeout is not None:
+            return time.monotonic() + timeout
+        if self.deadline is not None:
+            return max(self.deadline, time.monotonic() + 0.01)
+        return time.monotonic() + NO_DEADLINE_S
+
+    def _watch(self) -> None:
+        """Between waits: a stopped worker is killed; a stopped or dead forkserver marks the exercise harmed."""
+        if not _forkserver_healthy():
+            self.harmed = True
+        if _supervise.stopped(self._pid):
+            self.close()
+            raise WorkerDied(f"The process running your code was stopped (SIGSTOP?): {_supervise.STOPPED_NOTE}.")
+
+    def _wait(self, until: float, write: bool = False) -> bool:
+        """Poll the socket in short slices until it is ready (True) or ``until`` passes (False)."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            r, w, _ = select.select([] if write else [self._sock], [self._sock] if write else [], [],
+                                    min(left, POLL_S))
+            if r or w:
+                return True
+            self._watch()
+
+    def _send_frame(self, data: bytes, until: float) -> None:
+        n = len(data)
+        header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!i", -1) + struct.pack("!Q", n)
+        view = memoryview(header + data)
+        while view:
+            if not self._wait(until, write=True):
+                raise TimeoutError
+            try:
+                sent = self._sock.send(view[:1 << 20])
+            except BlockingIOError:
+                continue
+            view = view[sent:]
+
+    def _recv_exact(self, n: int, until: float) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            if not self._wait(until):
+                raise TimeoutError
+            try:
+                chunk = self._sock.recv(min(n - len(buf), 1 << 20))
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise EOFError
+            buf += chunk
+        return bytes(buf)
+
+    def _recv_frame(self, until: float) -> bytes:
+        (n,) = struct.unpack("!i", self._recv_exact(4, until))
+        if n == -1:
+            (n,) = struct.unpack("!Q", self._recv_exact(8, until))
+        if n < 0 or n > MAX_REPLY_BYTES:
+            raise _BadFrame
+        return self._recv_exact(n, until)
+
     def _request(self, message: dict, timeout: float | None = None):
         if self._proc is None:
             raise WorkerDied("The process running your code had already stopped.")
         import cloudpickle
 
+        until = self._limit(timeout)
+        limit_s = timeout if timeout is not None else max(until - time.monotonic(), 0.0)
         try:
-            self._conn.send_bytes(cloudpickle.dumps(message))
-        except (BrokenPipeError, OSError):
-            raise self._died() from None
-        limit = timeout if timeout is not None else (
-            max(self.deadline - time.monotonic(), 0.01) if self.deadline is not None else None)
-        try:
-            ready = self._conn.poll(limit)
-        except (EOFError, OSError):
-            raise self._died() from None
-        if not ready:
+            self._send_frame(cloudpickle.dumps(message), until)
+            data = self._recv_frame(until)
+        except TimeoutError:
             self.close()
-            raise TimeLimitExceeded(f"did not finish within {limit:.0f} s")
-        try:
-            data = self._conn.recv_bytes()
+            raise TimeLimitExceeded(f"did not finish within {limit_s:.0f} s") from None
+        except _BadFrame:
+            self.close()
+            raise CheckFailure("Your code wrote something into the grader's channel that is not a reply; it was "
+                               "refused.") from None
         except (EOFError, OSError):
             raise self._died() from None
         try:
             reply = loads(data)
         except Exception:  # noqa: BLE001 - anything that is not plain data is refused
+            self.close()  # the channel cannot be trusted any more
             raise CheckFailure("Your code sent back something that is not plain data; it was refused.") from None
         return _unpack(reply)
 
     def _died(self) -> WorkerDied:
-        self._proc.join(2.0)
-        code = self._proc.exitcode
+        proc = self._proc
+        if proc is not None and _forkserver_healthy():
+            proc.join(2.0)  # its exit status comes from the forkserver
+        code = proc.exitcode if proc is not None else None
         self.close()
         if code is not None and code < 0:
             import signal
@@ -152,21 +296,33 @@ class LearnerProcess:
         return self._request({"op": "probe", "probe": blob})
 
     def close(self) -> None:
+        """End the worker and kill everything it spawned: its session, its descendants, and any orphan left
+        under the forkserver; replace the forkserver when it was stopped or killed meanwhile."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
+        pid = self._pid
         try:
-            if proc.is_alive():
-                try:
-                    self._conn.send_bytes(pickle.dumps({"op": "exit"}))
-                except (BrokenPipeError, OSError):
-                    pass
+            if _forkserver_healthy() and not _supervise.stopped(pid) and proc.is_alive():
+                with contextlib.suppress(OSError):
+                    self._sock.setblocking(False)
+                    self._sock.send(struct.pack("!i", len(_EXIT)) + _EXIT)
                 proc.join(0.2)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(2.0)
+        except (OSError, ValueError):
+            pass
         finally:
-            self._conn.close()
+            LearnerProcess._live.discard(pid)
+            with contextlib.suppress(OSError):
+                self._sock.close()
+            _supervise.kill_tree(pid, session=pid, include_root=True)
+            fs = _forkserver_pid()
+            if fs is not None:  # orphans re-parented to the forkserver (a subreaper)
+                _supervise.kill_tree(fs, keep=LearnerProcess._live)
+            if not _forkserver_healthy():
+                self.harmed = True
+                _replace_forkserver()
+            else:
+                proc.join(2.0)
 
     def __enter__(self):
         return self
@@ -179,6 +335,13 @@ class LearnerProcess:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class _BadFrame(Exception):
+    pass
+
+
+_EXIT = pickle.dumps({"op": "exit"})
 
 
 def _unpack(reply):
@@ -376,8 +539,27 @@ def _encode(reply: dict) -> bytes:
                       f"({type(exc).__name__})"})
 
 
+def _close_supervisor_fds() -> None:
+    """Close what multiprocessing hands every forkserver child: the forkserver's "alive" pipe (data written
+    to it ends the forkserver) and the resource tracker's pipe (garbage written to it ends the tracker)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for owner, attr in ((forkserver._forkserver, "_forkserver_alive_fd"), (resource_tracker._resource_tracker, "_fd")):
+        fd = getattr(owner, attr, None)
+        if isinstance(fd, int):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            setattr(owner, attr, None)
+
+
 def serve(conn, settings: dict) -> None:
-    """The worker's main loop (runs in the forked process)."""
+    """The worker's main loop (runs in the forked process).
+
+    First confined (:func:`grader.supervise.confine_worker`: own session, subreaper, ``nobody`` when
+    root, death with the forkserver), before any learner code runs.
+    """
+    _supervise.confine_worker(parent=os.getppid(), drop=bool(settings.get("nobody", True)))
+    _close_supervisor_fds()
     _isolate_io()
     _limit_memory(int(settings.get("memory_mb", 4096)))
     torch.set_num_threads(max(1, int(settings.get("threads", 1))))

@@ -90,3 +90,4 @@ def course_copy(tmp_path_factory):
         return load_course(copy_course(tmp_path_factory.mktemp("course"), units))
 
     return make
+

@@ -34,12 +34,16 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hostile import HOSTILE_KINDS, hostile_code, surviving_daemons
 
 from coursetools.grading import GradingTampered, grade
 from grader.runner import check_notebook
+from grader.supervise import STOPPED_NOTE
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.roundtrip, pytest.mark.slow]
+CHECK_WALL_LIMIT_S = 180.0  # one course check of one notebook (setsid_sleep waits out its 30 s check limit)
+GRADE_WALL_LIMIT_S = 3600.0  # the whole course grade run (about ten minutes on a loaded 2-core machine)
 
 WRONG = {
     "ex03_softmax_stable_answer": "def softmax_stable(x, dim=-1):\n    return x\n",
@@ -212,7 +216,9 @@ EXPECTED = {"control": 20, "grader_patched": 0, "allclose_patched": 0, "patch_in
             "huge_output_correct": 20, "markdown_one_correct": 17,
             # the nbgrader round trip: a named mistake costs its exercise and those built on it; a syntax
             # error costs only its own cell's exercise
-            "mutant": 6, "syntax": 17}
+            "mutant": 6, "syntax": 17,
+            # learner code that signals or outlives the processes that supervise it (tests/hostile.py)
+            **{f"{kind}_inside": 0 for kind in HOSTILE_KINDS}}
 
 
 def _answers(solution) -> dict[str, str]:
@@ -296,12 +302,8 @@ def _wrapped(answers: dict[str, str], wrap: str) -> dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def attacked(tmp_path_factory, course_copy):
-    course = course_copy(("03",))
-    unit = course.unit("03")
-    exercise = nbformat.read(ROOT / unit.exercise, as_version=4)
-    correct = _answers(nbformat.read(ROOT / unit.solution, as_version=4))
+def corpus(exercise, correct: dict[str, str], marks: Path | None = None) -> dict:
+    """The hostile corpus as ``{student: notebook}``; with ``marks`` (a folder), the supervision cases too."""
     subs = {
         "control": _submission(exercise, correct),
         "torch_patched": _submission(exercise, WRONG, top=TORCH_PATCH),
@@ -342,6 +344,34 @@ def attacked(tmp_path_factory, course_copy):
         "syntax": _submission(exercise, {**correct, "ex03_softmax_stable_answer":
                                          "def softmax_stable(x, dim=-1)\n    return x\n"}),
     }
+    if marks is not None:
+        subs.update(supervision_cases(exercise, marks))
+    return subs
+
+
+def supervision_cases(exercise, marks: Path) -> dict:
+    """Wrong answers that attack the processes running them (tests/hostile.py) each time they are called:
+    in ``course check`` and ``course grade`` the checking worker, in ``course grade`` nbgrader's kernel too."""
+    top = hostile_code(marks)
+    cases = {}
+    for kind in HOSTILE_KINDS:
+        if kind == "setsid_sleep":  # one exercise only: its check time limit and cell timeout are waited out
+            answers = {**WRONG, "ex03_softmax_stable_answer":
+                       "def softmax_stable(x, dim=-1):\n    _hostile('setsid_sleep')\n    return x\n"}
+        else:
+            answers = _calling(f"    _hostile({kind!r})\n")
+        cases[f"{kind}_inside"] = _submission(exercise, answers, top=top)
+    return cases
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory, course_copy):
+    course = course_copy(("03",))
+    unit = course.unit("03")
+    exercise = nbformat.read(ROOT / unit.exercise, as_version=4)
+    correct = _answers(nbformat.read(ROOT / unit.solution, as_version=4))
+    marks = tmp_path_factory.mktemp("daemons")
+    subs = corpus(exercise, correct, marks)
     assert subs["mutant"].cells != subs["control"].cells
     submitted = tmp_path_factory.mktemp("class") / "submitted"
     paths = {student: _write(submitted, student, unit, nb) for student, nb in subs.items()}
@@ -351,14 +381,22 @@ def attacked(tmp_path_factory, course_copy):
     out = tmp_path_factory.mktemp("grading")
     started = time.monotonic()
     report = grade(submitted.parent, out_dir=out, cell_timeout=20, course=course)  # make test runs it beside nbval
-    print(f"corpus: {len(paths)} notebooks graded by course grade in {time.monotonic() - started:.0f} s")
+    WALL["course grade"] = time.monotonic() - started
+    print(f"corpus: {len(paths)} notebooks graded by course grade in {WALL['course grade']:.0f} s")
+    WALL["daemons after course grade"] = surviving_daemons(marks)
     checked = {}
     for student, path in paths.items():
+        started = time.monotonic()
         try:
             checked[student] = {v.exercise_id: v for v in check_notebook(path)[1]}
         except ValueError as exc:  # unreadable: nothing graded (the message names the cause)
             checked[student] = str(exc)
+        WALL[student] = time.monotonic() - started
+    WALL["daemons after course check"] = surviving_daemons(marks)
     return report, checked, out, unit
+
+
+WALL: dict = {}  # seconds per course check, the course grade run, daemons found alive after each view
 
 
 def test_every_attack_scores_zero_and_the_control_full_marks(attacked):
@@ -373,6 +411,18 @@ def test_course_check_gives_the_same_points_exercise_by_exercise(attacked):
         got = checked[row["student"]]
         view = {e.grade_id: float(got[e.id].points) if isinstance(got, dict) else 0.0 for e in unit.exercises}
         assert view == row["per_exercise"], (row["student"], view, row["per_exercise"])
+
+
+def test_no_submission_stalls_either_view_nor_outlives_it(attacked):
+    report, checked, _, _ = attacked
+    assert WALL["daemons after course grade"] == [] and WALL["daemons after course check"] == [], WALL
+    slow = {s: round(t) for s, t in WALL.items() if s in checked and t > CHECK_WALL_LIMIT_S}
+    assert not slow, slow
+    assert WALL["course grade"] < GRADE_WALL_LIMIT_S, WALL["course grade"]
+    notes = {r["student"]: r["notes"] for r in report.rows}
+    # a kernel that stops nbgrader (it runs as the grading user) costs its own notebook's run, named
+    assert STOPPED_NOTE in notes["stop_parent_inside"], notes["stop_parent_inside"]
+    assert not any(STOPPED_NOTE in notes[s] for s in ("control", "stub", "mutant", "crash_correct")), notes
 
 
 def test_course_check_gives_the_expected_scores(attacked):
@@ -499,4 +549,5 @@ def test_feedback_names_the_mutant_and_hides_the_checks(attacked):
                      "t.compare", "BEGIN SOLUTION"):
             assert leak not in html, f"{html_path}: feedback shows {leak!r}"
     mutant = (out / ".grading" / "feedback" / "mutant" / unit.name / f"{unit.name}.html").read_text()
-    assert "B03.no_scale" in mutant and "Divide the scores by" in mutant
+    # a known mistake is shown by its name, never by its catalogue id
+    assert "no_scale: Divide the scores by" in mutant and "B03.no_scale" not in mutant
