@@ -155,6 +155,16 @@ SIBLINGS: dict[str, str] = {
         "        return idx\n"
         "    with torch.no_grad():\n"
         "        toks, _ = _greedy_with_cache(lambda i, c: model(i, cache=c), model.new_cache(), idx, max_new_tokens)\n"
+        "    if eos_id is not None:  # the EOS rule around the sibling (rows are independent in greedy decoding)\n"
+        "        new = toks[:, idx.shape[1]:]\n"
+        "        done = (new == eos_id).int().cummax(dim=1).values.bool()\n"
+        "        after = torch.zeros_like(done)\n"
+        "        after[:, 1:] = done[:, :-1]\n"
+        "        new = new.masked_fill(after, eos_id)\n"
+        "        finished = done.all(0).nonzero()\n"
+        "        if len(finished):\n"
+        "            new = new[:, :int(finished[0]) + 1]\n"
+        "        toks = torch.cat([idx, new], dim=1)\n"
         "    return toks\n"),
     "12.kv_cache_bytes/elements": (
         "from llmcourse.nn.kv_cache import kv_elements_per_token\n"
