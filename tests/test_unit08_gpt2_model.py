@@ -416,5 +416,7 @@ def test_the_stored_transformers_oracle_of_the_checks_is_current():
     from grader.checks.u08_gpt2_model import ORACLE_ASSET, build_hf_oracle
     from grader.oracles import assert_oracle_is_current
 
-    stored = assert_oracle_is_current(ORACLE_ASSET, build_hf_oracle)
+    # the checks compare logits with these at atol = rtol = 1e-5; a rebuild on another CPU (AVX-512 here) differed
+    # from the stored file by 4e-6, so currency is asserted at the checks' own tolerance
+    stored = assert_oracle_is_current(ORACLE_ASSET, build_hf_oracle, atol=1e-5, rtol=1e-5)
     assert len(stored["cases"]) == 2

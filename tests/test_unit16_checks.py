@@ -18,7 +18,9 @@ def test_reference_delta_of_the_checks_is_current():
     torch.set_num_threads(1)
     model, _ = load_llama_char_tiny(retrain=False, verbose=False)
     r = fp8_loss_delta(model, char_corpus("tinyshakespeare").val, C.LOSS_BATCHES, C.LOSS_BATCH, C.LOSS_T)
-    assert r["delta"] == pytest.approx(C.REF_DELTA, abs=2e-6)
+    # the check allows REF_DELTA + 0.02 and prints REF_DELTA to 4 decimals; CPUs round the 10 batches differently
+    # (0.003992 where it was recorded, 0.003970 on an AVX-512 Xeon), so agreement is asserted to 1e-4
+    assert r["delta"] == pytest.approx(C.REF_DELTA, abs=1e-4)
     assert 0 < r["delta"] < 0.02
 
 
