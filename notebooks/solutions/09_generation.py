@@ -299,5 +299,4 @@ for temperature in (0.5, 1.0, 1.5):
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/09_generation/09_generation.ipynb` in a terminal for
-# the full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.

@@ -405,5 +405,4 @@ print(f"{steps} steps: training loss {losses[0]:.3f} -> {losses[-1]:.3f}; valida
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/10_gpt2_pretraining/10_gpt2_pretraining.ipynb`
-# in a terminal for the full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.

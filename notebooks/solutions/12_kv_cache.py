@@ -369,5 +369,4 @@ print(f"same tokens: {torch.equal(with_cache, without)}; cached {1000 * (t1 - t0
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/12_kv_cache/12_kv_cache.ipynb` in a terminal for the
-# full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.

@@ -420,5 +420,4 @@ print(f"DeepSeek-V3 latent cache: {per_token:,} bytes per token (bf16) from the 
 # %% [markdown]
 # ## Done?
 #
-# Save the notebook and run `course check exercises/13_deepseek_mla/13_deepseek_mla.ipynb` in a terminal for
-# the full report.
+# Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
