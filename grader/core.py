@@ -36,7 +36,7 @@ import torch
 __all__ = [
     "BLOCK_MARK", "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "LearnerError",
     "LocalLearner", "NotAttempted", "Tester", "TimeLimitExceeded", "run_learner",
-    "Verdict", "bug", "bug_name", "check", "forbid", "module_facts", "nonfinite_report", "time_limit",
+    "Verdict", "bug", "bug_name", "check", "forbid", "module_facts", "nonfinite_report", "state_change", "time_limit",
 ]
 
 # The message prefix of the error raised by a course reference that is blocked in the worker
@@ -710,6 +710,23 @@ class Tester:
         except Exception:  # the reference cannot run this probe: judge the learner's result alone
             ref = None
         return _nonfinite(out, ref, nan_only=True)
+
+
+def state_change(module, call, eval_mode: bool = False) -> float:
+    """Inside a probe: the largest change of any parameter or buffer of ``module`` caused by ``call()`` run under
+    ``torch.no_grad()`` (after ``module.eval()`` when ``eval_mode``); 0.0 when nothing changed, ``inf`` when names
+    or shapes changed. The side-effect probe of a graded module (a forward leaves its state alone)."""
+    m = unwrap(module)
+    if eval_mode:
+        m.eval()
+    before = {n: t.detach().clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    with torch.no_grad():
+        call()
+    after = {n: t.detach() for n, t in [*m.named_parameters(), *m.named_buffers()]}
+    if set(before) != set(after) or any(before[n].shape != after[n].shape for n in before):
+        return float("inf")
+    return max([float((before[n].float() - after[n].float()).abs().max()) for n in before if before[n].numel()]
+               or [0.0])
 
 
 def module_facts(obj) -> dict:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from coursetools.dev.studytime import percent_cells
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ROOT / "notebooks"
 
@@ -68,15 +70,7 @@ ID_PATTERN = re.compile(r"\b[FWB]\d\d\.\w+|\bsyllabus\b", re.IGNORECASE)
 # jupytext percent sources
 
 
-def cells(path: Path) -> list[tuple[str, str]]:
-    """(header, source) of each `# %%` cell of a jupytext percent script."""
-    out: list[tuple[str, list[str]]] = []
-    for line in path.read_text().splitlines():
-        if line.startswith("# %%"):
-            out.append((line, []))
-        elif out:
-            out[-1][1].append(line)
-    return [(h, "\n".join(body)) for h, body in out]
+cells = percent_cells  # (header, source) of each `# %%` cell of a jupytext percent script
 
 
 def code_cells(path: Path) -> list[str]:

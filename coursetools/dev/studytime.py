@@ -28,10 +28,11 @@ MINUTES_PER_CODE_CELL = 1.5
 MINUTES_PER_TODO = 10
 MINUTES_PER_POINT = 8
 
-__all__ = ["estimate", "main"]
+__all__ = ["estimate", "main", "percent_cells"]
 
 
-def _cells(path: Path) -> list[tuple[str, str]]:
+def percent_cells(path: Path) -> list[tuple[str, str]]:
+    """(header, source) of each `# %%` cell of a jupytext percent script (also used by tests/test_lesson_rules.py)."""
     out: list[tuple[str, list[str]]] = []
     for line in path.read_text().splitlines():
         if line.startswith("# %%"):
@@ -48,7 +49,7 @@ def estimate(unit, root: Path) -> dict:
     for k, src in enumerate(sources):
         if not src.exists():
             continue
-        for head, body in _cells(src):
+        for head, body in percent_cells(src):
             if "[markdown]" in head:
                 words += len(re.findall(r"[A-Za-z0-9]+", body))
             elif k == 0:

@@ -55,7 +55,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import CheckFailure, check, forbid, module_facts, run_learner, unwrap
+from ..core import CheckFailure, check, forbid, module_facts, run_learner, state_change, unwrap
 from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
@@ -98,19 +98,6 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def _unchanged(module, call) -> float:
-    """Inside a probe: the largest change of any parameter or buffer of ``module`` caused by ``call()`` in eval
-    mode (0.0 when nothing changed; ``inf`` when names or shapes changed)."""
-    m = unwrap(module)
-    m.eval()
-    before = {n: t.detach().clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
-    with torch.no_grad():
-        call()
-    after = {n: t.detach() for n, t in [*m.named_parameters(), *m.named_buffers()]}
-    if set(before) != set(after) or any(before[n].shape != after[n].shape for n in before):
-        return float("inf")
-    return max([float((before[n].float() - after[n].float()).abs().max()) for n in before if before[n].numel()]
-               or [0.0])
 
 
 def _expect_no_side_effects(t, probe, what):
@@ -280,7 +267,7 @@ def check_rmsnorm(t):
 
     def side(impl):
         n = impl.RMSNorm(48)
-        return _unchanged(n, lambda: n(x))
+        return state_change(n, lambda: n(x), eval_mode=True)
 
     _expect_no_side_effects(t, side, "RMSNorm(48)(x) in eval mode")
 
@@ -313,7 +300,7 @@ def check_swiglu(t):
 
     def side(impl):
         m = impl.SwiGLUFeedForward(32, 88)
-        return _unchanged(m, lambda: m(o["x"]))
+        return state_change(m, lambda: m(o["x"]), eval_mode=True)
 
     _expect_no_side_effects(t, side, "SwiGLUFeedForward(32, 88)(x) in eval mode")
 
@@ -513,7 +500,7 @@ def check_gqa(t):
 
     def side(impl):
         m = impl.GroupedQueryAttention(64, 8, 2, 8)
-        return _unchanged(m, lambda: m(x, cos, sin, mask))
+        return state_change(m, lambda: m(x, cos, sin, mask), eval_mode=True)
 
     _expect_no_side_effects(t, side, "GroupedQueryAttention(64, 8, 2, 8)(x, cos, sin, mask) in eval mode")
 
@@ -670,7 +657,7 @@ def check_llama3_model(t):
 
     def side(impl):
         m = impl.Llama3Model(impl.Llama3Config(**tiny))
-        return _unchanged(m, lambda: m(a))
+        return state_change(m, lambda: m(a), eval_mode=True)
 
     _expect_no_side_effects(t, side, "Llama3Model(llama3-tiny)(idx) in eval mode")
 

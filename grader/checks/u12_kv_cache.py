@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from ..core import check, module_facts, unwrap
+from ..core import check, module_facts, state_change, unwrap
 from ..runner import also_blocked
 
 U = "12"
@@ -155,18 +155,6 @@ def check_kvcache(t):
     t.expect(half["returned"][-1][0].dtype == torch.bfloat16, "the cache must keep the dtype of the keys it is given")
 
 
-def _unchanged(module, call) -> float:
-    """Inside a probe: the largest change of any parameter or buffer of ``module`` caused by ``call()``
-    (``inf`` when names or shapes changed)."""
-    m = unwrap(module)
-    before = {n: t.detach().clone() for n, t in [*m.named_parameters(), *m.named_buffers()]}
-    with torch.no_grad():
-        call()
-    after = {n: t.detach() for n, t in [*m.named_parameters(), *m.named_buffers()]}
-    if set(before) != set(after) or any(before[n].shape != after[n].shape for n in before):
-        return float("inf")
-    return max([float((before[n].float() - after[n].float()).abs().max()) for n in before if before[n].numel()]
-               or [0.0])
 
 
 # ================================================================== model fixtures
@@ -320,7 +308,7 @@ def check_cached_forward(t):
 
         m = _learner_model(impl, cfg, state)
         cache = KVCache(cfg["n_layers"])
-        return _unchanged(m, lambda: [m(idx[:, :5], cache=cache), m(idx[:, 5:6], cache=cache)])
+        return state_change(m, lambda: [m(idx[:, :5], cache=cache), m(idx[:, 5:6], cache=cache)])
 
     change = t.run(side)
     t.expect(change == 0.0, f"a prefill and a decoding step changed the model's parameters or buffers (largest change "
@@ -422,7 +410,7 @@ def check_generate_cached(t):
 
     def side(impl):
         m = _plain_cached(cfg, cases[0][2])
-        return _unchanged(m, lambda: impl.generate_cached(m, T([[1, 2, 3]]), 5))
+        return state_change(m, lambda: impl.generate_cached(m, T([[1, 2, 3]]), 5))
 
     change = t.run(side)
     t.expect(change == 0.0, f"generate_cached changed the model's parameters or buffers (largest change {change!r})")
