@@ -299,10 +299,18 @@ def main(port: int = 8000, state: str | os.PathLike | None = None, units: tuple[
     if reason:
         print(f"course hub: {reason}", file=sys.stderr)
         return 2
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    # Ctrl-C, a closed terminal or a plain `kill`: stop the hub (it runs in a session of its own, so no signal
+    # reaches it otherwise), even where the caller started this process with SIGINT ignored
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     hub = Hub(state or ROOT / ".hub", port=port).prepare()
     for unit in units:
         try:
-            print(f"released unit {unit} into the hub's exchange: {hub.release(unit)}")
+            print(f"unit {unit} is released in the hub's exchange: {hub.release(unit)}")
         except (FileNotFoundError, ValueError, KeyError, RuntimeError) as exc:
             print(f"course hub: unit {unit} not released: {exc}", file=sys.stderr)
     try:
