@@ -62,7 +62,7 @@ def missing() -> str | None:
     except ImportError as exc:
         return f"JupyterHub is not installed ({exc}): run `make setup` (requirements.txt pins it)"
     if not (PROXY.is_file() and os.access(PROXY, os.X_OK)):
-        return (f"JupyterHub's proxy is not installed ({PROXY.relative_to(ROOT)} is missing): run `make hub-deps` "
+        return (f"JupyterHub's proxy is not installed ({PROXY} is missing): run `make hub-deps` "
                 "(npm ci --prefix hub; needs Node.js >= 20 and npm)")
     node = shutil.which("node")
     if node is None:

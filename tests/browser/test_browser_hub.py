@@ -74,6 +74,8 @@ def _login(browser, hub, user: str, password: str, shots):
     # the hub spawns the user's JupyterLab and redirects to it
     page.wait_for_url(re.compile(rf"/user/{user}/lab"), timeout=240_000)
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=120_000)
+    # every plugin activated and the layout restored (JupyterLab's own promises)
+    page.evaluate("async () => { await window.jupyterapp.started; await window.jupyterapp.restored; }")
     return tab
 
 
