@@ -82,7 +82,8 @@ hub: setup hub-deps
 	$(VENV)/bin/course hub --port $(HUB_PORT)
 
 # The whole suite under the `ci` profile (what .ci/run calls): lint, tests/ (library, grader self-tests,
-# release consistency, CLI, nbgrader round trip, browser), then the notebooks (nbval). One execution per
+# release consistency, CLI, nbgrader round trip, browser, and a class on a local JupyterHub:
+# tests/browser/test_browser_hub.py, whose proxy hub-deps installs), then the notebooks (nbval). One execution per
 # lesson: the browser suite runs every lesson in JupyterLab and lists those that ran clean in
 # $(BROWSER_LESSONS); the nbval step leaves exactly those out (root conftest.py, which prints what it did) and
 # executes the solutions, the labs, and every lesson when the browser tests were skipped (no Chromium).
