@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def hub(browser, tmp_path_factory):
         yield h
     finally:
         h.stop()
+        if h.log_path.is_file():  # the hub's log, with every user's server's (they write to the hub's output)
+            ARTIFACTS.mkdir(exist_ok=True)
+            shutil.copy2(h.log_path, ARTIFACTS / "hub-jupyterhub.log")
 
 
 def _login(browser, hub, user: str, password: str, shots):
