@@ -2,6 +2,7 @@
 #   make lab   set up .venv (pinned), register the course kernel, start JupyterLab on the course
 #              (student tools only; `make lab-instructor` adds nbgrader's instructor tools)
 #   make test  the same setup, then the whole test suite (what CI runs)
+#   make hub   a local JupyterHub on 127.0.0.1 with test users (a class to try; docs/classroom.md)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -23,7 +24,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
-.PHONY: lab lab-instructor test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps doctor clean bench
+.PHONY: lab lab-instructor test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps hub hub-deps doctor clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -60,8 +61,29 @@ lab-instructor: setup
 browser-deps:
 	@bash .ci/install-browser.sh
 
+# JupyterHub's proxy (configurable-http-proxy, from npm, the version hub/package-lock.json pins) into
+# hub/node_modules, never globally. JupyterHub itself is pinned in requirements.txt. Without Node.js >= 20 and
+# npm (Debian: apt-get install nodejs npm) or without the registry it says so and goes on: the hub's browser
+# test then skips, saying why.
+HUB_PROXY := hub/node_modules/.bin/configurable-http-proxy
+HUB_STAMP := hub/node_modules/.installed-$(shell cat hub/package-lock.json | sha256sum | cut -c1-16)
+hub-deps:
+	@if [ -x $(HUB_PROXY) ] && [ -f $(HUB_STAMP) ]; then :; \
+	elif ! command -v npm >/dev/null 2>&1; then \
+		echo "hub-deps: npm not found; \`make hub\` and its browser test need Node.js >= 20 and npm" >&2; \
+	else npm ci --prefix hub --no-audit --no-fund --loglevel=error && touch $(HUB_STAMP) \
+		|| echo "hub-deps: npm ci failed; \`make hub\` and its browser test need hub/node_modules" >&2; fi
+
+# A JupyterHub on 127.0.0.1:$(HUB_PORT) for a person to try the course as a class (coursetools/hub.py): students
+# alice and bob, the instructor `instructor` (passwords printed); unit 03 released into its exchange; state in
+# .hub/ (delete it to start afresh). Ctrl-C stops it and every user's server.
+HUB_PORT ?= 8000
+hub: setup hub-deps
+	$(VENV)/bin/course hub --port $(HUB_PORT)
+
 # The whole suite under the `ci` profile (what .ci/run calls): lint, tests/ (library, grader self-tests,
-# release consistency, CLI, nbgrader round trip, browser), then the notebooks (nbval). One execution per
+# release consistency, CLI, nbgrader round trip, browser, and a class on a local JupyterHub:
+# tests/browser/test_browser_hub.py, whose proxy hub-deps installs), then the notebooks (nbval). One execution per
 # lesson: the browser suite runs every lesson in JupyterLab and lists those that ran clean in
 # $(BROWSER_LESSONS); the nbval step leaves exactly those out (root conftest.py, which prints what it did) and
 # executes the solutions, the labs, and every lesson when the browser tests were skipped (no Chromium).
@@ -70,7 +92,7 @@ browser-deps:
 # core; its log is printed when both are done, and either failing fails the target.
 BROWSER_LESSONS := test-artifacts/browser-lessons.json
 ROUNDTRIP_LOG := test-artifacts/roundtrip.log
-test: setup browser-deps
+test: setup browser-deps hub-deps
 	$(VENV)/bin/ruff check llmcourse grader coursetools tests
 	rm -f $(BROWSER_LESSONS) $(ROUNDTRIP_LOG)
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest --durations=15 -m "not roundtrip" $(PYTEST_ARGS)
@@ -92,7 +114,7 @@ test-fast: setup
 test-notebooks: setup
 	LLMCOURSE_PROFILE=ci LLMCOURSE_BROWSER_LESSONS= $(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider -q lessons solutions
 
-test-browser: setup browser-deps
+test-browser: setup browser-deps hub-deps
 	LLMCOURSE_PROFILE=ci $(PY) -m pytest -m browser $(PYTEST_ARGS)
 
 lint: setup

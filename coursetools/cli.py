@@ -16,6 +16,7 @@
                            autograde nbgrader-style submissions, write feedback HTML and grades.csv
   course exchange release|collect|feedback UNIT --root EXCHANGE [--into CLASS] [--work WORK]
                            nbgrader's exchange around course grade (coursetools/exchange.py)
+  course hub [--port 8000]  a local JupyterHub on 127.0.0.1 with test users: `make hub` (coursetools/hub.py)
   course map               print the course map (Markdown), as in README.md
 
 Exit codes: 0 success; 1 a check/validation failed; 2 bad usage (wrong path, unknown notebook).
@@ -338,6 +339,12 @@ def cmd_exchange(args) -> int:
     return EXIT_OK
 
 
+def cmd_hub(args) -> int:
+    from .hub import main as hub_main
+
+    return hub_main(port=args.port, state=args.state, units=tuple(args.release))
+
+
 def _skip_slow_iri_validator() -> None:
     """Keep jsonschema from importing ``rfc3987_syntax`` in this process.
 
@@ -395,10 +402,18 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("exchange", help="nbgrader's exchange: release a unit, collect submissions, return feedback")
     p.add_argument("action", choices=["release", "collect", "feedback"])
     p.add_argument("unit", help="unit id, e.g. 03")
-    p.add_argument("--root", default="/srv/nbgrader/exchange", help="the exchange folder (default: nbgrader's)")
+    p.add_argument("--root", default=os.environ.get("LLMCOURSE_EXCHANGE_ROOT") or "/srv/nbgrader/exchange",
+                   help="the exchange folder (default: $LLMCOURSE_EXCHANGE_ROOT, set in `make hub`'s terminals, "
+                        "else nbgrader's /srv/nbgrader/exchange)")
     p.add_argument("--into", default=None, help="collect: the class folder (submissions go to .grading/submitted)")
     p.add_argument("--work", default=None, help="feedback: the work folder `course grade --out` wrote")
     p.set_defaults(func=cmd_exchange)
+    p = sub.add_parser("hub", help="a local JupyterHub on 127.0.0.1 with test users (`make hub`; coursetools/hub.py)")
+    p.add_argument("--port", type=int, default=8000, help="the hub's port on 127.0.0.1 (default 8000)")
+    p.add_argument("--state", default=None, help="the hub's state folder (default: .hub/ in the checkout)")
+    p.add_argument("--release", nargs="*", default=["03"], metavar="UNIT",
+                   help="units to release into the hub's exchange at start (default: 03)")
+    p.set_defaults(func=cmd_hub)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
         from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (coursetools/bench/)
