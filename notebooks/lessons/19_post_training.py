@@ -23,6 +23,7 @@ import copy
 import time
 
 import torch
+from IPython.display import display
 
 import llmcourse
 from llmcourse.post import (
@@ -331,7 +332,7 @@ for seed in SEEDS:
     history = []
     box, update = viz.make_grpo_dashboard(cfg["grpo_iters"], acc_sft=acc_sft[seed]) if seed == SEEDS[0] else (None, None)
     if box is not None:
-        display(box)  # noqa: F821
+        display(box)
 
     def on_step(phase, step, stats, history=history, update=update):
         if phase == "grpo":
