@@ -136,6 +136,8 @@ print(f"stored SFT recipe: {stored['recipe']['sft_steps']} steps of {stored['rec
       + (" (a substitute: the asset was missing)" if stored["substitute"] else ""))
 for seed in SEEDS:
     print(f"seed {seed}: held-out accuracy after SFT {acc_sft[seed]:.3f}")
+print(f"recorded when the models were stored ({stored['recipe']['n_test']} held-out pairs), every stored seed:",
+      {s: round(v, 3) for s, v in stored["acc_sft"].items()})
 
 # %% [markdown]
 # ## 3. GRPO from scratch
