@@ -10,9 +10,9 @@ from llmcourse.manifest import exercise_id_from_grade_id, grade_id
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_all_nineteen_units_in_order(course):
-    assert [u.id for u in course.units] == [f"{i:02d}" for i in range(19)]
-    assert len({u.slug for u in course.units}) == 19
+def test_all_twenty_units_in_order(course):
+    assert [u.id for u in course.units] == [f"{i:02d}" for i in range(20)]
+    assert len({u.slug for u in course.units}) == 20
     assert any(u.available for u in course.units)
 
 
@@ -26,10 +26,10 @@ def test_exercise_ids_and_grade_ids(course):
 
 
 def test_every_unit_totals_its_points(course):
-    """Syllabus §5.1: 20 points per unit, 30 for unit 17, 390 in all (unit 18 added by issue 29)."""
+    """Syllabus §5.1: 20 points per unit, 30 for unit 17, 410 in all (unit 18 added by issue 29, 19 by issue 30)."""
     for u in course.units:
         assert u.points == (30 if u.id == "17" else 20), f"unit {u.id} totals {u.points} points"
-    assert sum(u.points for u in course.units) == 390
+    assert sum(u.points for u in course.units) == 410
 
 
 def test_files_named_by_available_units_exist(course):

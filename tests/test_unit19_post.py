@@ -385,3 +385,41 @@ def test_sft_train_with_a_pool_only_sees_the_pool(monkeypatch):
     sft.sft_train(tiny_model(), task, steps=3, batch_size=8, lr=1e-3, seed=0, pool=pool)
     drawn = {tuple(p) for batch in seen for p in batch.tolist()}
     assert len(seen) == 3 and drawn <= {(11, 22), (33, 44), (55, 66)} and len(drawn) > 1
+
+
+def test_stored_sft_models_asset_is_plain_small_and_reproduces_its_accuracies():
+    from llmcourse.post.run import POST_MODEL, POST_RECIPE, build_post_model, load_sft_models, sft_asset_path
+
+    path = sft_asset_path()
+    assert path.exists() and path.stat().st_size < 5 * 2 ** 20
+    stored = torch.load(path, weights_only=True)          # plain data only
+    assert load_sft_models(retrain=False)["acc_sft"] == stored["acc_sft"]
+    assert stored["config"] == POST_MODEL and not stored["substitute"]
+    assert stored["recipe"]["sft_steps"] == POST_RECIPE["sft_steps"] and stored["seeds"] == [0, 1, 2]
+    task = AdditionTask(stored["recipe"]["n_digits"], stored["recipe"]["n_test"], stored["recipe"]["split_seed"])
+    seed = 1
+    model = build_post_model(seed)
+    model.load_state_dict(stored["models"][seed])
+    assert evaluate_accuracy(model, task, task.test_pairs) == pytest.approx(stored["acc_sft"][seed], abs=0.01)
+    assert stored["acc_before"][seed] == 0.0 and stored["acc_sft"][seed] > 0.3
+
+
+def test_missing_sft_asset_names_its_command(tmp_path):
+    from llmcourse.post.run import load_sft_models
+
+    with pytest.raises(FileNotFoundError, match="llmcourse.post.run --save-sft"):
+        load_sft_models(tmp_path / "absent.pt", retrain=False)
+
+
+def test_run_post_training_from_a_stored_sft_state_skips_sft(tmp_path):
+    from llmcourse.post.run import load_sft_models, run_post_training, train_sft_models
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, prompts_per_step=2, group_size=4)
+    saved = train_sft_models([0], save=True, path=tmp_path / "sft.pt", verbose=False, **kw)
+    stored = load_sft_models(tmp_path / "sft.pt", retrain=False)
+    assert stored["acc_sft"] == saved["acc_sft"]
+    full = run_post_training(0, grpo_iters=2, **kw)
+    resumed = run_post_training(0, sft_state=stored["models"][0], grpo_iters=2, **kw)
+    assert resumed["sft_losses"] == [] and resumed["seconds_sft"] == 0.0
+    assert resumed["acc_sft"] == full["acc_sft"] == stored["acc_sft"][0]
+    assert [h["reward"] for h in resumed["grpo"]] == [h["reward"] for h in full["grpo"]]

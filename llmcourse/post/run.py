@@ -13,6 +13,11 @@ that an SFT run takes in its stride (Adam at ``lr`` 1e-4 on this model) moves th
 the log-probability of *every* sampled completion, the rewarded ones included (second-order effects win).
 Hence a small learning rate (3e-5) with a short linear warm-up, as RL fine-tuning recipes use.
 
+``python -m llmcourse.post.run --save-sft`` trains only the SFT phase of each seed and writes
+``assets/post_sft_tiny.pt`` (:func:`train_sft_models`; about a minute on an idle 2-core CPU, 2 minutes at load 9):
+the state dicts after SFT with the recipe and the accuracies, which unit 19's lesson loads
+(:func:`load_sft_models`) so that GRPO starts without minutes of SFT.
+
 ``sft_pool = n > 0`` fine-tunes on a fixed set of ``n`` training pairs (a small "cold start" set) instead of
 fresh pairs every step; GRPO always draws fresh training prompts (it needs no answers, only the verifier).
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,7 +42,8 @@ from .grpo import evaluate_accuracy, frozen_copy, grpo_step
 from .sft import sft_train
 from .task import AdditionTask
 
-__all__ = ["POST_MODEL", "POST_RECIPE", "build_post_model", "run_post_training"]
+__all__ = ["POST_MODEL", "POST_RECIPE", "build_post_model", "load_sft_models", "run_post_training",
+           "sft_asset_path", "train_sft_models"]
 
 POST_MODEL = dict(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
                   context_length=16, rope_theta=10000.0)
@@ -55,8 +62,11 @@ def build_post_model(seed: int, **overrides):
     return CachedLlama3Model(Llama3Config(**dict(POST_MODEL, **overrides))).eval()
 
 
-def run_post_training(seed: int = 0, callback=None, **overrides) -> dict:
+def run_post_training(seed: int = 0, callback=None, sft_state: dict | None = None, **overrides) -> dict:
     """SFT then GRPO from a fresh model; returns the accuracies, the per-iteration GRPO stats and the times.
+
+    ``sft_state``: a state dict of this seed's model after SFT (e.g. from :func:`load_sft_models`); when given,
+    it replaces the SFT phase (``sft_losses`` is then empty and ``seconds_sft`` 0).
 
     ``callback(phase, step, stats)`` is called after every SFT step (``"sft"``, ``{"loss": ...}``) and GRPO
     iteration (``"grpo"``, the dict of :func:`~llmcourse.post.grpo.grpo_step`, plus ``"test_accuracy"``
@@ -73,10 +83,15 @@ def run_post_training(seed: int = 0, callback=None, **overrides) -> dict:
     out = {"recipe": r, "acc_before": evaluate_accuracy(model, task, task.test_pairs)}
     t0 = time.perf_counter()
     cb = None if callback is None else (lambda s, loss: callback("sft", s, {"loss": loss}))
-    pool = task.sample_train(r["sft_pool"], torch.Generator().manual_seed(3_000_017 + seed)) if r["sft_pool"] else None
-    out["sft_losses"] = sft_train(model, task, r["sft_steps"], batch_size=r["sft_batch"], lr=r["sft_lr"],
-                                  seed=1_000_003 * seed, callback=cb, pool=pool)
-    out["seconds_sft"] = time.perf_counter() - t0
+    if sft_state is not None:
+        model.load_state_dict(sft_state)
+        out["sft_losses"] = []
+    else:
+        pool = (task.sample_train(r["sft_pool"], torch.Generator().manual_seed(3_000_017 + seed))
+                if r["sft_pool"] else None)
+        out["sft_losses"] = sft_train(model, task, r["sft_steps"], batch_size=r["sft_batch"], lr=r["sft_lr"],
+                                      seed=1_000_003 * seed, callback=cb, pool=pool)
+    out["seconds_sft"] = 0.0 if sft_state is not None else time.perf_counter() - t0
     out["acc_sft"] = evaluate_accuracy(model, task, task.test_pairs)
     ref = frozen_copy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=r["grpo_lr"], weight_decay=0.0)
@@ -103,15 +118,84 @@ def run_post_training(seed: int = 0, callback=None, **overrides) -> dict:
     return out
 
 
+SFT_SEEDS = (0, 1, 2)
+# the substitute trained when the asset is missing: a shorter SFT (about 15 s a seed on an idle 2-core CPU)
+SUBSTITUTE_SFT = dict(sft_steps=120, sft_batch=128)
+
+
+def sft_asset_path() -> Path:
+    """``<course>/assets/post_sft_tiny.pt``."""
+    return Path(__file__).resolve().parents[2] / "assets" / "post_sft_tiny.pt"
+
+
+def train_sft_models(seeds=SFT_SEEDS, save: bool = False, path: str | Path | None = None, verbose: bool = True,
+                     **overrides) -> dict:
+    """The SFT phase of :func:`run_post_training` for each seed (``POST_RECIPE`` updated by ``overrides``).
+
+    Returns (and with ``save=True`` writes, plain data only, loadable with ``torch.load(..., weights_only=True)``)::
+
+        {"config": POST_MODEL, "recipe": the recipe, "seeds": [...], "models": {seed: state_dict (float32)},
+         "acc_before": {seed: float}, "acc_sft": {seed: float}, "seconds": {seed: float}, "substitute": False}
+
+    The accuracies are greedy, on the recipe's held-out pairs. Re-create the asset with
+    ``python -m llmcourse.post.run --save-sft`` (about a minute on an idle 2-core CPU).
+    """
+    r = dict(POST_RECIPE, **overrides)
+    task = AdditionTask(r["n_digits"], r["n_test"], r["split_seed"])
+    out = {"config": dict(POST_MODEL), "recipe": r, "seeds": [int(s) for s in seeds], "models": {},
+           "acc_before": {}, "acc_sft": {}, "seconds": {}, "substitute": False}
+    for seed in seeds:
+        res = run_post_training(int(seed), **dict(r, grpo_iters=0))
+        out["models"][int(seed)] = {k: v.detach().clone() for k, v in res["sft_model"].state_dict().items()}
+        out["acc_before"][int(seed)] = res["acc_before"]
+        out["acc_sft"][int(seed)] = res["acc_sft"]
+        out["seconds"][int(seed)] = res["seconds_sft"]
+        if verbose:
+            print(f"seed {seed}: held-out accuracy before SFT {res['acc_before']:.3f}, after SFT "
+                  f"{res['acc_sft']:.3f} ({res['seconds_sft']:.1f} s)", flush=True)
+    if save:
+        p = Path(path) if path else sft_asset_path()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out, p)
+    del task
+    return out
+
+
+def load_sft_models(path: str | Path | None = None, retrain: bool = True, verbose: bool = True) -> dict:
+    """The fine-tuned models of the run's seeds (``assets/post_sft_tiny.pt``, see :func:`train_sft_models`).
+
+    Returns the stored dict; ``models[seed]`` is a state dict for :func:`build_post_model`. A missing file with
+    ``retrain`` trains a substitute (``SUBSTITUTE_SFT``: a shorter SFT, lower accuracies; ``substitute`` True) and
+    says so; with ``retrain=False`` a ``FileNotFoundError`` names the command that re-creates the asset.
+    """
+    p = Path(path) if path else sft_asset_path()
+    if p.exists():
+        return torch.load(p, weights_only=True)
+    if not retrain:
+        raise FileNotFoundError(f"{p} is missing; re-create it with: python -m llmcourse.post.run --save-sft")
+    if verbose:
+        print(f"{p.name} is missing: training a shorter substitute (re-create the asset with "
+              "python -m llmcourse.post.run --save-sft)", flush=True)
+    out = train_sft_models(SFT_SEEDS, verbose=verbose, **SUBSTITUTE_SFT)
+    out["substitute"] = True
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--json", default=None, help="write the per-seed numbers (no models) to this file")
+    p.add_argument("--save-sft", action="store_true",
+                   help="train only the SFT phase of each seed and write assets/post_sft_tiny.pt")
     for k, v in POST_RECIPE.items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     overrides = {k: getattr(args, k) for k in POST_RECIPE}
+    if args.save_sft:
+        train_sft_models(args.seeds, save=True, **overrides)
+        print(f"wrote {sft_asset_path()}")
+        return 0
     rows = []
     print("seed  before  after SFT  after GRPO  SFT s  GRPO s", flush=True)
     for seed in args.seeds:

@@ -1,0 +1,258 @@
+"""Bug catalog of unit 19 (post-training): the classic mistakes of a reward, an SFT loss and GRPO, each a runnable
+mutant.
+
+Named by the output they produce on the check's probes (``detect="mutant"``): a reward that accepts cut-off or
+zero-padded answers, reads past the first ``<eos>`` or has no format term; an SFT loss over the prompt tokens, over
+the padding, without the shift, without the first answer token, or a mean of per-row means; advantages normalised
+over the whole batch instead of per group, with the population std, without the std, or divided by a zero std;
+log-probabilities without the shift, probabilities instead of logs, or every position instead of the completion's;
+a GRPO loss with the KL sign flipped, the KL estimator reversed, a quotient of log-probabilities as the ratio, no
+clipping, one mean over all tokens, or the mask ignored. By a property the check names (``detect="detector"``): a
+gradient reaching the reference model's log-probabilities (the reference model updated).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+
+from ..core import bug
+
+U = "19"
+REWARD, SFT, ADV, LOGPS, LOSS = (f"{U}.{n}" for n in ("addition_reward", "sft_loss", "group_relative_advantages",
+                                                      "per_token_logps", "grpo_loss"))
+
+
+# ---------------------------------------------------------------- the reward
+
+
+def _reward(completion, answer, correct_weight=1.0, format_weight=0.1, *, need_eos=True, zeros_ok=False,
+            format_term=True, past_eos=False):
+    if need_eos and "<eos>" not in completion:
+        return 0.0
+    head = completion.replace("<eos>", "") if past_eos else completion.split("<eos>", 1)[0]
+    pattern = r"[0-9]+" if zeros_ok else r"0|[1-9][0-9]*"
+    if not re.fullmatch(pattern, head):
+        return 0.0
+    right = int(head) == int(answer)
+    return float(correct_weight) * right + (float(format_weight) if format_term else 0.0)
+
+
+@bug("B19.no_eos_required", REWARD, "A completion cut off before its end-of-sequence token is counted as "
+     "well-formed: the model is never taught to stop.", name="addition_reward")
+def _no_eos(completion, answer, correct_weight=1.0, format_weight=0.1):
+    return _reward(completion, answer, correct_weight, format_weight, need_eos=False)
+
+
+@bug("B19.leading_zeros", REWARD, "An answer with leading zeros (042) is counted as well-formed: the format "
+     "asks for the number as it is normally written.", name="addition_reward")
+def _leading_zeros(completion, answer, correct_weight=1.0, format_weight=0.1):
+    return _reward(completion, answer, correct_weight, format_weight, zeros_ok=True)
+
+
+@bug("B19.no_format_term", REWARD, "The format term is missing: a well-formed wrong answer earns nothing, so "
+     "the reward cannot tell a tidy wrong answer from garbage.", name="addition_reward")
+def _no_format(completion, answer, correct_weight=1.0, format_weight=0.1):
+    return _reward(completion, answer, correct_weight, format_weight, format_term=False)
+
+
+@bug("B19.reads_past_eos", REWARD, "Text after the first end-of-sequence token is read as part of the answer; "
+     "the answer ends at the first one.", name="addition_reward")
+def _past_eos(completion, answer, correct_weight=1.0, format_weight=0.1):
+    return _reward(completion, answer, correct_weight, format_weight, past_eos=True)
+
+
+# ---------------------------------------------------------------- the SFT loss
+
+
+def _sft(logits, ids, prompt_len, pad_id, *, prompt=False, pads=False, shift=True, first=True, row_means=False):
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(ids.shape):
+        raise ValueError("logits and ids do not match")
+    if shift:
+        scores, targets = logits[:, :-1], ids[:, 1:]
+        start = 0 if prompt else prompt_len - 1 + (0 if first else 1)
+    else:
+        scores, targets = logits, ids
+        start = 0 if prompt else prompt_len
+    keep = torch.ones_like(targets, dtype=torch.bool)
+    keep[:, :start] = False
+    if not pads:
+        keep &= targets != pad_id
+    nll = F.cross_entropy(scores.reshape(-1, scores.shape[-1]), targets.reshape(-1), reduction="none")
+    nll = nll.view(targets.shape) * keep
+    if row_means:
+        return (nll.sum(1) / keep.sum(1).clamp(min=1)).mean()
+    return nll.sum() / keep.sum()
+
+
+@bug("B19.loss_on_prompt", SFT, "The loss also covers the prompt's tokens: the model is trained to write the "
+     "questions as well as the answers. Only the completion is what it must learn to write.", name="sft_loss")
+def _loss_on_prompt(logits, ids, prompt_len, pad_id):
+    return _sft(logits, ids, prompt_len, pad_id, prompt=True)
+
+
+@bug("B19.pad_in_loss", SFT, "Padding positions are scored: the model learns to predict padding after its "
+     "answer, and short answers weigh by the padding they carry.", name="sft_loss")
+def _pad_in_loss(logits, ids, prompt_len, pad_id):
+    return _sft(logits, ids, prompt_len, pad_id, pads=True)
+
+
+@bug("B19.no_shift", SFT, "Each logit is scored against the token at its own position: a causal model's "
+     "logit at a position predicts the next token.", name="sft_loss")
+def _no_shift(logits, ids, prompt_len, pad_id):
+    return _sft(logits, ids, prompt_len, pad_id, shift=False)
+
+
+@bug("B19.first_answer_token_missed", SFT, "The first answer token is not in the loss: it is predicted by the "
+     "logit of the last prompt position, which the mask dropped.", name="sft_loss")
+def _first_missed(logits, ids, prompt_len, pad_id):
+    return _sft(logits, ids, prompt_len, pad_id, first=False)
+
+
+@bug("B19.mean_of_row_means", SFT, "Each row's loss is averaged first and the rows then averaged: a token of "
+     "a short answer weighs more than one of a long answer. Take one mean over all answer tokens.", name="sft_loss")
+def _row_means(logits, ids, prompt_len, pad_id):
+    return _sft(logits, ids, prompt_len, pad_id, row_means=True)
+
+
+# ---------------------------------------------------------------- advantages
+
+
+def _adv(rewards, group_size, *, per_group=True, unbiased=True, divide=True, guard=True):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards or group size")
+    r = rewards.float().view(-1, group_size) if per_group else rewards.float().view(1, -1)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if not divide:
+        return centred.reshape(-1)
+    std = r.std(dim=1, keepdim=True, unbiased=unbiased)
+    if not guard:
+        return (centred / std).reshape(-1)
+    return torch.where(std > 0, centred / torch.where(std > 0, std, torch.ones_like(std)),
+                       torch.zeros_like(centred)).reshape(-1)
+
+
+@bug("B19.not_per_group", ADV, "The advantages are normalised over the whole batch, not within each prompt's "
+     "group: an easy prompt's completions then all look good and a hard one's all bad. GRPO's baseline is the "
+     "group of the same prompt.", name="group_relative_advantages")
+def _not_per_group(rewards, group_size):
+    return _adv(rewards, group_size, per_group=False)
+
+
+@bug("B19.population_std", ADV, "The spread is the population standard deviation (divide by G); GRPO's "
+     "convention here is the sample one (divide by G − 1), as the stated evidence shows.",
+     name="group_relative_advantages")
+def _population_std(rewards, group_size):
+    return _adv(rewards, group_size, unbiased=False)
+
+
+@bug("B19.no_std_division", ADV, "The rewards are centred on the group mean but not divided by the group's "
+     "standard deviation.", name="group_relative_advantages")
+def _no_std(rewards, group_size):
+    return _adv(rewards, group_size, divide=False)
+
+
+@bug("B19.zero_std_nan", ADV, "A group whose rewards are all equal has standard deviation 0, and dividing by it "
+     "gives NaN. Such a group carries no preference: its advantages are 0.", name="group_relative_advantages")
+def _zero_std(rewards, group_size):
+    return _adv(rewards, group_size, guard=False)
+
+
+# ---------------------------------------------------------------- per-token log-probabilities
+
+
+def _logps(model, sequences, prompt_len, *, shift=True, logs=True, everything=False):
+    T = sequences.shape[1]
+    if not 1 <= prompt_len < T:
+        raise ValueError("prompt_len out of range")
+    logits = model(sequences).float()
+    lp = torch.log_softmax(logits, -1) if logs else torch.softmax(logits, -1)
+    if everything:
+        return lp[:, :-1].gather(-1, sequences[:, 1:, None])[..., 0]
+    rows = lp[:, prompt_len - 1:-1] if shift else lp[:, prompt_len:]
+    return rows.gather(-1, sequences[:, prompt_len:, None])[..., 0]
+
+
+@bug("B19.logps_unshifted", LOGPS, "Each completion token is scored by the logit at its own position, which has "
+     "already read it; the logit one position earlier predicts it.", name="per_token_logps")
+def _unshifted(model, sequences, prompt_len):
+    return _logps(model, sequences, prompt_len, shift=False)
+
+
+@bug("B19.probs_not_logs", LOGPS, "Probabilities are returned instead of log-probabilities (softmax, not "
+     "log-softmax).", name="per_token_logps")
+def _probs(model, sequences, prompt_len):
+    return _logps(model, sequences, prompt_len, logs=False)
+
+
+@bug("B19.logps_include_prompt", LOGPS, "The prompt's tokens are scored too; the policy is judged on the "
+     "completion only, so return the completion's positions.", name="per_token_logps")
+def _include_prompt(model, sequences, prompt_len):
+    return _logps(model, sequences, prompt_len, everything=True)
+
+
+# ---------------------------------------------------------------- the GRPO loss
+
+
+def _loss(logps, old, ref, adv, mask, clip_eps=0.2, beta=0.04, *, kl_sign=-1.0, kl_reversed=False,
+          logp_quotient=False, clip=True, token_mean=False, use_mask=True, detach_ref=True):
+    if logps.dim() != 2 or any(tuple(x.shape) != tuple(logps.shape) for x in (old, ref, mask)) \
+            or tuple(adv.shape) != (logps.shape[0],):
+        raise ValueError("shapes do not match")
+    old = old.detach()
+    ref = ref.detach() if detach_ref else ref
+    ratio = logps / old if logp_quotient else torch.exp(logps - old)
+    a = adv.detach().to(logps.dtype)[:, None]
+    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * a) if clip else ratio * a
+    d = (logps - ref) if kl_reversed else (ref - logps)
+    k3 = torch.exp(d) - d - 1
+    per_token = surrogate + kl_sign * beta * k3
+    m = mask.to(logps.dtype) if use_mask else torch.ones_like(logps)
+    if token_mean:
+        return -(per_token * m).sum() / m.sum().clamp(min=1)
+    return -((per_token * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+
+
+@bug("B19.kl_sign", LOSS, "The KL term has the wrong sign: the objective then rewards moving away from the "
+     "reference model instead of penalising it. The loss must rise as the policy drifts.", name="grpo_loss")
+def _kl_sign(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, kl_sign=1.0)
+
+
+@bug("B19.kl_reversed", LOSS, "The k3 estimator is built from π_θ/π_ref instead of π_ref/π_θ: that estimates the "
+     "other KL direction, not the one of the samples drawn from the policy.", name="grpo_loss")
+def _kl_reversed(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, kl_reversed=True)
+
+
+@bug("B19.ratio_of_logps", LOSS, "The ratio is a quotient of log-probabilities. The importance ratio is one of "
+     "probabilities, π_θ/π_old: the exponential of the difference of the log-probabilities.", name="grpo_loss")
+def _ratio_of_logps(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, logp_quotient=True)
+
+
+@bug("B19.no_clip", LOSS, "The ratio is not clipped: far from the sampling policy, a single update can move it "
+     "arbitrarily. Take the smaller of the plain and the clipped term.", name="grpo_loss")
+def _no_clip(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, clip=False)
+
+
+@bug("B19.token_mean", LOSS, "One mean over every token of the batch: a long completion then weighs more than a "
+     "short one. Average within each completion first, then over completions.", name="grpo_loss")
+def _token_mean(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, token_mean=True)
+
+
+@bug("B19.mask_ignored", LOSS, "The slots after a completion's end are counted as its tokens; the mask says "
+     "which tokens belong to it.", name="grpo_loss")
+def _mask_ignored(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, use_mask=False)
+
+
+@bug("B19.ref_not_frozen", LOSS, "The gradient reaches the reference model's log-probabilities, so the "
+     "reference would be updated with the policy and the KL penalty would chase a moving target. Treat them "
+     "as constants.", detect="detector", name="grpo_loss")
+def _ref_not_frozen(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, detach_ref=False)

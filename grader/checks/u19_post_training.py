@@ -1,0 +1,369 @@
+"""Checks of unit 19 (post-training: the rule-based reward, masked SFT, GRPO's pieces).
+
+Independent routes, all written here and never through ``llmcourse.post``: the reward from ``str.isdigit`` and an
+``int``/``str`` round trip; the SFT loss as a float64 Python loop over ``(row, position)`` pairs (its gradient by
+autograd through that loop); the advantages from :func:`statistics.mean` / :func:`statistics.stdev` per group;
+per-token log-probabilities from a prefix-by-prefix forward of unit 11's Llama (the model reads ``seq[:, :p]`` and
+its last position scores token ``p``); the GRPO loss as a float64 loop over the formula of DeepSeekMath eq. 3 with
+the k3 estimator written from its definition (``r − log r − 1``, ``r = π_ref/π_θ``), its gradient by autograd
+through that loop.
+
+Contract clauses and the probes that cover them (what is not listed is not graded):
+
+* ``19.addition_reward``: correct / wrong / cut-off (no ``<eos>``) / leading zeros / ``0`` / empty / non-digit
+  answers; text after the first ``<eos>``; non-default ``correct_weight`` and ``format_weight``; a Python float.
+* ``19.sft_loss``: the task's batch with answers of 1, 2 and 3 digits (padding of different lengths), value and
+  gradient (zero at every logit that predicts a prompt token or padding); a synthetic batch with another
+  ``prompt_len`` and ``pad_id``; one mean over tokens (rows weigh by their answer length); ``ValueError`` on
+  mismatched shapes.
+* ``19.group_relative_advantages``: the stated evidence ``[1.1, 0.1, 0.1, 0.1]``; 6 groups of 4 with spread, no
+  spread and a constant 0 group; groups of 3; no NaN/inf; ``ValueError`` for 2-D rewards, ``group_size < 2`` and a
+  size that is not a multiple of it.
+* ``19.per_token_logps``: a random tiny Llama on two prompt lengths, against the prefix-by-prefix forward; shape
+  ``(N, T − prompt_len)``; gradients reach the parameters; ``ValueError`` for ``prompt_len`` 0 and ``T``.
+* ``19.grpo_loss``: ratios inside and outside the clip range on both sides, positive and negative advantages, rows of
+  different lengths and one empty row, value and gradient with the defaults and at ``clip_eps=0.1, beta=0.3``; no
+  gradient reaches ``old_logps`` or ``ref_logps``; ``ValueError`` on mismatched shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+import torch
+
+from ..core import check
+from ..runner import also_blocked
+
+U = "19"
+
+
+def _ref_reward():
+    from llmcourse.post.task import addition_reward
+
+    return {"addition_reward": addition_reward}
+
+
+def _ref_sft():
+    from llmcourse.post.sft import sft_loss
+
+    return {"sft_loss": sft_loss}
+
+
+def _ref_adv():
+    from llmcourse.post.grpo import group_relative_advantages
+
+    return {"group_relative_advantages": group_relative_advantages}
+
+
+def _ref_logps():
+    from llmcourse.post.grpo import per_token_logps
+
+    return {"per_token_logps": per_token_logps}
+
+
+def _ref_loss():
+    from llmcourse.post.grpo import grpo_loss
+
+    return {"grpo_loss": grpo_loss}
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+# ================================================================== 19.addition_reward
+
+REWARD_CASES = [
+    ("42<eos>", 42), ("41<eos>", 42), ("42", 42), ("042<eos>", 42), ("0<eos>", 0), ("00<eos>", 0), ("<eos>", 0),
+    ("4+2<eos>", 6), ("42<eos>17<eos>", 42), ("42<eos><eos><eos>", 42), ("198<eos>", 198), ("1980<eos>", 198),
+    ("<eos>42<eos>", 42), ("4<eos>2", 42), ("7<pad><eos>", 7), ("99", 99), ("100<eos>", 100), ("10<eos>", 100),
+]
+
+
+def _oracle_reward(completion: str, answer: int, correct_weight: float = 1.0, format_weight: float = 0.1) -> float:
+    if "<eos>" not in completion:
+        return 0.0
+    head = completion[: completion.index("<eos>")]
+    ok = head.isascii() and head.isdigit() and str(int(head)) == head
+    if not ok:
+        return 0.0
+    return format_weight + (correct_weight if int(head) == answer else 0.0)
+
+
+@check(f"{U}.addition_reward", ["addition_reward"], _ref_reward)
+def check_addition_reward(t):
+    first = t.run(lambda impl: impl.addition_reward("42<eos>", 42))
+    t.expect(isinstance(first, float), f"addition_reward must return a Python float; got {type(first).__name__}")
+    cases = list(REWARD_CASES)
+    t.compare(lambda impl: [impl.addition_reward(c, a) for c, a in cases],
+              [_oracle_reward(c, a) for c, a in cases],
+              "rewards of completions " + ", ".join(repr(c) for c, _ in cases[:6]) + ", ... (with the defaults)",
+              atol=1e-6)
+    t.compare(lambda impl: [impl.addition_reward(c, a, correct_weight=2.0, format_weight=0.5) for c, a in cases],
+              [_oracle_reward(c, a, 2.0, 0.5) for c, a in cases],
+              "rewards with correct_weight=2.0, format_weight=0.5", atol=1e-6)
+
+
+# ================================================================== 19.sft_loss
+
+
+def _task_batch():
+    """Prompts of 2-digit additions with answers of 1, 2 and 3 digits, right-padded with <pad> (id 0)."""
+    from llmcourse.post.task import AdditionTask
+
+    task = AdditionTask(2, 10, 0)
+    tok = task.tokenizer
+    pairs = [(0, 0), (7, 35), (99, 99), (50, 50), (3, 4)]
+    rows = [tok.encode(task.prompt_text(a, b) + task.answer_text(a, b)) for a, b in pairs]
+    T = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tok.pad_id] * (T - len(r)) for r in rows])
+    logits = torch.randn(len(rows), T, tok.vocab_size, generator=torch.Generator().manual_seed(190)) * 2
+    return ids, logits, task.prompt_len, tok.pad_id
+
+
+def _synthetic_batch():
+    """Another prompt length and pad id: V 7, pad 6, prompt_len 3, answers of 1..4 tokens."""
+    g = torch.Generator().manual_seed(191)
+    lengths = [3 + 1, 3 + 4, 3 + 2, 3 + 3]
+    T = max(lengths)
+    ids = torch.randint(0, 6, (len(lengths), T), generator=g)
+    for i, n in enumerate(lengths):
+        ids[i, n:] = 6
+    logits = torch.randn(len(lengths), T, 7, generator=g) * 2
+    return ids, logits, 3, 6
+
+
+def _oracle_sft(ids, logits, prompt_len, pad_id):
+    """(loss, d loss / d logits) from a float64 loop over the answer tokens."""
+    x = logits.double().clone().requires_grad_(True)
+    terms = []
+    for i in range(ids.shape[0]):
+        for p in range(prompt_len, ids.shape[1]):
+            tok = int(ids[i, p])
+            if tok != pad_id:
+                terms.append(-torch.log_softmax(x[i, p - 1], dim=-1)[tok])
+    loss = torch.stack(terms).sum() / len(terms)
+    loss.backward()
+    return loss.detach().float(), x.grad.float()
+
+
+def _sft_probe(ids, logits, prompt_len, pad_id):
+    def probe(impl):
+        x = logits.clone().requires_grad_(True)
+        loss = impl.sft_loss(x, ids.clone(), prompt_len, pad_id)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            return {"loss": loss, "grad": None}
+        loss.reshape(()).backward()
+        return {"loss": loss.detach().reshape(()).float(), "grad": x.grad}
+    return probe
+
+
+@check(f"{U}.sft_loss", ["sft_loss"], _ref_sft)
+def check_sft_loss(t):
+    for name, (ids, logits, P, pad) in (("the addition batch (answers of 1, 2 and 3 digits)", _task_batch()),
+                                        ("a synthetic batch (prompt_len 3, pad_id 6)", _synthetic_batch())):
+        want_loss, want_grad = _oracle_sft(ids, logits, P, pad)
+        probe = _sft_probe(ids, logits, P, pad)
+        got = t.run(probe)
+        t.expect(isinstance(got["loss"], torch.Tensor) and got["grad"] is not None,
+                 f"sft_loss on {name} must return a scalar tensor that carries the gradient of the logits; got "
+                 f"{_shape(got['loss'])}")
+        t.compare(probe, want_loss, f"the loss on {name}", atol=1e-4, rtol=1e-4, pick=lambda o: o["loss"])
+        t.compare(probe, want_grad, f"the gradient of the loss with respect to the logits on {name} (zero at every "
+                  "position that does not predict an answer token)", atol=1e-5, rtol=1e-4, pick=lambda o: o["grad"])
+    ids, logits, P, pad = _task_batch()
+    err = t.raised(lambda impl: impl.sft_loss(logits[:, :-1].clone(), ids.clone(), P, pad))
+    t.expect(err == "ValueError", f"sft_loss with logits (B, T-1, V) for ids (B, T) must raise ValueError; got {err}")
+
+
+# ================================================================== 19.group_relative_advantages
+
+ADV_GROUPS_4 = [[1.1, 0.1, 0.1, 0.1], [0.0, 1.1, 0.0, 0.1], [0.1, 0.1, 0.1, 0.1], [1.1, 1.1, 1.1, 1.1],
+                [0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 0.25]]
+ADV_GROUPS_3 = [[1.0, 0.0, 0.0], [3.0, 3.0, 3.0], [0.2, 0.7, 1.9]]
+
+
+def _oracle_adv(groups) -> torch.Tensor:
+    out = []
+    for grp in groups:
+        m = statistics.mean(grp)
+        s = statistics.stdev(grp)
+        out.extend([0.0 if s < 1e-12 else (r - m) / s for r in grp])
+    return torch.tensor(out, dtype=torch.float32)
+
+
+@check(f"{U}.group_relative_advantages", ["group_relative_advantages"], _ref_adv)
+def check_group_relative_advantages(t):
+    evidence = torch.tensor([1.1, 0.1, 0.1, 0.1])
+    t.compare(lambda impl: impl.group_relative_advantages(evidence.clone(), 4), torch.tensor([1.5, -0.5, -0.5, -0.5]),
+              "the stated evidence: one group [1.1, 0.1, 0.1, 0.1]", atol=2e-3, rtol=1e-3)
+    for groups, G in ((ADV_GROUPS_4, 4), (ADV_GROUPS_3, 3)):
+        r = torch.tensor([x for grp in groups for x in grp])
+        probe = functools.partial(lambda impl, r, G: impl.group_relative_advantages(r.clone(), G), r=r, G=G)
+        got = t.run(probe)
+        t.expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (len(r),),
+                 f"{len(groups)} groups of {G}: return one advantage per completion, shape ({len(r)},); got {_shape(got)}")
+        t.expect(bool(torch.isfinite(got).all()), f"{len(groups)} groups of {G}, some of them without spread: the "
+                 "advantages contain NaN or inf", bug="B19.zero_std_nan")
+        t.compare(probe, _oracle_adv(groups), f"{len(groups)} groups of {G} (with spread, without spread, all zero)",
+                  atol=2e-3, rtol=1e-3)
+    for what, call in (("2-D rewards (B, G)", lambda impl: impl.group_relative_advantages(torch.rand(3, 4), 4)),
+                       ("group_size 1", lambda impl: impl.group_relative_advantages(torch.rand(4), 1)),
+                       ("10 rewards in groups of 4", lambda impl: impl.group_relative_advantages(torch.rand(10), 4))):
+        err = t.raised(call)
+        t.expect(err == "ValueError", f"group_relative_advantages with {what} must raise ValueError; got {err}")
+
+
+# ================================================================== 19.per_token_logps
+
+
+@functools.lru_cache(maxsize=1)
+def _logps_model_state():
+    from llmcourse.models.llama3 import Llama3Config
+    from llmcourse.models.llama3_cached import CachedLlama3Model
+
+    cfg = dict(vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=64,
+               context_length=16, rope_theta=10000.0)
+    torch.manual_seed(192)
+    model = CachedLlama3Model(Llama3Config(**cfg)).eval()
+    with torch.no_grad():      # larger weights than the init: log-probabilities far from uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(3.0)
+    seqs = torch.randint(0, 16, (4, 13), generator=torch.Generator().manual_seed(193))
+    return cfg, {k: v.clone() for k, v in model.state_dict().items()}, seqs
+
+
+def _build(cfg, state):
+    from llmcourse.models.llama3 import Llama3Config
+    from llmcourse.models.llama3_cached import CachedLlama3Model
+
+    m = CachedLlama3Model(Llama3Config(**cfg)).eval()
+    m.load_state_dict(state)
+    return m
+
+
+def _oracle_logps(cfg, state, seqs, prompt_len) -> torch.Tensor:
+    model = _build(cfg, state)
+    cols = []
+    with torch.no_grad():
+        for p in range(prompt_len, seqs.shape[1]):
+            last = torch.log_softmax(model(seqs[:, :p])[:, -1].double(), dim=-1)
+            cols.append(last.gather(1, seqs[:, p:p + 1])[:, 0])
+    return torch.stack(cols, dim=1).float()
+
+
+@check(f"{U}.per_token_logps", ["per_token_logps"], _ref_logps)
+def check_per_token_logps(t):
+    cfg, state, seqs = _logps_model_state()
+    for P in (10, 3):
+        def probe(impl, P=P):
+            m = _build(cfg, state)
+            out = impl.per_token_logps(m, seqs.clone(), P)
+            grads = False
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.sum().backward()
+                grads = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in m.parameters())
+            return {"out": out.detach() if isinstance(out, torch.Tensor) else out, "grads": grads}
+        got = t.run(probe)
+        want_shape = (seqs.shape[0], seqs.shape[1] - P)
+        out = got["out"]
+        every_position = isinstance(out, torch.Tensor) and tuple(out.shape) == (seqs.shape[0], seqs.shape[1] - 1)
+        t.expect(isinstance(out, torch.Tensor) and tuple(out.shape) == want_shape,
+                 f"sequences {tuple(seqs.shape)} with prompt_len {P}: the result must be (N, T − prompt_len) = "
+                 f"{want_shape}; got {_shape(out)}", bug="B19.logps_include_prompt" if every_position else None)
+        t.compare(probe, _oracle_logps(cfg, state, seqs, P), f"log-probabilities of the completion tokens "
+                  f"(prompt_len {P}) against a forward pass that reads only the tokens before each one", atol=1e-4,
+                  rtol=1e-4, pick=lambda o: o["out"])
+        t.expect(got["grads"], "no gradient reached the model's parameters: compute the log-probabilities with "
+                 "gradients on (the policy is trained through them)")
+    for P in (0, seqs.shape[1]):
+        err = t.raised(lambda impl, P=P: impl.per_token_logps(_build(cfg, state), seqs.clone(), P))
+        t.expect(err == "ValueError", f"per_token_logps with prompt_len {P} and T = {seqs.shape[1]} must raise "
+                 f"ValueError; got {err}")
+
+
+# ================================================================== 19.grpo_loss
+
+
+def _loss_inputs():
+    g = torch.Generator().manual_seed(194)
+    N, T = 6, 5
+    logps = -torch.rand(N, T, generator=g) * 3 - 0.05
+    old = logps + torch.randn(N, T, generator=g) * 0.4       # ratios from ~0.3 to ~3: the clip acts both ways
+    ref = logps + torch.randn(N, T, generator=g) * 0.5
+    adv = torch.tensor([1.2, -0.8, 0.5, -1.5, 0.0, 0.9])
+    lengths = torch.tensor([5, 3, 1, 4, 2, 0])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return logps, old, ref, adv, mask
+
+
+def _oracle_loss(logps, old, ref, adv, mask, clip_eps=0.2, beta=0.04):
+    x = logps.double().clone().requires_grad_(True)
+    rows = []
+    for i in range(x.shape[0]):
+        terms = []
+        for t in range(x.shape[1]):
+            if not bool(mask[i, t]):
+                continue
+            rho = torch.exp(x[i, t] - float(old[i, t]))
+            a = float(adv[i])
+            clipped = torch.clamp(rho, 1 - clip_eps, 1 + clip_eps)
+            surrogate = torch.minimum(rho * a, clipped * a)
+            r = torch.exp(float(ref[i, t]) - x[i, t])                  # π_ref / π_θ
+            k3 = r - torch.log(r) - 1
+            terms.append(surrogate - beta * k3)
+        rows.append(torch.stack(terms).mean() if terms else x.sum() * 0.0)
+    loss = -torch.stack(rows).mean()
+    loss.backward()
+    return loss.detach().float(), x.grad.float()
+
+
+def _loss_probe(logps, old, ref, adv, mask, **kw):
+    def probe(impl):
+        x, o, r = (v.clone().requires_grad_(True) for v in (logps, old, ref))
+        loss = impl.grpo_loss(x, o, r, adv.clone(), mask.clone(), **kw)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            return {"loss": loss, "grad": None, "old_grad": None, "ref_grad": None}
+        loss.reshape(()).backward()
+        return {"loss": loss.detach().reshape(()).float(), "grad": x.grad, "old_grad": o.grad, "ref_grad": r.grad}
+    return probe
+
+
+def _reached(g) -> bool:
+    return isinstance(g, torch.Tensor) and bool(g.abs().sum() > 0)
+
+
+@check(f"{U}.grpo_loss", ["grpo_loss"], _ref_loss)
+def check_grpo_loss(t):
+    inputs = _loss_inputs()
+    for kw, what in (({}, "the defaults (clip_eps 0.2, beta 0.04)"), ({"clip_eps": 0.1, "beta": 0.3},
+                                                                       "clip_eps 0.1, beta 0.3")):
+        probe = _loss_probe(*inputs, **kw)
+        got = t.run(probe)
+        t.expect(isinstance(got["loss"], torch.Tensor) and got["grad"] is not None,
+                 f"grpo_loss must return a scalar tensor that carries the gradient of logps; got {_shape(got['loss'])}")
+        want_loss, want_grad = _oracle_loss(*inputs, **kw)
+        t.compare(probe, want_loss, f"the loss of 6 completions (ratios inside and outside the clip range, one "
+                  f"empty row) with {what}", atol=1e-5, rtol=1e-4, pick=lambda o: o["loss"])
+        t.compare(probe, want_grad, f"the gradient of the loss with respect to logps with {what}", atol=1e-5,
+                  rtol=1e-4, pick=lambda o: o["grad"])
+        t.expect(not _reached(got["ref_grad"]), "a gradient reached ref_logps: the reference model would be trained "
+                 "along with the policy", bug="B19.ref_not_frozen")
+        t.expect(not _reached(got["old_grad"]), "a gradient reached old_logps: the policy that sampled the "
+                 "completions is a constant of the objective")
+    logps, old, ref, adv, mask = inputs
+    for what, call in (("old_logps of another shape", lambda impl: impl.grpo_loss(logps, old[:, :-1], ref, adv, mask)),
+                       ("advantages (N, 1)", lambda impl: impl.grpo_loss(logps, old, ref, adv[:, None], mask))):
+        err = t.raised(call)
+        t.expect(err == "ValueError", f"grpo_loss with {what} must raise ValueError; got {err}")
+
+
+# Library objects that compute a graded answer without going through its reference: blocked in the worker like the
+# reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
+also_blocked(f"{U}.addition_reward", "llmcourse.post.task:parse_completion")
+also_blocked(f"{U}.sft_loss", "llmcourse.post.sft:sft_labels")
+also_blocked(f"{U}.grpo_loss", "llmcourse.post.grpo:kl_k3")
+
