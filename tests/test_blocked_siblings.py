@@ -307,6 +307,13 @@ SIBLINGS: dict[str, str] = {
 # siblings that reach the reference itself (a method of the blocked class, a library class built on the
 # reference, a wrapper that calls it): refused with no declaration
 THROUGH_THE_REFERENCE: dict[str, str] = {
+    "12.kv_cache_bytes/roofline": (
+        "from types import SimpleNamespace\n"
+        "from llmcourse.nn.kv_cache import decode_step_bytes\n"
+        "\n"
+        "def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):\n"
+        "    c = SimpleNamespace(vocab_size=0, d_model=head_dim, n_heads=1, n_kv_heads=n_kv_heads, n_layers=n_layers)\n"
+        "    return decode_step_bytes(c, -batch_size * head_dim, batch_size, seq_len, bytes_per_elem)\n"),
     "04.MultiHeadAttention/fused": (
         "import torch.nn.functional as F\n"
         "from llmcourse.nn.multihead import MultiHeadAttention as _M\n"
