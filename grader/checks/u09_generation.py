@@ -732,8 +732,10 @@ def check_generate_batched(t):
     free = expected.tolist()
     if len({r.index(eos) if eos in r else None for r in free}) < 2:
         eos = chars.index(" ")
-    eos_probe = (lambda impl: impl.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], n, C,
-                                                    eos_id=eos))
+
+    def eos_probe(impl):
+        return impl.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], n, C, eos_id=eos)
+
     out = t.run(eos_probe)
     _expect_equal(t, eos_probe, out, _one_by_one(ref_model, prompts, n, C, eos_id=eos),
                   f"greedy batched generation with eos_id={eos} (a row that produced it keeps emitting it; stop when "
