@@ -676,7 +676,7 @@ def check_generate_batched(t):
     ref_model = _char_model(cfg, state)
     prompts = [[chars.index(c) for c in s] for s in BATCH_PROMPTS]
     lengths = [len(p) for p in prompts]
-    n = 24
+    n = 16
 
     def main(impl):
         m = _char_model(cfg, state)
