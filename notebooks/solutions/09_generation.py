@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Unit 09 — Generation and sampling: exercises
 #
-# Six graded exercises, 25 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
@@ -41,7 +41,7 @@ cfg = llmcourse.setup_notebook("09")
 z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
 # %% [markdown]
-# ## Exercise 1 — `apply_temperature` (2 points)
+# ## Exercise 1 — `apply_temperature` (1 point)
 #
 # ```python
 # apply_temperature(logits: Tensor, temperature: float) -> Tensor
@@ -80,7 +80,7 @@ except ValueError:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 2 — `top_k_filter` (4 points)
+# ## Exercise 2 — `top_k_filter` (3 points)
 #
 # ```python
 # top_k_filter(logits: Tensor, k: int | None) -> Tensor
@@ -213,7 +213,7 @@ assert greedy.shape == (3, 1), "temperature 0 must also return (B, 1)"
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 5 — `generate` (6 points)
+# ## Exercise 5 — `generate` (4 points)
 #
 # ```python
 # @torch.no_grad()
@@ -286,7 +286,7 @@ assert eos not in tail or all(t == eos for t in tail[tail.index(eos):]), "nothin
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 6 — `generate_batched` (5 points)
+# ## Exercise 6 — `generate_batched` (4 points)
 #
 # ```python
 # @torch.no_grad()
