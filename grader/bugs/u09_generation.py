@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from llmcourse.train.sampling import apply_temperature, sample_next_token, top_k_filter, top_p_filter
+from llmcourse.train.sampling import (
+    apply_temperature,
+    generate,
+    sample_next_token,
+    top_k_filter,
+    top_p_filter,
+)
 
 from ..core import bug_group
 
@@ -194,8 +200,16 @@ def _batched_variant(variant: str):
             idx[b, cols], mask[b, cols] = r, True
         if variant == "positions_from_pad":  # every column numbered from the batch's first column
             positions = torch.arange(t0).expand(len(rows), t0)
+        elif variant == "pad_position_negative":  # the count of real tokens before, minus one: -1 in the padding
+            positions = mask.long().cumsum(dim=1) - 1
         else:
             positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        if variant == "one_by_one":  # a loop over the prompts: right answers, but no batching
+            new = [generate(model, r[None], max_new_tokens, context_length, temperature, top_k, top_p, eos_id,
+                            generator)[0, r.numel():] for r in rows]
+            n = max(x.numel() for x in new)
+            return torch.stack([torch.cat([x, torch.full((n - x.numel(),), eos_id if eos_id is not None else pad_id)])
+                                for x in new])
         was_training = model.training
         if variant != "train_mode":
             model.eval()
@@ -229,6 +243,10 @@ for _bug, _variant, _hint, _detect in [
     ("B09.batch_no_mask", "no_mask", "Padding slots must be invisible as keys: pass the attention mask.", "mutant"),
     ("B09.batch_mask_not_extended", "mask_not_extended", "The generated tokens are real tokens: the mask grows with a "
      "True column at every step.", "mutant"),
+    ("B09.batch_pad_position_negative", "pad_position_negative", "Padding slots need a valid position too (any row "
+     "of the position table: their outputs are never used); counting real tokens gives them −1.", "mutant"),
+    ("B09.batch_one_by_one", "one_by_one", "Batch the prompts: one model call per step for all rows, which is the "
+     "point of padding.", "detector"),
     ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),
 ]:
     bug_group(_bug, f"{U}.generate_batched", _hint, {"generate_batched": _batched_variant(_variant)}, _detect)

@@ -30,7 +30,7 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   stop at different steps; eval mode and no autograd inside, the caller's mode restored; side effects: weights and
   buffers unchanged after generating from train and from eval mode
 ``09.generate_batched``: greedy rows equal each prompt generated alone (4 lengths; equal lengths; a batch of one; a
-  prompt filling the window exactly); pad_id does not matter (pad_id=7); max_new_tokens=0; ValueError past
+  prompt filling the window exactly); one model call per step on all rows (a forward pre-hook counts them); pad_id does not matter (pad_id=7); max_new_tokens=0; ValueError past
   context_length; eos_id (rows finish at different steps, frozen, early stop); sampling: the generator passed on
   (seeded runs equal), every token in the top 3 of its own prompt run alone, top_k=1 = greedy; eval mode inside,
   the caller's mode restored, weights unchanged. The choices it forces (where the padding goes, what the model is
@@ -705,6 +705,25 @@ def check_generate_batched(t):
              "attend to a padding slot)", bug=t.diagnose(main, got["pad7"], atol=0, rtol=0, pick=lambda o: o["pad7"]))
     t.expect(isinstance(got["none"], torch.Tensor) and tuple(got["none"].shape) == (4, 0),
              f"max_new_tokens=0 must return a (4, 0) tensor; got {tuple(getattr(got['none'], 'shape', ()))}")
+
+    # one model call per step for the whole batch (not a loop over the prompts)
+    def calls(impl):
+        m = _char_model(cfg, state)
+        seen = []
+
+        def record(mod, args, kwargs):
+            x = args[0] if args else kwargs.get("idx")
+            seen.append(tuple(x.shape) if isinstance(x, torch.Tensor) else None)
+
+        m.register_forward_pre_hook(record, with_kwargs=True)
+        impl.generate_batched(m, [list(p) for p in prompts], 5, C)
+        return seen
+
+    seen = t.run(calls)
+    rows = [s_[0] if s_ else None for s_ in seen] if isinstance(seen, list) else []
+    t.expect(len(rows) == 5 and all(r == 4 for r in rows),
+             f"5 new tokens for 4 prompts must take 5 model calls, each on all 4 rows; the model saw {len(rows)} calls "
+             f"with batch sizes {rows[:8]}{'…' if len(rows) > 8 else ''}", bug="B09.batch_one_by_one")
 
     # one prompt that fills the window exactly with the new tokens; prompts of equal length; a batch of one
     long_p = [(3 * i + 1) % len(chars) for i in range(C - 6)]
