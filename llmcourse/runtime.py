@@ -15,8 +15,8 @@ import random
 
 from .manifest import load_course
 
-__all__ = ["MAX_THREADS_ENV", "PROFILE_ENV", "profile", "profile_name", "seed_everything", "setup_notebook",
-           "widgets_live"]
+__all__ = ["MAX_THREADS_ENV", "PROFILE_ENV", "profile", "profile_name", "read_bandwidth", "seed_everything",
+           "setup_notebook", "widgets_live"]
 
 PROFILE_ENV = "LLMCOURSE_PROFILE"
 DEFAULT_PROFILE = "laptop"
@@ -118,3 +118,31 @@ def setup_notebook(unit: str | None = None, seed: int | None = None, quiet: bool
 
     keep_check_server_warm()  # an exercise opened in JupyterLab: its first check (and later ones) start warm
     return cfg
+
+
+def read_bandwidth(nbytes: int = 256 << 20, repeats: int = 7) -> float:
+    """The machine's memory read bandwidth in bytes/s, as torch sees it with its current thread count.
+
+    The best of ``repeats`` timed ``sum()`` reductions over a float32 tensor of ``nbytes`` bytes (a sum reads
+    every byte once and does one addition per 4 bytes, so it runs at the speed memory delivers data). Choose
+    ``nbytes`` larger than what the workload you compare with reads per step; on a CPU whose last-level cache
+    holds the buffer, the figure is that cache's read rate, which is also where a smaller workload's bytes come
+    from. Units 12 (the decoding roofline) and ``course bench decode`` use it.
+
+    Raises:
+        ValueError: ``nbytes < 4`` or ``repeats < 1``.
+    """
+    import time
+
+    import torch
+
+    if nbytes < 4 or repeats < 1:
+        raise ValueError(f"need nbytes ≥ 4 and repeats ≥ 1, got {nbytes}, {repeats}")
+    x = torch.ones(nbytes // 4)
+    x.sum()  # fault the pages in and warm the kernel
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best

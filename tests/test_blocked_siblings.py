@@ -113,6 +113,32 @@ SIBLINGS: dict[str, str] = {
         "    if temperature == 0:\n"
         "        return logits.argmax(dim=-1, keepdim=True)\n"
         "    return torch.multinomial(filtered_probs(logits, temperature, top_k, top_p), 1, generator=generator)\n"),
+    "09.generate_batched/padded": (
+        "from llmcourse.train.sampling import padded_batch\n"
+        "\n"
+        "@torch.no_grad()\n"
+        "def generate_batched(model, prompts, max_new_tokens, context_length, pad_id=0, temperature=0.0, top_k=None,\n"
+        "                     top_p=None, eos_id=None, generator=None):\n"
+        "    idx, mask, pos = padded_batch(prompts, pad_id)\n"
+        "    t0 = idx.shape[1]\n"
+        "    if t0 + max_new_tokens > context_length:\n"
+        "        raise ValueError('too long')\n"
+        "    was = model.training\n"
+        "    model.eval()\n"
+        "    done = torch.zeros(len(prompts), dtype=torch.bool)\n"
+        "    for _ in range(max_new_tokens):\n"
+        "        nxt = sample_next_token(model(idx, attention_mask=mask, position_ids=pos)[:, -1], temperature, top_k,\n"
+        "                                top_p, generator)\n"
+        "        if eos_id is not None:\n"
+        "            nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)\n"
+        "            done = done | (nxt[:, 0] == eos_id)\n"
+        "        idx = torch.cat([idx, nxt], 1)\n"
+        "        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)\n"
+        "        pos = torch.cat([pos, pos[:, -1:] + 1], 1)\n"
+        "        if eos_id is not None and bool(done.all()):\n"
+        "            break\n"
+        "    model.train(was)\n"
+        "    return idx[:, t0:]\n"),
     "10.configure_optimizer/groups": (
         "from llmcourse.train.optim import parameter_groups\n"
         "\n"
@@ -281,6 +307,13 @@ SIBLINGS: dict[str, str] = {
 # siblings that reach the reference itself (a method of the blocked class, a library class built on the
 # reference, a wrapper that calls it): refused with no declaration
 THROUGH_THE_REFERENCE: dict[str, str] = {
+    "12.kv_cache_bytes/roofline": (
+        "from types import SimpleNamespace\n"
+        "from llmcourse.nn.kv_cache import decode_step_bytes\n"
+        "\n"
+        "def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):\n"
+        "    c = SimpleNamespace(vocab_size=0, d_model=head_dim, n_heads=1, n_kv_heads=n_kv_heads, n_layers=n_layers)\n"
+        "    return decode_step_bytes(c, -batch_size * head_dim, batch_size, seq_len, bytes_per_elem)\n"),
     "04.MultiHeadAttention/fused": (
         "import torch.nn.functional as F\n"
         "from llmcourse.nn.multihead import MultiHeadAttention as _M\n"

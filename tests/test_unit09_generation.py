@@ -518,3 +518,134 @@ def test_lesson_markdown_cells_are_whole_and_spot_the_bug_headings_start_their_c
             src = "".join(cell["source"])
             if "### Spot the bug" in src:
                 assert cell["cell_type"] == "markdown" and "Reference" not in src.split("### Spot the bug")[0], slug
+
+
+# ---------------------------------------------------------------- left-padded batched generation
+
+
+def _tiny_gpt2_pair(seed: int = 0):
+    """A seeded random ``transformers`` GPT-2 and the course's GPT2Model with the same weights."""
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model, load_hf_gpt2, random_hf_gpt2
+
+    cfg = GPT2Config(vocab_size=97, context_length=40, d_model=64, n_heads=4, n_layers=2, dropout=0.0)
+    hf = random_hf_gpt2(cfg, seed=seed).eval()
+    ours = GPT2Model(cfg)
+    load_hf_gpt2(ours, hf.state_dict())
+    return hf, ours.eval()
+
+
+BATCH = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17], [18]]
+
+
+def test_gpt2_forward_default_path_is_unchanged():
+    """forward(idx) with no mask and no positions is the plain computation, bit for bit (units 08, 10, 17 use it)."""
+    from llmcourse.models.gpt2 import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    m = GPT2Model(GPT2Config.preset("gpt2-char-tiny")).eval()
+    idx = torch.randint(0, 65, (3, 20))
+    with torch.no_grad():
+        x = m.tok_emb(idx) + m.pos_emb(torch.arange(20))
+        for block in m.blocks:
+            x = x + block.attn(block.norm1(x))
+            x = x + block.ffn(block.norm2(x))
+        plain = m.lm_head(m.final_norm(x))
+        assert torch.equal(m(idx), plain)
+        assert torch.equal(m(idx, None, None), plain)
+        assert torch.equal(m.hidden_states(idx)[-1], x)
+
+
+def test_padded_batch_layout_and_positions():
+    from llmcourse.train.sampling import padded_batch
+
+    idx, mask, pos = padded_batch(BATCH, pad_id=3)
+    assert idx.shape == mask.shape == pos.shape == (4, 7)
+    assert idx[1].tolist() == [3, 3, 3, 3, 3, 12, 13] and mask[1].tolist() == [False] * 5 + [True] * 2
+    assert pos[1].tolist() == [0, 0, 0, 0, 0, 0, 1] and pos[0].tolist() == list(range(7))
+    for row, p in enumerate(BATCH):  # each row's real tokens sit at 0 … len−1, in the last columns
+        assert idx[row, mask[row]].tolist() == p and pos[row, mask[row]].tolist() == list(range(len(p)))
+    r_idx, r_mask, r_pos = padded_batch(BATCH, side="right")
+    assert r_idx[1].tolist() == [12, 13, 0, 0, 0, 0, 0] and r_pos[1].tolist() == [0, 1, 1, 1, 1, 1, 1]
+    with pytest.raises(ValueError):
+        padded_batch([[1], []])
+    with pytest.raises(ValueError):
+        padded_batch(BATCH, side="middle")
+
+
+def test_padded_forward_matches_transformers_and_each_prompt_alone():
+    from llmcourse.train.sampling import padded_batch
+
+    hf, ours = _tiny_gpt2_pair()
+    idx, mask, pos = padded_batch(BATCH)
+    with torch.no_grad():
+        theirs = hf(input_ids=idx, attention_mask=mask.long(), position_ids=pos).logits
+        mine = ours(idx, attention_mask=mask, position_ids=pos)
+        assert torch.isfinite(mine).all()  # padded queries see themselves: no empty softmax row
+        assert torch.allclose(mine[mask], theirs[mask], atol=1e-5, rtol=1e-5)
+        for row, p in enumerate(BATCH):
+            alone = ours(torch.tensor([p]))[0]
+            assert torch.allclose(mine[row, mask[row]], alone, atol=1e-5, rtol=1e-5)
+        # what the three decisions buy: without the mask, or with positions counted from the pad, rows drift
+        unmasked = ours(idx, position_ids=pos)
+        from_pad = ours(idx, attention_mask=mask)
+        short = mask.clone()
+        short[0] = False  # row 0 has no padding: it is unaffected either way
+        for wrong in (unmasked, from_pad):
+            assert (wrong[short] - mine[short]).abs().max() > 1e-2
+
+
+def test_generate_batched_equals_one_by_one_and_transformers_generate():
+    from llmcourse.train.sampling import generate_batched, padded_batch
+
+    hf, ours = _tiny_gpt2_pair(seed=1)
+    out = generate_batched(ours, BATCH, 12, 40)
+    assert out.shape == (4, 12) and out.dtype == torch.long
+    for row, p in enumerate(BATCH):
+        assert torch.equal(out[row], generate(ours, torch.tensor([p]), 12, 40)[0, len(p):])
+    idx, mask, _ = padded_batch(BATCH)
+    theirs = hf.generate(input_ids=idx, attention_mask=mask.long(), max_new_tokens=12, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)
+    assert torch.equal(out, theirs[:, idx.shape[1]:])
+    assert torch.equal(generate_batched(ours, BATCH, 12, 40, pad_id=50), out)  # the pad id never matters
+
+
+def test_generate_batched_eos_sampling_modes_and_errors():
+    from llmcourse.train.sampling import generate_batched
+
+    _, ours = _tiny_gpt2_pair(seed=1)
+    free = generate_batched(ours, BATCH, 12, 40)
+    eos = int(free[0, 2])
+    out = generate_batched(ours, BATCH, 12, 40, eos_id=eos)
+    for row in range(4):
+        r = out[row].tolist()
+        if eos in r:
+            assert all(v == eos for v in r[r.index(eos):])
+            assert r[:r.index(eos)] == free[row, :r.index(eos)].tolist()
+    a = generate_batched(ours, BATCH, 8, 40, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    b = generate_batched(ours, BATCH, 8, 40, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, b)
+    with torch.no_grad():
+        for row, p in enumerate(BATCH):
+            seq = torch.tensor([p + a[row].tolist()])
+            top3 = ours(seq[:, :-1]).topk(3, dim=-1).indices[0, len(p) - 1:]
+            assert all(int(a[row, i]) in top3[i].tolist() for i in range(8))
+    ours.train()
+    assert torch.equal(generate_batched(ours, BATCH, 4, 40), free[:, :4]) and ours.training
+    assert generate_batched(ours, BATCH, 0, 40).shape == (4, 0)
+    with pytest.raises(ValueError):
+        generate_batched(ours, BATCH, 34, 40)   # 7 + 34 > 40
+    with pytest.raises(ValueError):
+        ours(torch.zeros(1, 3, dtype=torch.long), position_ids=torch.tensor([[0, 1, 40]]))
+    with pytest.raises(ValueError):
+        ours(torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.bool))
+
+
+def test_generate_batched_mutants_differ_from_one_by_one():
+    """Each catalogued mistake of the batched exercise changes the tokens (so the check can tell it apart)."""
+    from grader.bugs.u09_generation import _batched_variant
+
+    _, ours = _tiny_gpt2_pair(seed=1)
+    expected = torch.stack([generate(ours, torch.tensor([p]), 10, 40)[0, len(p):] for p in BATCH])
+    assert torch.equal(_batched_variant("none")(ours, BATCH, 10, 40), expected)
+    for variant in ("right_pad", "positions_from_pad", "no_mask", "mask_not_extended"):
+        assert not torch.equal(_batched_variant(variant)(ours, BATCH, 10, 40), expected), variant

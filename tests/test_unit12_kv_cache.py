@@ -122,3 +122,31 @@ def test_generation_that_writes_into_the_model_fails_the_side_effect_probe():
     verdict = run_check("12.generate_cached", namespace={**base, "generate_cached": generate_cached})
     assert verdict.status == "failed" and "changed the model's parameters or buffers" in verdict.render(), \
         verdict.render()
+
+
+def test_roofline_bytes_and_decode_step_timer():
+    """decode_step_bytes: weights (embedding: only the looked-up rows) + the cache, by an independent count; the
+    timer returns a positive median, restores the mode and refuses lengths past the context."""
+    from llmcourse.models.llama3 import Llama3Config
+    from llmcourse.models.llama3_cached import CachedLlama3Model, time_decode_step
+    from llmcourse.nn.kv_cache import decode_step_bytes
+    from llmcourse.runtime import read_bandwidth
+
+    base = Llama3Config.preset("llama3-tiny").to_dict() | dict(context_length=64)
+    sizes = {}
+    for kv in (4, 2, 1):
+        c = Llama3Config(**(base | {"n_kv_heads": kv}))
+        m = CachedLlama3Model(c)
+        n = sum(p.numel() for p in m.parameters())
+        hd = c.d_model // c.n_heads
+        by_hand = 4 * (n - c.vocab_size * c.d_model + 3 * c.d_model) + 4 * 2 * c.n_layers * kv * hd * 40 * 3
+        assert decode_step_bytes(c, n, 3, 40) == by_hand
+        sizes[kv] = decode_step_bytes(c, n, 3, 40)
+        if kv == 2:
+            m.train()
+            ms = time_decode_step(m, 2, 16, steps=2)
+            assert ms > 0 and m.training
+            with pytest.raises(ValueError):
+                time_decode_step(m, 2, 62, steps=2)   # 62 + 2 + 1 > 64
+    assert sizes[4] > sizes[2] > sizes[1]
+    assert read_bandwidth(4 << 20, 2) > 1e7   # bytes/s: any machine reads more than 10 MB/s

@@ -48,6 +48,9 @@ import time
 
 import torch
 
+from llmcourse.nn.kv_cache import decode_step_bytes
+from llmcourse.runtime import read_bandwidth
+
 __all__ = ["CONFIGS", "add_arguments", "build_models", "decode_step_bytes", "markdown", "read_bandwidth", "run",
            "run_decode_bench"]
 
@@ -146,31 +149,7 @@ def prefill_logits(models: dict, idx: torch.Tensor) -> dict:
 # ------------------------------------------------------------------------------------------------ roofline
 
 
-def read_bandwidth(nbytes: int = 256 << 20, repeats: int = 7) -> float:
-    """The machine's memory read bandwidth in bytes/s, as torch sees it with its current thread count: the best
-    of ``repeats`` timed ``sum()`` reductions over a float32 tensor of ``nbytes`` bytes (much larger than the
-    caches, so every byte comes from DRAM)."""
-    x = torch.ones(nbytes // 4)
-    x.sum()  # fault the pages in and warm the kernel
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best
-
-
-def decode_step_bytes(cfg, n_params: int, batch_size: int, length: int, dtype_bytes: int = 4) -> int:
-    """Bytes one cached greedy decoding step of a Llama-style model reads at sequence length ``length``: every
-    weight once (the token-embedding table only for the ``batch_size`` looked-up rows; an untied LM head is read
-    whole) plus the K and V cache of every layer for ``length`` positions (:func:`llmcourse.nn.kv_cache_bytes`).
-    Activations, the new K/V writes and the logits are small next to these and left out."""
-    from llmcourse.nn.kv_cache import kv_cache_bytes
-
-    emb = cfg.vocab_size * cfg.d_model
-    weights = (n_params - emb + batch_size * cfg.d_model) * dtype_bytes
-    head_dim = cfg.d_model // cfg.n_heads
-    return weights + kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, head_dim, length, batch_size, dtype_bytes)
+# read_bandwidth and decode_step_bytes live in the library (unit 12's lesson uses them too), imported above
 
 
 def roofline_ms_per_step(cfg, n_params: int, batch_size: int, prompt_len: int, new_tokens: int,

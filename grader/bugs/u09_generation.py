@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from llmcourse.train.sampling import apply_temperature, sample_next_token, top_k_filter, top_p_filter
+from llmcourse.train.sampling import (
+    apply_temperature,
+    generate,
+    sample_next_token,
+    top_k_filter,
+    top_p_filter,
+)
 
 from ..core import bug_group
 
@@ -176,3 +182,71 @@ for _bug, _variant, _hint, _detect in [
     ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),
 ]:
     bug_group(_bug, f"{U}.generate", _hint, {"generate": _generate_variant(_variant)}, _detect)
+
+# ---------------------------------------------------------------- generate_batched
+
+
+def _batched_variant(variant: str):
+    def generate_batched(model, prompts, max_new_tokens, context_length, pad_id=0, temperature=0.0, top_k=None,
+                         top_p=None, eos_id=None, generator=None):
+        rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+        t0 = max(r.numel() for r in rows)
+        if t0 + max_new_tokens > context_length:
+            raise ValueError(f"{t0} + {max_new_tokens} tokens exceed context_length={context_length}")
+        idx = torch.full((len(rows), t0), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(rows), t0, dtype=torch.bool)
+        for b, r in enumerate(rows):
+            cols = slice(0, r.numel()) if variant == "right_pad" else slice(t0 - r.numel(), t0)
+            idx[b, cols], mask[b, cols] = r, True
+        if variant == "positions_from_pad":  # every column numbered from the batch's first column
+            positions = torch.arange(t0).expand(len(rows), t0)
+        elif variant == "pad_position_negative":  # the count of real tokens before, minus one: -1 in the padding
+            positions = mask.long().cumsum(dim=1) - 1
+        else:
+            positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        if variant == "one_by_one":  # a loop over the prompts: right answers, but no batching
+            new = [generate(model, r[None], max_new_tokens, context_length, temperature, top_k, top_p, eos_id,
+                            generator)[0, r.numel():] for r in rows]
+            n = max(x.numel() for x in new)
+            return torch.stack([torch.cat([x, torch.full((n - x.numel(),), eos_id if eos_id is not None else pad_id)])
+                                for x in new])
+        was_training = model.training
+        if variant != "train_mode":
+            model.eval()
+        try:
+            with torch.no_grad():
+                done = torch.zeros(len(rows), dtype=torch.bool)
+                for _ in range(max_new_tokens):
+                    kw = {} if variant == "no_mask" else {"attention_mask": mask}
+                    logits = model(idx, position_ids=positions, **kw)[:, -1, :]
+                    nxt = sample_next_token(logits, temperature, top_k, top_p, generator)
+                    if eos_id is not None:
+                        nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)
+                        done = done | (nxt[:, 0] == eos_id)
+                    idx = torch.cat([idx, nxt], dim=1)
+                    mask = torch.cat([mask, torch.full_like(mask[:, :1], variant != "mask_not_extended")], dim=1)
+                    positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+                    if eos_id is not None and bool(done.all()):
+                        break
+        finally:
+            model.train(was_training)
+        return idx[:, t0:]
+
+    return generate_batched
+
+
+for _bug, _variant, _hint, _detect in [
+    ("B09.batch_right_pad", "right_pad", "A decoder reads the next token off the **last** column: pad on the side "
+     "that keeps every row's newest token there.", "mutant"),
+    ("B09.batch_positions_from_pad", "positions_from_pad", "A prompt's first real token has position 0, however much "
+     "padding precedes it: count positions along the real tokens.", "mutant"),
+    ("B09.batch_no_mask", "no_mask", "Padding slots must be invisible as keys: pass the attention mask.", "mutant"),
+    ("B09.batch_mask_not_extended", "mask_not_extended", "The generated tokens are real tokens: the mask grows with a "
+     "True column at every step.", "mutant"),
+    ("B09.batch_pad_position_negative", "pad_position_negative", "Padding slots need a valid position too (any row "
+     "of the position table: their outputs are never used); counting real tokens gives them −1.", "mutant"),
+    ("B09.batch_one_by_one", "one_by_one", "Batch the prompts: one model call per step for all rows, which is the "
+     "point of padding.", "detector"),
+    ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),
+]:
+    bug_group(_bug, f"{U}.generate_batched", _hint, {"generate_batched": _batched_variant(_variant)}, _detect)

@@ -29,7 +29,14 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   top_k, top_p (top_p=1e-6 = greedy) and generator passed on; eos_id: finished rows frozen, early stop, rows that
   stop at different steps; eval mode and no autograd inside, the caller's mode restored; side effects: weights and
   buffers unchanged after generating from train and from eval mode
+``09.generate_batched``: greedy rows equal each prompt generated alone (4 lengths; equal lengths; a batch of one; a
+  prompt filling the window exactly); one model call per step on all rows (a forward pre-hook counts them); pad_id does not matter (pad_id=7); max_new_tokens=0; ValueError past
+  context_length; eos_id (rows finish at different steps, frozen, early stop); sampling: the generator passed on
+  (seeded runs equal), every token in the top 3 of its own prompt run alone, top_k=1 = greedy; eval mode inside,
+  the caller's mode restored, weights unchanged. The choices it forces (where the padding goes, what the model is
+  told about it, which position each token gets) are not named by the task; the mutants are named
 """
+
 
 from __future__ import annotations
 
@@ -635,8 +642,171 @@ def check_generate(t):
         t.expect(not moved, f"generate {label} changed the model's weights or buffers: {moved[:4]}")
 
 
+# ================================================================== 09.generate_batched
+
+
+def _ref_generate_batched():
+    from llmcourse.train import sampling as S
+
+    return {"generate_batched": S.generate_batched}
+
+
+# prompts of four different lengths (a batch needs padding); the one-by-one reference is unit 09's generate
+BATCH_PROMPTS = ("ROMEO:", "JULIET:\nO Romeo, Romeo", "KING", "First Citizen:\nBefore we proceed")
+
+
+def _one_by_one(model, prompts: list[list[int]], n: int, context: int, eos_id=None) -> torch.Tensor:
+    """The contract's oracle: each prompt generated alone with unit 09's ``generate`` (greedy), the new tokens
+    stacked; with ``eos_id``, rows that finished early are filled with it and the batch ends when all have."""
+    from llmcourse.train.sampling import generate
+
+    rows = [generate(model, T([p]), n, context, eos_id=eos_id)[0, len(p):].tolist() for p in prompts]
+    if eos_id is not None:
+        finished = [eos_id in r for r in rows]
+        n = max(r.index(eos_id) + 1 for r in rows) if all(finished) else n
+        rows = [(r + [eos_id] * n)[:n] for r in rows]
+    return T(rows, dtype=torch.long).view(len(prompts), n)
+
+
+@check(f"{U}.generate_batched", ["generate_batched"], _ref_generate_batched)
+def check_generate_batched(t):
+    setup = _char_setup()
+    cfg, state, chars = setup["cfg"], setup["state"], setup["chars"]
+    C = cfg["context_length"]
+    ref_model = _char_model(cfg, state)
+    prompts = [[chars.index(c) for c in s] for s in BATCH_PROMPTS]
+    lengths = [len(p) for p in prompts]
+    n = 16
+
+    def main(impl):
+        m = _char_model(cfg, state)
+        return {"greedy": impl.generate_batched(m, [list(p) for p in prompts], n, C),
+                "pad7": impl.generate_batched(m, [list(p) for p in prompts], n, C, pad_id=7),
+                "none": impl.generate_batched(m, [list(p) for p in prompts], 0, C)}
+
+    got = t.run(main)
+    g = got.get("greedy") if isinstance(got, dict) else None
+    t.expect(isinstance(g, torch.Tensor) and not g.is_floating_point() and tuple(g.shape) == (4, n),
+             f"generate_batched(model, 4 prompts, max_new_tokens={n}, ...) must return the new tokens as a (4, {n}) "
+             f"tensor of ids (the prompts not included); got {getattr(g, 'dtype', type(g).__name__)} "
+             f"{tuple(getattr(g, 'shape', ()))}")
+    expected = _one_by_one(ref_model, prompts, n, C)
+    wrong = [b for b in range(4) if not torch.equal(g[b], expected[b])]
+    if wrong:
+        b = wrong[0]
+        bug = t.diagnose(main, g, atol=0, rtol=0, pick=lambda o: o["greedy"])
+        t.fail(f"greedy batched generation of 4 prompts of lengths {lengths}: rows {wrong} differ from generating "
+               f"each prompt alone; prompt {b} ({lengths[b]} tokens) alone continues "
+               f"{_text(chars, expected[b].tolist())!r}, your batch gave {_text(chars, g[b].tolist())!r}. A padded "
+               "row must compute exactly what the prompt computes alone: which columns hold its tokens, which keys its "
+               "queries may see, and which position each token gets", bug=bug)
+    t.expect(isinstance(got["pad7"], torch.Tensor) and torch.equal(got["pad7"], g),
+             "pad_id=7 changed the generated tokens: the padding's token id must not matter (no real token may "
+             "attend to a padding slot)", bug=t.diagnose(main, got["pad7"], atol=0, rtol=0, pick=lambda o: o["pad7"]))
+    t.expect(isinstance(got["none"], torch.Tensor) and tuple(got["none"].shape) == (4, 0),
+             f"max_new_tokens=0 must return a (4, 0) tensor; got {tuple(getattr(got['none'], 'shape', ()))}")
+
+    # one model call per step for the whole batch (not a loop over the prompts)
+    def calls(impl):
+        m = _char_model(cfg, state)
+        seen = []
+
+        def record(mod, args, kwargs):
+            x = args[0] if args else kwargs.get("idx")
+            seen.append(tuple(x.shape) if isinstance(x, torch.Tensor) else None)
+
+        m.register_forward_pre_hook(record, with_kwargs=True)
+        impl.generate_batched(m, [list(p) for p in prompts], 5, C)
+        return seen
+
+    seen = t.run(calls)
+    rows = [s_[0] if s_ else None for s_ in seen] if isinstance(seen, list) else []
+    t.expect(len(rows) == 5 and all(r == 4 for r in rows),
+             f"5 new tokens for 4 prompts must take 5 model calls, each on all 4 rows; the model saw {len(rows)} calls "
+             f"with batch sizes {rows[:8]}{'…' if len(rows) > 8 else ''}", bug="B09.batch_one_by_one")
+
+    # one prompt that fills the window exactly with the new tokens; prompts of equal length; a batch of one
+    long_p = [(3 * i + 1) % len(chars) for i in range(C - 6)]
+    short_p = prompts[2]
+
+    def edges(impl):
+        m = _char_model(cfg, state)
+        return {"full": impl.generate_batched(m, [list(short_p), list(long_p)], 6, C),
+                "equal": impl.generate_batched(m, [list(prompts[0]), list(prompts[0][::-1])], 8, C),
+                "single": impl.generate_batched(m, [list(prompts[1])], 8, C)}
+
+    e = t.run(edges)
+    for key, ps, k, what in (("full", [short_p, long_p], 6, f"a {len(short_p)}-token and a {len(long_p)}-token prompt "
+                              f"with 6 new tokens (exactly context_length={C} columns)"),
+                             ("equal", [prompts[0], prompts[0][::-1]], 8, "two prompts of equal length (no padding)"),
+                             ("single", [prompts[1]], 8, "a batch of one prompt")):
+        _expect_equal(t, edges, e, _one_by_one(ref_model, ps, k, C), f"greedy batched generation of {what}",
+                      pick=lambda o, kk=key: o[kk])
+    err = t.raised(lambda impl: impl.generate_batched(_char_model(cfg, state), [list(long_p), [1]], 7, C))
+    t.expect(err == "ValueError", f"a {len(long_p)}-token prompt plus 7 new tokens exceeds context_length={C}: "
+             f"generate_batched must raise ValueError; got {err}")
+
+    # eos_id: rows finish at different steps (newline), frozen afterwards; the loop stops when all have
+    eos = chars.index("\n")
+    free = expected.tolist()
+    if len({r.index(eos) if eos in r else None for r in free}) < 2:
+        eos = chars.index(" ")
+
+    def eos_probe(impl):
+        return impl.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], n, C, eos_id=eos)
+
+    out = t.run(eos_probe)
+    _expect_equal(t, eos_probe, out, _one_by_one(ref_model, prompts, n, C, eos_id=eos),
+                  f"greedy batched generation with eos_id={eos} (a row that produced it keeps emitting it; stop when "
+                  "every row has)")
+
+    # sampling: the generator decides; every token among the top 3 of the prompt run alone; top_k=1 is greedy
+    def sampled(impl):
+        m = _char_model(cfg, state)
+        runs = [impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.3, top_k=3,
+                                      generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+        return {"runs": runs, "top1": impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.0,
+                                                            top_k=1)}
+
+    s = t.run(sampled)
+    a, b = s["runs"]
+    t.expect(isinstance(a, torch.Tensor) and tuple(a.shape) == (4, 12) and torch.equal(a, b),
+             "two sampled runs with generators seeded alike differ (or have the wrong shape): pass `generator` on to "
+             "the sampler")
+    outside = []
+    with torch.no_grad():
+        for r, p in enumerate(prompts):
+            seq = T([p + a[r].tolist()])
+            top3 = ref_model(seq[:, :-1]).topk(3, dim=-1).indices[0, len(p) - 1:]
+            outside += [(r, i) for i in range(12) if int(a[r, i]) not in top3[i].tolist()]
+    t.expect(not outside, f"with top_k=3, every sampled token must be among the 3 most likely after its own prompt and "
+             f"the tokens before it (the prompt run alone); {len(outside)} of 48 are not, first at (row, step) "
+             f"{outside[0] if outside else None}", bug=t.diagnose(sampled, a, atol=0, rtol=0,
+                                                                   pick=lambda o: o["runs"][0]) if outside else None)
+    t.expect(isinstance(s["top1"], torch.Tensor) and torch.equal(s["top1"], expected[:, :12]),
+             "generate_batched(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and "
+             "top_p on to the sampler")
+
+    # eval mode inside, the caller's mode restored, weights unchanged
+    def modes(impl):
+        m = _char_model(cfg, state, dropout=0.3)
+        m.train()
+        out = impl.generate_batched(m, [list(p) for p in prompts], 8, C)
+        return out, m.training, {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+    out, training, after = t.run(modes)
+    t.expect(isinstance(out, torch.Tensor) and torch.equal(out, expected[:, :8]),
+             "a model with dropout 0.3 in train mode must generate the eval-mode tokens: switch to eval() inside",
+             bug="B09.train_mode")
+    t.expect(training is True, "the model was in train mode before generate_batched and must be again afterwards")
+    moved = [k for k in state if k not in after or not torch.equal(state[k], after[k])]
+    t.expect(not moved, f"generate_batched changed the model's weights or buffers: {moved[:4]}")
+
+
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # sample_next_token: temperature, top-k, top-p and softmax in one call: sample_next_token minus the draw
 also_blocked(f"{U}.sample_next_token", "llmcourse.train.sampling:filtered_probs")
+# generate_batched: the left padding, the mask and the positions in one call
+also_blocked(f"{U}.generate_batched", "llmcourse.train.sampling:padded_batch")

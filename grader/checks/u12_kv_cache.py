@@ -589,3 +589,5 @@ also_blocked(f"{U}.kv_cache_bytes",
              "llmcourse.nn.kv_cache:kv_elements_per_token",
              "llmcourse.nn.kv_cache:attn_cache_elems_per_token",
              "llmcourse.viz.llama:kv_bytes_per_token")
+# (llmcourse.nn.kv_cache.decode_step_bytes, the roofline's bytes per step, calls kv_cache_bytes itself: refused
+# through the reference, tests/test_blocked_siblings.py)

@@ -127,8 +127,10 @@ class GPT2Block(nn.Module):
         self.ffn = FeedForward(d, cfg.d_ff, activation="gelu_tanh")
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.dropout(self.attn(self.norm1(x)))
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``mask``: optional bool ``(B, 1, T, T)`` (or broadcastable), ``True`` = may attend, ANDed with the causal
+        mask by the attention (a left-padded batch: see :meth:`GPT2Model.forward`)."""
+        x = x + self.dropout(self.attn(self.norm1(x)) if mask is None else self.attn(self.norm1(x), mask=mask))
         return x + self.dropout(self.ffn(self.norm2(x)))
 
 
@@ -154,13 +156,23 @@ class GPT2Model(nn.Module):
     embedding and after every block (``L + 1`` tensors (B, T, D), before the final norm), for
     layer-by-layer comparisons.
 
+    ``forward(idx, attention_mask=None, position_ids=None)`` batches sequences of different lengths, with
+    ``transformers``' meaning of the two arguments (``GPT2LMHeadModel``): ``attention_mask`` (B, T) bool or 0/1,
+    ``True``/1 = a real token, ``False``/0 = padding that no query may attend to (as a key); ``position_ids``
+    (B, T) long in ``0 … C−1``, the row of ``pos_emb`` each token gets (default ``0 … T−1`` in every row; the
+    model never derives positions from the mask, as ``transformers``' forward does not either). A padded query
+    attends to itself only, so its (meaningless) output stays finite; the outputs of real tokens are those of
+    the same tokens run alone when each row's real tokens are contiguous and numbered from 0. Both ``None``
+    runs exactly the unbatched computation (bit-identical to ``forward(idx)``).
+
     The weights are initialised by :meth:`init_weights` (GPT-2's scheme) at construction. Parameters:
     :func:`gpt2_param_count` (124,439,808 for GPT-2 small, 809,856 for ``gpt2-char-tiny``); build on the
     ``meta`` device (``with torch.device("meta"): GPT2Model(cfg)``) to count the large presets without
     allocating memory.
 
     Raises:
-        ValueError: in ``forward``, when ``idx`` is not 2-D or ``T > context_length``.
+        ValueError: in ``forward``, when ``idx`` is not 2-D or ``T > context_length``; an ``attention_mask`` or
+            ``position_ids`` whose shape is not ``idx``'s, or a position outside ``0 … C−1``.
 
     Numerically equal (``atol 1e-5``) to ``transformers.GPT2LMHeadModel`` after :func:`load_hf_gpt2`.
     """
@@ -205,27 +217,57 @@ class GPT2Model(nn.Module):
             nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=std)
             nn.init.normal_(block.ffn.fc2.weight, mean=0.0, std=std)
 
-    def embed(self, idx: Tensor) -> Tensor:
-        """``dropout(tok_emb(idx) + pos_emb(0 … T−1))``: (B, T) long -> (B, T, D)."""
+    def embed(self, idx: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """``dropout(tok_emb(idx) + pos_emb(positions))``: (B, T) long -> (B, T, D); ``positions`` are
+        ``position_ids`` (B, T) or, by default, ``0 … T−1``."""
         t = token_ids_length(idx, self.cfg.context_length, "GPT2Model")
-        positions = torch.arange(t, device=idx.device)
+        if position_ids is None:
+            positions = torch.arange(t, device=idx.device)
+        else:
+            if not isinstance(position_ids, Tensor) or tuple(position_ids.shape) != tuple(idx.shape) \
+                    or position_ids.is_floating_point():
+                raise ValueError(f"position_ids must be integer ids of idx's shape {tuple(idx.shape)}, got "
+                                 f"{getattr(position_ids, 'dtype', type(position_ids).__name__)} "
+                                 f"{tuple(getattr(position_ids, 'shape', ()))}")
+            if position_ids.numel() and (int(position_ids.min()) < 0
+                                         or int(position_ids.max()) >= self.cfg.context_length):
+                raise ValueError(f"position_ids must lie in 0 … {self.cfg.context_length - 1}, got "
+                                 f"{int(position_ids.min())} … {int(position_ids.max())}")
+            positions = position_ids
         return self.dropout(self.tok_emb(idx) + self.pos_emb(positions))
 
-    def forward(self, idx: Tensor) -> Tensor:
-        x = self.embed(idx)
+    def padding_mask(self, attention_mask: Tensor | None, idx: Tensor) -> Tensor | None:
+        """The (B, 1, T, T) bool mask the blocks get for a padded batch: key ``j`` is visible to query ``i`` when
+        token ``j`` is real, or ``j = i`` (a padded query sees itself, so no softmax row is empty); the causal
+        part is added by the attention. ``None`` for ``attention_mask=None``."""
+        if attention_mask is None:
+            return None
+        if not isinstance(attention_mask, Tensor) or tuple(attention_mask.shape) != tuple(idx.shape):
+            raise ValueError(f"attention_mask must have idx's shape {tuple(idx.shape)} (True/1 = real token), got "
+                             f"{tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
+        real = attention_mask.bool()
+        t = idx.shape[1]
+        own = torch.eye(t, dtype=torch.bool, device=idx.device)
+        return real[:, None, None, :] | own
+
+    def forward(self, idx: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None) -> Tensor:
+        mask = self.padding_mask(attention_mask, idx)
+        x = self.embed(idx) if position_ids is None else self.embed(idx, position_ids)
         for block in self.blocks:
-            x = block(x)
+            x = block(x) if mask is None else block(x, mask)
         return self.lm_head(self.final_norm(x))
 
-    def hidden_states(self, idx: Tensor) -> list[Tensor]:
+    def hidden_states(self, idx: Tensor, attention_mask: Tensor | None = None,
+                      position_ids: Tensor | None = None) -> list[Tensor]:
         """Residual stream after the embedding and after each block: ``L + 1`` tensors (B, T, D).
 
         ``transformers``' ``output_hidden_states`` returns the same first ``L`` tensors; its last one is
-        ``ln_f`` applied to the output of block ``L``.
+        ``ln_f`` applied to the output of block ``L``. ``attention_mask`` and ``position_ids``: as in ``forward``.
         """
-        states = [self.embed(idx)]
+        mask = self.padding_mask(attention_mask, idx)
+        states = [self.embed(idx) if position_ids is None else self.embed(idx, position_ids)]
         for block in self.blocks:
-            states.append(block(states[-1]))
+            states.append(block(states[-1]) if mask is None else block(states[-1], mask))
         return states
 
 

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..nn.kv_cache import KVCache
 from .llama3 import GroupedQueryAttention, Llama3Block, Llama3Model, RMSNorm
 
-__all__ = ["CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached",
+__all__ = ["CachedGroupedQueryAttention", "CachedLlama3Block", "CachedLlama3Model", "generate_cached", "time_decode_step",
            "generate_uncached"]
 
 
@@ -175,6 +175,51 @@ class _PreallocatedKVCache(KVCache):
     def reset(self) -> None:
         super().reset()
         self._buffers = [None] * self.n_layers
+
+
+@torch.no_grad()
+def time_decode_step(model: nn.Module, batch_size: int, length: int, steps: int = 5, seed: int = 0) -> float:
+    """Median wall time in ms of one cached decoding step (``T = 1``) with ``length`` positions already cached.
+
+    The cache of every layer is filled with seeded random keys and values ``(batch_size, KV, length, hd)``
+    (what a step reads does not depend on their values, and no prefill is needed), preallocated for the
+    ``steps + 1`` steps that follow; one untimed step warms up, then ``steps`` steps are timed one by one. The
+    model is put in eval mode and its previous mode restored. For the decoding roofline of unit 12 (bytes per
+    step ÷ bandwidth, :func:`llmcourse.nn.kv_cache.decode_step_bytes`).
+
+    Args:
+        model: a :class:`CachedLlama3Model`.
+        batch_size, length, steps: ``≥ 1``; ``length + steps + 1 ≤ model.cfg.context_length``.
+
+    Raises:
+        ValueError: a size below 1, or a length that does not fit the model's context.
+    """
+    import statistics
+    import time
+
+    cfg = model.cfg
+    if min(batch_size, length, steps) < 1 or length + steps + 1 > cfg.context_length:
+        raise ValueError(f"need batch_size, length, steps ≥ 1 and length + steps + 1 ≤ {cfg.context_length}; got "
+                         f"{batch_size}, {length}, {steps}")
+    g = torch.Generator().manual_seed(seed)
+    hd = cfg.d_model // cfg.n_heads
+    cache = _PreallocatedKVCache(len(model.layers), length + steps + 1)
+    for i in range(len(model.layers)):
+        cache.update(i, torch.randn(batch_size, cfg.n_kv_heads, length, hd, generator=g),
+                     torch.randn(batch_size, cfg.n_kv_heads, length, hd, generator=g))
+    tok = torch.zeros(batch_size, 1, dtype=torch.long)
+    was_training = model.training
+    model.eval()
+    try:
+        model(tok, cache=cache)
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            model(tok, cache=cache)
+            times.append(time.perf_counter() - start)
+    finally:
+        model.train(was_training)
+    return 1000 * statistics.median(times)
 
 
 def _check_prompt(idx: Tensor, max_new_tokens: int) -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["KV_PRESETS", "KVCache", "attn_cache_elems_per_token", "kv_cache_bytes", "kv_elements_per_token",
-           "mha_to_gqa", "mla_cache_bytes"]
+__all__ = ["KV_PRESETS", "KVCache", "attn_cache_elems_per_token", "decode_step_bytes", "kv_cache_bytes",
+           "kv_elements_per_token", "mha_to_gqa", "mla_cache_bytes"]
 
 
 class KVCache:
@@ -101,6 +101,29 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     if bad:
         raise ValueError(f"arguments must be non-negative, got {bad}")
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_elem
+
+
+def decode_step_bytes(cfg, n_params: int, batch_size: int, length: int, dtype_bytes: int = 4) -> int:
+    """Bytes one cached decoding step of a Llama-style model reads with ``length`` positions in its cache.
+
+    Every weight once (of the token-embedding table only the ``batch_size`` looked-up rows; an untied LM head is
+    part of ``n_params`` and read whole) plus the K and V cache of every layer for ``length`` positions
+    (:func:`kv_cache_bytes` with ``cfg.n_kv_heads`` heads of ``cfg.d_model // cfg.n_heads``). Activations, the
+    new K/V writes and the logits are small next to these and left out. Divided by a read bandwidth (bytes/s,
+    :func:`llmcourse.runtime.read_bandwidth`) it is the shortest time a step can take when it is memory-bound:
+    the roofline bound of unit 12 and ``course bench decode``.
+
+    Args:
+        cfg: a config with ``vocab_size``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``n_layers``
+            (:class:`~llmcourse.models.llama3.Llama3Config`).
+        n_params: the model's parameter count (tied weights counted once).
+        batch_size, length: sequences decoded together, and the cached positions of each.
+        dtype_bytes: bytes per weight and per cached element (4 for float32).
+    """
+    emb = cfg.vocab_size * cfg.d_model
+    weights = (n_params - emb + batch_size * cfg.d_model) * dtype_bytes
+    head_dim = cfg.d_model // cfg.n_heads
+    return weights + kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, head_dim, length, batch_size, dtype_bytes)
 
 
 def kv_elements_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:

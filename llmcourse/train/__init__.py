@@ -13,6 +13,8 @@ from .sampling import (
     entropy,
     filtered_probs,
     generate,
+    generate_batched,
+    padded_batch,
     sample_next_token,
     top_k_filter,
     top_p_filter,
@@ -20,7 +22,7 @@ from .sampling import (
 from .schedules import make_noam_scheduler, noam_lambda, warmup_cosine_lr
 
 __all__ = ["accuracy", "chrf", "confusion_matrix", "evaluate", "greedy_translate", "label_smoothed_cross_entropy", "make_noam_scheduler", "noam_lambda",
-           "apply_temperature", "entropy", "filtered_probs", "generate", "sample_next_token", "top_k_filter",
+           "apply_temperature", "entropy", "filtered_probs", "generate", "generate_batched", "padded_batch", "sample_next_token", "top_k_filter",
            "top_p_filter",
            # unit 10: pretraining
            "clip_grad_norm", "configure_optimizer", "estimate_loss", "load_checkpoint", "lm_loss", "perplexity",

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "apply_temperature", "entropy", "filtered_probs", "generate", "sample_next_token", "top_k_filter",
-    "top_p_filter",
+    "apply_temperature", "entropy", "filtered_probs", "generate", "generate_batched", "padded_batch",
+    "sample_next_token", "top_k_filter", "top_p_filter",
 ]
 
 
@@ -240,3 +240,94 @@ def generate(model: nn.Module, idx: Tensor, max_new_tokens: int, context_length:
     finally:
         model.train(was_training)
     return idx
+
+
+def padded_batch(prompts: list[list[int]], pad_id: int = 0, side: str = "left") -> tuple[Tensor, Tensor, Tensor]:
+    """Stack prompts of different lengths into one batch for a decoder: ids, attention mask and position ids.
+
+    Args:
+        prompts: ``B ≥ 1`` non-empty lists (or 1-D tensors) of token ids.
+        pad_id: the id written into the padding slots (its value never matters when the mask is used).
+        side: ``"left"`` (the padding before each prompt, so every row's last real token is in the last column,
+            as ``transformers``' ``generate`` wants for decoder-only models) or ``"right"``.
+
+    Returns:
+        ``(idx, attention_mask, position_ids)``, each ``(B, T)`` with ``T`` the longest prompt: ``idx`` long,
+        ``attention_mask`` bool (``True`` = a real token), ``position_ids`` long: ``0, 1, …`` along each row's
+        real tokens (a real token's position is the number of real tokens before it, so a prompt gets the
+        positions it has when run alone) and ``0`` in the padding slots (any valid row would do: padded keys are
+        masked, padded queries' outputs are never used).
+
+    Raises:
+        ValueError: no prompts, an empty prompt, or ``side`` not ``"left"``/``"right"``.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    rows = [torch.as_tensor(p, dtype=torch.long).flatten() for p in prompts]
+    if not rows or any(r.numel() == 0 for r in rows):
+        raise ValueError("padded_batch needs at least one prompt and no empty prompt")
+    t = max(r.numel() for r in rows)
+    idx = torch.full((len(rows), t), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        cols = slice(t - r.numel(), t) if side == "left" else slice(0, r.numel())
+        idx[b, cols], mask[b, cols] = r, True
+    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    return idx, mask, positions
+
+
+@torch.no_grad()
+def generate_batched(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, context_length: int,
+                     pad_id: int = 0, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                     eos_id: int | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Generate for prompts of different lengths in one batch, equal to generating for each prompt alone.
+
+    The prompts are left-padded (:func:`padded_batch`), so the last column holds every row's newest token; the
+    model gets ``attention_mask`` (padding is never attended to) and ``position_ids`` that count each row's real
+    tokens from 0, and every step appends one column (mask ``True``, the row's next position). This is how
+    ``transformers``' ``generate`` batches a decoder-only model (its ``GPT2LMHeadModel.prepare_inputs_for_generation``
+    derives the positions from the mask the same way). The whole sequence is fed at every step (no cache).
+
+    Args:
+        model: maps ``(idx, attention_mask=..., position_ids=...)``, each ``(B, T)``, to logits ``(B, T, V)``
+            (:class:`~llmcourse.models.gpt2.GPT2Model`).
+        prompts: ``B`` non-empty lists of token ids.
+        max_new_tokens: ``≥ 0``.
+        context_length: the model's window; the longest prompt plus ``max_new_tokens`` must fit in it.
+        pad_id, temperature, top_k, top_p, eos_id, generator: as for :func:`generate` (one
+            :func:`sample_next_token` draw per step for the whole batch; a row that produced ``eos_id`` keeps
+            emitting it and the loop stops once every row has).
+
+    Returns:
+        ``(B, n)`` long, the ``n ≤ max_new_tokens`` new tokens of each row. Greedy (``temperature=0``), row ``b``
+        equals ``generate(model, prompts[b] as (1, T_b), n, context_length)[0, T_b:]`` (frozen on ``eos_id``).
+
+    Raises:
+        ValueError: bad prompts, ``max_new_tokens < 0``, or the longest prompt + ``max_new_tokens`` >
+            ``context_length``.
+    """
+    idx, mask, positions = padded_batch(prompts, pad_id, "left")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be ≥ 0, got {max_new_tokens}")
+    if idx.shape[1] + max_new_tokens > context_length:
+        raise ValueError(f"the longest prompt ({idx.shape[1]} tokens) plus max_new_tokens={max_new_tokens} exceeds "
+                         f"context_length={context_length}")
+    was_training = model.training
+    model.eval()
+    try:
+        t0 = idx.shape[1]
+        done = torch.zeros(idx.shape[0], dtype=torch.bool)
+        for _ in range(max_new_tokens):
+            logits = model(idx, attention_mask=mask, position_ids=positions)[:, -1, :]
+            nxt = sample_next_token(logits, temperature, top_k, top_p, generator)
+            if eos_id is not None:
+                nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)
+                done = done | (nxt[:, 0] == eos_id)
+            idx = torch.cat([idx, nxt], dim=1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+            if eos_id is not None and bool(done.all()):
+                break
+    finally:
+        model.train(was_training)
+    return idx[:, t0:]

@@ -11,13 +11,15 @@
 # 3. sampling with `torch.multinomial` and a seeded `torch.Generator`;
 # 4. temperature: `softmax(z / T)`, its limits, and its cousin in attention;
 # 5. top-k and top-p (nucleus) filtering, with their exact tie and threshold rules;
-# 6. the order of the operations, and end-of-sequence tokens in a batch;
+# 6. the order of the operations, end-of-sequence tokens in a batch, and prompts of different lengths in one
+#    batch (left padding, an attention mask and per-row positions);
 # 7. an interactive next-token explorer.
 #
 # Everything runs on the course's **own trained model**: a small GPT-2 (unit 08's `gpt2-char-tiny`
 # architecture, one token per character) that unit 10's pretraining pipeline trained on Shakespeare; the
 # first cell prints its size, context length and validation loss. The exercise notebook (`exercises/09_generation/09_generation.ipynb`) asks
-# you to write `apply_temperature`, `top_k_filter`, `top_p_filter`, `sample_next_token` and `generate`;
+# you to write `apply_temperature`, `top_k_filter`, `top_p_filter`, `sample_next_token`, `generate` and
+# `generate_batched`;
 # here we use the finished versions from `llmcourse.train.sampling` and check every claim with a number.
 #
 # Cells marked **Spot the bug** show mistakes from popular write-ups: run the buggy cell, see which
@@ -715,6 +717,68 @@ for row in lines.tolist():
     assert end is None or all(t == nl for t in new[end:])
 
 # %% [markdown]
+# **Prompts of different lengths.** The three prompts above have the same length on purpose: a batch is a
+# rectangle. Real prompts differ, so the short ones are **padded** with filler slots, and three questions decide
+# whether a padded row still computes what its prompt computes alone:
+#
+# - *Which side?* The loop reads the next token off the **last column**. Padding on the right puts filler in the
+#   last column of every short row, so its "next token" would follow a pad. Padding on the **left** keeps every
+#   row's newest token in the last column, and each step appends one column to all rows alike. That is why
+#   `transformers` asks for `padding_side="left"` when a decoder-only model generates in batches.
+# - *Who may look at a pad?* Nobody: real tokens must not attend to padding slots as keys. The model takes an
+#   **attention mask** (`True` = real token) and ANDs it with its causal mask.
+# - *Which position?* GPT-2 adds a learned position vector to every token. Run alone, a prompt's first character
+#   sits at position 0. In a left-padded row it sits in a later column, so the positions must be counted along
+#   the real tokens, not along the columns.
+#
+# The course's `GPT2Model` accepts both as optional arguments, with the meaning `transformers` gives them:
+# `model(idx, attention_mask=mask, position_ids=pos)`. `padded_batch` builds the three tensors for a list of
+# prompts; here is a left-padded batch of three prompts (`·` marks a padding slot):
+
+# %%
+from llmcourse.train.sampling import padded_batch  # noqa: E402
+
+texts = ["ROMEO:", "JULIET:\nO Romeo, Romeo", "KING"]
+prompts = [tok.encode(s) for s in texts]
+ids_l, mask_l, pos_l = padded_batch(prompts, side="left")
+for row in range(len(texts)):
+    shown = "".join(tok.decode([i]) if m else "·" for i, m in zip(ids_l[row].tolist(), mask_l[row].tolist()))
+    print(f"{shown.replace(chr(10), '⏎'):>22}   positions {pos_l[row].tolist()}")
+
+# %% [markdown]
+# How far is each batched setup from the prompts run one by one? For every prompt, the table compares the logits
+# the batch produces for its next character with the logits of the prompt run alone (the largest absolute
+# difference over the vocabulary, and whether the greedy choice agrees). Only the row without padding is
+# safe in every setup.
+
+# %%
+with torch.no_grad():
+    alone = [model(torch.tensor([p]))[0, -1] for p in prompts]
+    ids_r, mask_r, pos_r = padded_batch(prompts, side="right")
+    setups = {
+        "right padding, mask and positions": model(ids_r, attention_mask=mask_r, position_ids=pos_r)[:, -1],
+        "left padding, no mask": model(ids_l, position_ids=pos_l)[:, -1],
+        "left padding, mask, positions by column": model(ids_l, attention_mask=mask_l)[:, -1],
+        "left padding, mask, positions by token": model(ids_l, attention_mask=mask_l, position_ids=pos_l)[:, -1],
+    }
+print(f"{'setup':>40} " + " ".join(f"{t[:10].replace(chr(10), '⏎'):>16}" for t in texts))
+for name, last in setups.items():
+    cells = []
+    for row in range(len(texts)):
+        gap = (last[row] - alone[row]).abs().max().item()
+        same = int(last[row].argmax()) == int(alone[row].argmax())
+        cells.append(f"{gap:9.1e} {'same' if same else 'DIFF':>6}")
+    print(f"{name:>40} " + " ".join(cells))
+best = setups["left padding, mask, positions by token"]
+assert all(torch.allclose(best[r], alone[r], atol=1e-4) for r in range(len(texts)))
+
+# %% [markdown]
+# Only the last setup reproduces every prompt (to float round-off, from summing in another order). The gaps of
+# the others are far above round-off, and where the table says DIFF they change the most likely character. The exercise
+# notebook asks you to write `generate_batched`, a loop that keeps this equality for every generated token, not
+# only the first, and checks it against generating each prompt alone.
+
+# %% [markdown]
 # ## 7. The next-token explorer
 #
 # Type a prompt and move the sliders. Grey bars: the model's own probabilities (temperature 1, no filter)
@@ -740,5 +804,7 @@ viz.show_next_token_explorer(model, tok, prompt_text)
 # * Top-k keeps ties with the k-th value; top-p keeps the smallest sorted prefix whose mass reaches `p`,
 #   crossing token included. Order: temperature, top-k, top-p.
 # * Finished rows in a batch keep emitting the end token; the loop stops when all are finished.
+# * Prompts of different lengths share a batch by left padding, an attention mask that hides the padding, and
+#   positions counted along each row's real tokens; then every row computes what its prompt computes alone.
 #
 # Next, unit 10 shows how the model you used here was trained.

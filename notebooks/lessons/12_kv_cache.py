@@ -12,8 +12,10 @@
 # 5. the `KVCache` object: after RoPE, before `repeat_kv`;
 # 6. the equality test: cache == no cache, token by token;
 # 7. the cost per step and in total;
-# 8. memory: measured cache sizes, a calculator for real models, MQA and GQA as reducers, MHA → GQA conversion;
-# 9. the measured speedup and its limits.
+# 8. memory: measured cache sizes, a calculator for real models, MQA and GQA as reducers, MHA → GQA conversion
+#    and what it costs before and after a short fine-tuning;
+# 9. the measured speedup and its limits;
+# 10. why fewer KV heads decode faster: bytes read per token against the machine's memory bandwidth (a roofline).
 #
 # We use the course's trained character Llama (unit 11's architecture at `llama3-tiny` size, trained on
 # Shakespeare) and the finished cache-aware classes from `llmcourse.models.llama3_cached`. The exercise
@@ -527,6 +529,57 @@ print(f"cache per token: ÷{mcfg.n_kv_heads}; loss change {losses['1 KV head (me
       "nats per character before any fine-tuning")
 
 # %% [markdown]
+# **Uptraining: how much of the jump a short fine-tuning wins back.** The GQA paper converts a checkpoint and then
+# continues pretraining for a small fraction of the original steps. Do the same at toy scale: fine-tune the pooled
+# model for `uptrain_steps` steps on the training text, at the learning rate the model ended its own training
+# with (after a short warm-up, since the optimiser starts with empty moments). As a **control**, give the
+# unconverted model the very same fine-tuning, so that what the pooled model gains is not simply "more training".
+# All four losses are measured on the same held-out batches of the validation text (more text than the cell
+# above used, so the first two differ a little from its printout).
+
+# %%
+import copy  # noqa: E402
+
+from llmcourse.data.corpus import char_corpus  # noqa: E402
+from llmcourse.train.llama_char import LLAMA_CHAR_TINY_RECIPE  # noqa: E402
+from llmcourse.train.optim import configure_optimizer  # noqa: E402
+from llmcourse.train.pretraining import estimate_loss, train_steps  # noqa: E402
+
+corpus = char_corpus()
+up_steps, up_lr = cfg["uptrain_steps"], LLAMA_CHAR_TINY_RECIPE["min_lr"]
+up_warmup = min(15, up_steps)
+
+
+def fine_tuned(m):
+    m = copy.deepcopy(m)
+    opt = configure_optimizer(m, up_lr, weight_decay=0.0)
+    train_steps(m, opt, corpus.train, up_steps, 0, cfg["uptrain_batch"], mcfg.context_length,
+                lambda s: up_lr * min(1.0, (s + 1) / up_warmup), 1.0, seed=1234)
+    return m.eval()
+
+
+def held_out(m):
+    return estimate_loss(m, corpus.val, 8, mcfg.context_length, 4)
+
+
+up = {f"{mcfg.n_kv_heads} KV heads (as loaded)": held_out(model), "1 KV head, pooled": held_out(mqa)}
+up["1 KV head, pooled + fine-tuned"] = held_out(fine_tuned(mqa))
+up[f"{mcfg.n_kv_heads} KV heads + the same fine-tuning"] = held_out(fine_tuned(model))
+for name, loss in up.items():
+    print(f"{name:>36}: held-out loss {loss:.3f}")
+names = list(up)
+jump = up[names[1]] - up[names[0]]
+print(f"pooling cost {jump:+.3f} nats per character; {up_steps} fine-tuning steps of {cfg['uptrain_batch']} × "
+      f"{mcfg.context_length} characters win back {(up[names[1]] - up[names[2]]) / jump:.0%} of it; the control moved "
+      f"by {up[names[3]] - up[names[0]]:+.3f}")
+
+# %% [markdown]
+# The conversion is cheap but not free: mean-pooling throws away what distinguished the pooled heads, and the rest
+# of the network must adapt to the shared keys and values. A fine-tuning of a few steps recovers a large part of
+# the loss because only that adaptation is missing; the remaining gap is the price of caching fewer heads (with a
+# larger `uptrain_steps`, as in the laptop profile, the gap shrinks further; it need not close).
+
+# %% [markdown]
 # ## 9. The measured speedup
 #
 # Time greedy decoding after a prompt of `speed_prompt` tokens, step by step, with and without the cache.
@@ -555,6 +608,88 @@ viz.show_speed_plot(speed)
 # `generate(use_cache=...)` measures the library, not your model.) `course bench decode` measures a larger
 # Llama against `transformers`' own cached generation.
 #
+# ## 10. Why fewer KV heads decode faster: the roofline
+#
+# Section 8 counted the cache in bytes held. Speed depends on bytes **read**: a decoding step computes little
+# (one token per sequence), but it must bring every weight matrix and the whole K/V cache of every layer from
+# memory to the cores. So a step cannot be faster than
+#
+# ```
+# bytes read per step  =  weights  +  K/V cache at the current length      (the token-embedding table: only the looked-up rows)
+# time per step        ≥  bytes read per step ÷ memory bandwidth
+# ```
+#
+# That bound is the **roofline** of decoding. The weights are read once per step whatever the length; the cache
+# part grows with the length, the batch and the number of KV heads. Here is the machine's read bandwidth,
+# measured by summing a large tensor (a sum reads each byte once and does almost nothing with it):
+
+# %% tags=["nbval-ignore-output"]
+import matplotlib.pyplot as plt  # noqa: E402
+
+from llmcourse.models.llama3_cached import time_decode_step  # noqa: E402
+from llmcourse.nn.kv_cache import decode_step_bytes  # noqa: E402
+from llmcourse.runtime import read_bandwidth  # noqa: E402
+
+bandwidth = read_bandwidth(cfg["bandwidth_mib"] << 20)
+print(f"read bandwidth: {bandwidth / 1e9:.1f} GB/s ({torch.get_num_threads()} torch thread(s), "
+      f"{cfg['bandwidth_mib']} MiB summed)")
+
+# %% [markdown]
+# One model in three versions that differ only in the number of KV heads: multi-head (as many KV heads as query
+# heads), grouped-query (a quarter) and multi-query (one). The tiny character model is too small for this (its
+# weights are a few MB and a step is mostly Python overhead), so we build a wider, untrained Llama (`roofline_*`
+# in the profile; timing does not need trained weights). For each version and several cached lengths, fill the
+# cache with random keys and values (their values do not change what a step reads) and time single-token steps.
+
+# %% tags=["nbval-ignore-output"]
+H_r, B_r, lengths_r = cfg["roofline_heads"], cfg["roofline_batch"], cfg["roofline_lengths"]
+roof = {}
+for name, kv in (("MHA", H_r), ("GQA", max(1, H_r // 4)), ("MQA", 1)):
+    rcfg = Llama3Config(**(Llama3Config.preset("llama3-tiny").to_dict() | dict(
+        d_model=cfg["roofline_d_model"], n_layers=cfg["roofline_layers"], n_heads=H_r, n_kv_heads=kv,
+        intermediate_size=3 * cfg["roofline_d_model"], context_length=max(lengths_r) + cfg["roofline_steps"] + 1)))
+    torch.manual_seed(0)
+    rmodel = CachedLlama3Model(rcfg).eval()
+    n_r = sum(p.numel() for p in rmodel.parameters())
+    nbytes = [decode_step_bytes(rcfg, n_r, B_r, t) for t in lengths_r]
+    roof[name] = {"kv": kv, "params": n_r, "bytes": nbytes, "bound_ms": [1000 * b / bandwidth for b in nbytes],
+                  "ms": [time_decode_step(rmodel, B_r, t, cfg["roofline_steps"]) for t in lengths_r]}
+    del rmodel
+print(f"batch {B_r}, float32; bound = bytes read ÷ {bandwidth / 1e9:.1f} GB/s; tokens/s = {B_r} sequences ÷ time per step")
+print(f"{'':>4} {'KV':>3} {'params':>11} {'cached':>7} {'MB/step':>8} {'bound ms':>9} {'measured ms':>12} "
+      f"{'bound tok/s':>12} {'measured tok/s':>15} {'fraction':>9}")
+for name, r in roof.items():
+    for t, b, lo, ms in zip(lengths_r, r["bytes"], r["bound_ms"], r["ms"]):
+        print(f"{name:>4} {r['kv']:>3} {r['params']:>11,} {t:>7,} {b / 1e6:>8.1f} {lo:>9.2f} {ms:>12.2f} "
+              f"{1000 * B_r / lo:>12,.0f} {1000 * B_r / ms:>15,.0f} {lo / ms:>9.2f}")
+
+fig, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(11, 3.8))
+for (name, r), colour in zip(roof.items(), ("tab:red", "tab:orange", "tab:green")):
+    ax_b.plot(lengths_r, [b / 1e6 for b in r["bytes"]], "o-", color=colour, label=f"{name} ({r['kv']} KV)")
+    ax_t.plot(lengths_r, r["ms"], "o-", color=colour, label=f"{name} measured")
+    ax_t.plot(lengths_r, r["bound_ms"], "--", color=colour, label=f"{name} bound (bytes ÷ bandwidth)")
+ax_b.set(xlabel="cached positions", ylabel="MB read per step", title="bytes read per decoding step")
+ax_t.set(xlabel="cached positions", ylabel="ms per step", title=f"time per step, batch {B_r}")
+ax_b.legend()
+ax_t.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
+last = {name: r["ms"][-1] for name, r in roof.items()}
+print(f"at {lengths_r[-1]:,} cached positions: MHA reads {roof['MHA']['bytes'][-1] / roof['MQA']['bytes'][-1]:.1f}× "
+      f"MQA's bytes and measured {last['MHA'] / last['MQA']:.1f}× its time; at {lengths_r[0]:,}: "
+      f"{roof['MHA']['bytes'][0] / roof['MQA']['bytes'][0]:.2f}× the bytes, {roof['MHA']['ms'][0] / roof['MQA']['ms'][0]:.2f}× the time")
+
+# %% [markdown]
+# How to read it. At short lengths the weights dominate what a step reads, so the three versions cost about the
+# same. As the cache grows, MHA's bytes grow `H` times faster than MQA's and `H/KV` times faster than GQA's, and
+# the measured time grows with them: fewer KV heads decode faster **because each step reads less**, not
+# because it computes less (the query side, where the operations are, is the same in all three). The *fraction*
+# column (bound ÷ measured) says how close a step comes to the memory limit; below 1, the rest is compute, the
+# overhead of launching small operations, and the machine's load while this ran. Larger batches read the weights
+# once for more tokens, so tokens/s rises with the batch until the cache, which grows with the batch, takes over.
+# `course bench decode` prints the same fraction for a larger model beside each ms/token.
+
+# %% [markdown]
 # ## Summary
 #
 # - Decoding needs one new query row per step; past keys and values never change, past queries are never
@@ -565,3 +700,6 @@ viz.show_speed_plot(speed)
 # - Cache keys after RoPE and with the KV heads only.
 # - The cache grows linearly with the positions, the batch, the bytes per element and the number of KV heads;
 #   GQA and MQA shrink it by `H/KV`; at long context it can outgrow the weights.
+# - Pooling a trained model's KV heads costs loss at once; a short fine-tuning wins much of it back.
+# - A decoding step is bounded by the bytes it reads (weights + cache) ÷ the memory bandwidth: fewer KV heads
+#   read less, and that is where GQA's and MQA's speed comes from.

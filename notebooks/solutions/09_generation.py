@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Unit 09 — Generation and sampling: exercises
 #
-# Five graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
@@ -41,7 +41,7 @@ cfg = llmcourse.setup_notebook("09")
 z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
 # %% [markdown]
-# ## Exercise 1 — `apply_temperature` (2 points)
+# ## Exercise 1 — `apply_temperature` (1 point)
 #
 # ```python
 # apply_temperature(logits: Tensor, temperature: float) -> Tensor
@@ -80,7 +80,7 @@ except ValueError:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 2 — `top_k_filter` (4 points)
+# ## Exercise 2 — `top_k_filter` (3 points)
 #
 # ```python
 # top_k_filter(logits: Tensor, k: int | None) -> Tensor
@@ -213,7 +213,7 @@ assert greedy.shape == (3, 1), "temperature 0 must also return (B, 1)"
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 5 — `generate` (6 points)
+# ## Exercise 5 — `generate` (4 points)
 #
 # ```python
 # @torch.no_grad()
@@ -283,6 +283,91 @@ eos = tok.encode("\n")[0]
 stopped = generate(model, prompt, 60, C, eos_id=eos)
 tail = stopped[0, 6:].tolist()
 assert eos not in tail or all(t == eos for t in tail[tail.index(eos):]), "nothing but EOS may follow EOS"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 6 — `generate_batched` (4 points)
+#
+# ```python
+# @torch.no_grad()
+# def generate_batched(model, prompts, max_new_tokens, context_length, pad_id=0, temperature=0.0, top_k=None,
+#                      top_p=None, eos_id=None, generator=None) -> Tensor
+# ```
+#
+# Generate for `B` prompts of **different lengths** (`prompts`: a list of `B` non-empty lists of token ids) in one
+# batch, one model call per step for the whole batch. Return the new tokens only, a `(B, n)` long tensor,
+# `n ≤ max_new_tokens`.
+#
+# **The contract** (what the hidden check verifies):
+#
+# - Greedy (`temperature=0`), row `b` of the result is **exactly** what your `generate` produces for `prompts[b]`
+#   alone: `generate(model, torch.tensor([prompts[b]]), n, context_length)[0, len(prompts[b]):]`. This must hold
+#   for any mix of lengths, including a batch of one and prompts of equal length.
+# - The id written into padding slots is `pad_id`, and it must not change any result.
+# - `temperature`, `top_k`, `top_p` and `generator` go to your `sample_next_token`, one draw per step for the whole
+#   batch; `eos_id` works as in `generate` (a finished row keeps emitting `eos_id`; stop when every row has).
+# - The longest prompt plus `max_new_tokens` must fit in `context_length` (no cropping here): raise `ValueError`
+#   otherwise. Eval mode inside, the caller's mode restored, as in `generate`.
+#
+# The model is the course's `GPT2Model`. Besides `model(idx)` it accepts two optional `(B, T)` tensors, with the
+# meaning `transformers`' GPT-2 gives them:
+#
+# - `model(idx, attention_mask=mask)`: `mask` bool (or 0/1), `True` for a real token, `False` for a slot that no
+#   token may attend to;
+# - `model(idx, position_ids=pos)`: `pos` long, the learned position (a row of `pos_emb`, `0 … C−1`) each token
+#   gets; without it every row gets `0, 1, …, T−1`. The model never infers positions from the mask.
+#
+# Where each prompt's tokens and its padding go in the batch, what you pass as `attention_mask` and
+# `position_ids` at each step, and which positions the padding slots get are yours to decide: the equality with
+# one-by-one generation decides for you. Print the gap between the batch's last-position logits and the prompts'
+# own when you are unsure.
+
+# %% tags=["solution:09.generate_batched"]
+@torch.no_grad()
+def generate_batched(model, prompts, max_new_tokens, context_length, pad_id=0, temperature=0.0, top_k=None,
+                     top_p=None, eos_id=None, generator=None):
+    """B prompts of different lengths -> (B, n) long new tokens, each row equal to its prompt generated alone."""
+    ### BEGIN SOLUTION
+    width = max(len(p) for p in prompts)
+    if width + max_new_tokens > context_length:
+        raise ValueError(f"{width} prompt tokens + {max_new_tokens} new ones exceed context_length={context_length}")
+    idx = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    real = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for row, p in enumerate(prompts):
+        idx[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        real[row, width - len(p):] = True
+    pos = (real.long().cumsum(dim=1) - 1).clamp(min=0)
+    was_training = model.training
+    model.eval()
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        logits = model(idx, attention_mask=real, position_ids=pos)[:, -1, :]
+        nxt = sample_next_token(logits, temperature, top_k, top_p, generator)
+        if eos_id is not None:
+            nxt = torch.where(done[:, None], torch.full_like(nxt, eos_id), nxt)
+            done = done | (nxt[:, 0] == eos_id)
+        idx = torch.cat([idx, nxt], dim=1)
+        real = torch.cat([real, torch.ones(len(prompts), 1, dtype=torch.bool)], dim=1)
+        pos = torch.cat([pos, pos[:, -1:] + 1], dim=1)
+        if eos_id is not None and bool(done.all()):
+            break
+    model.train(was_training)
+    return idx[:, width:]
+    ### END SOLUTION
+
+
+# %% tags=["tests:09.generate_batched"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("09.generate_batched")  # noqa: E702
+### END HIDDEN TESTS
+texts = ["ROMEO:", "JULIET:\nO Romeo", "KING"]
+batch_out = generate_batched(model, [tok.encode(s) for s in texts], 20, C)
+assert batch_out.shape == (3, 20) and batch_out.dtype == torch.long, \
+    f"expected (3, 20) long new tokens, got {tuple(batch_out.shape)} {batch_out.dtype}"
+for row, s in enumerate(texts):
+    alone = generate(model, torch.tensor([tok.encode(s)]), 20, C)[0, len(s):]
+    print(f"{s!r:>20} -> batch {tok.decode(batch_out[row].tolist())!r} | alone {tok.decode(alone.tolist())!r}")
+    assert torch.equal(batch_out[row], alone), f"row {row} ({s!r}) differs from the prompt generated alone"
 print("visible tests passed")
 
 # %% [markdown]
