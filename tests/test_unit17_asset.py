@@ -29,3 +29,33 @@ def test_deepseek_char_tiny_asset():
     got = _val_loss(model, val, 32, 64, 3, 10_000)
     assert got == pytest.approx(ckpt["fp8_check"]["val_loss_fp32"], abs=1e-5)
     assert got < 2.6, "the trained model must have learned the characters' statistics"
+
+
+def test_deepseek_char_tiny_sample_inside_trained_window():
+    """The stored sample is what the current generation settings produce: greedy after the prompt, cut to the
+    trained window (the old one ran 100 tokens, past the 64-token training windows)."""
+    from llmcourse.train.deepseek_char import (
+        SAMPLE_PROMPT,
+        SAMPLE_TOKENS,
+        asset_sample,
+        deepseek_char_tiny_path,
+        load_deepseek_char_tiny,
+    )
+
+    p = deepseek_char_tiny_path()
+    if not p.exists():
+        pytest.skip("assets/deepseek_char_tiny.pt not built (python -m llmcourse.train.deepseek_char)")
+    model, tok = load_deepseek_char_tiny(retrain=False, verbose=False)
+    info = model.checkpoint_info
+    window = info["recipe"]["context_length"]
+    n_prompt = len(tok.encode(SAMPLE_PROMPT))
+    stored = info["sample"]
+    assert len(tok.encode(stored)) == min(SAMPLE_TOKENS, window - n_prompt), \
+        "stored sample length does not match the generation settings (run `python -m llmcourse.train.deepseek_char sample`)"
+    assert n_prompt + len(tok.encode(stored)) <= window < model.cfg.context_length
+    fresh = asset_sample(model, tok, window)
+    # greedy decoding is deterministic; allow a late argmax flip from float rounding on another CPU
+    common = next((i for i, (a, b) in enumerate(zip(stored, fresh)) if a != b), len(stored))
+    assert len(fresh) == len(stored) and common >= len(stored) // 2, (stored, fresh)
+    with pytest.raises(ValueError):
+        asset_sample(model, tok, n_prompt)

@@ -95,3 +95,18 @@ def test_generation_lengths_of_every_profile_fit_the_trained_window():
         p = profile("17", name)
         assert len("ROMEO:") + p["gen_tokens"] <= DEEPSEEK_CHAR_TINY_RECIPE["context_length"], name
         assert len("ROMEO:") + p["panel_tokens"] <= p["context_length"], name
+
+
+def test_comparison_table_flops_column_and_cost_rows():
+    """GFLOP/step appears only when a row has it; a cost-only row (no val loss, no counts) shows dashes and sorts last."""
+    rows = [{"name": "a", "total_params": 10, "active_params": 10, "ms_per_step": 10.0, "val_loss": 2.5,
+             "cache_elems_per_token": 1024, "gflops_per_step": 1.5},
+            {"name": "b, no MTP", "ms_per_step": 7.0, "gflops_per_step": 1.0}]
+    assert [c[0] for c in viz._columns(rows[:1])].count("gflops_per_step") == 1
+    assert "gflops_per_step" not in [c[0] for c in viz._columns([{k: v for k, v in rows[0].items()
+                                                                             if k != "gflops_per_step"}])]
+    fig = viz.draw_comparison_table(rows, None, sort_by="val_loss")
+    table = fig.axes[0].tables[0]
+    texts = [[table[(i, j)].get_text().get_text() for j in range(7)] for i in range(3)]
+    assert texts[0][4] == "GFLOP/step" and texts[1][0] == "a" and texts[2][0] == "b, no MTP"
+    assert texts[2][1] == "—" and texts[2][4] == "1.00"

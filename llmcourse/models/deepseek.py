@@ -47,7 +47,7 @@ from .mtp import MTPModule, mtp_inputs_and_targets
 __all__ = ["DeepSeekAttention", "DeepSeekBlock", "DeepSeekConfig", "DeepSeekLM", "cache_elems_per_token",
            "compare_models", "deepseek_param_breakdown", "deepseek_state_dict_from_hf", "forward_time_breakdown", "fp8_eval",
            "generate_latent_cached", "greedy_uncached", "hf_deepseek_config", "load_hf_deepseek", "model_logits",
-           "param_counts", "random_hf_deepseek", "train_step"]
+           "mtp_step_cost", "param_counts", "random_hf_deepseek", "train_step", "train_step_flops"]
 
 
 @dataclass
@@ -553,6 +553,73 @@ def compare_models(models: dict[str, nn.Module], train_data: Tensor, val_data: T
 
 _DISPATCH_OPS = ("sort", "argsort", "index_select", "index_add", "index", "gather", "scatter", "bincount", "cumsum",
                  "repeat_interleave", "histc", "nonzero", "unique")
+
+
+def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
+    """Floating-point operations of one training step's forward and backward pass, counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and attention; a multiply-add counts 2; the
+    optimizer's elementwise update and the norms are not counted).
+
+    A :class:`DeepSeekLM` is run on ``(x, y)`` (main + MTP loss); any other model on ``cross_entropy(model(x), y)``.
+    ``FlopCounterMode`` has no formula for ``F.grouped_mm``, so during the count every MoE layer takes its
+    per-expert path (``DeepSeekMoE.use_grouped_mm = False``, restored afterwards): the same products on the same
+    rows. Parameters' ``.grad`` are left as they were (saved and restored); the mode is restored. Returns an int.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    grads = {p: p.grad for p in model.parameters()}
+    was, grouped = model.training, DeepSeekMoE.use_grouped_mm
+    model.train()
+    DeepSeekMoE.use_grouped_mm = False
+    try:
+        with FlopCounterMode(display=False) as counter:
+            if isinstance(model, DeepSeekLM):
+                loss = model(x, y)["loss"]
+            else:
+                lg = model_logits(model, x)
+                loss = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
+            loss.backward()
+        return int(counter.get_total_flops())
+    finally:
+        DeepSeekMoE.use_grouped_mm = grouped
+        model.train(was)
+        for p, g in grads.items():
+            p.grad = g
+
+
+def mtp_step_cost(cfg: DeepSeekConfig, train_data: Tensor, batch_size: int, context_length: int, repeats: int = 5,
+                  seed: int = 0) -> list[dict]:
+    """What the MTP module costs a training step: two :class:`DeepSeekLM` built from ``cfg`` with ``mtp_depth`` as
+    given and with 0, from the same seed (so the same trunk), on the same batches.
+
+    FLOPs: :func:`train_step_flops` on the batch of step ``seed``. Time: one warm-up :func:`train_step` each, then
+    ``repeats`` rounds that run one step of each model (batch ``get_batch(…, Generator(seed + r))``, AdamW lr 1e-3),
+    alternating which goes first; ``ms_per_step`` is the **median** over the rounds (interleaving spreads load
+    changes of the machine over both). Returns ``[{"name", "mtp_depth", "flops_per_step", "ms_per_step"}]``, the
+    model with MTP first.
+    """
+    from ..train.optim import configure_optimizer
+
+    if cfg.mtp_depth < 1:
+        raise ValueError("mtp_step_cost compares a model with MTP against one without: give cfg.mtp_depth >= 1")
+    runs = []
+    for depth in (cfg.mtp_depth, 0):
+        torch.manual_seed(seed)
+        m = DeepSeekLM(dataclasses.replace(cfg, mtp_depth=depth))
+        runs.append({"name": f"deepseek-tiny, {'MTP depth ' + str(depth) if depth else 'no MTP'}", "mtp_depth": depth,
+                     "model": m, "opt": configure_optimizer(m, 1e-3), "ms": []})
+    x, y = get_batch(train_data, batch_size, context_length, torch.Generator().manual_seed(seed))
+    for r in runs:
+        r["flops_per_step"] = train_step_flops(r["model"], x, y)
+        train_step(r["model"], r["opt"], x, y)                                  # warm-up
+    for i in range(repeats):
+        x, y = get_batch(train_data, batch_size, context_length, torch.Generator().manual_seed(seed + 1 + i))
+        for r in (runs if i % 2 == 0 else runs[::-1]):
+            t0 = time.perf_counter()
+            train_step(r["model"], r["opt"], x, y)
+            r["ms"].append(1000 * (time.perf_counter() - t0))
+    return [{"name": r["name"], "mtp_depth": r["mtp_depth"], "flops_per_step": r["flops_per_step"],
+             "ms_per_step": float(torch.tensor(r["ms"]).median())} for r in runs]
 
 
 def forward_time_breakdown(model: DeepSeekLM, x: Tensor, y: Tensor | None = None, repeats: int = 3) -> dict[str, float]:

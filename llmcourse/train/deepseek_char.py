@@ -7,6 +7,7 @@ router-bias update after every step) on the seeded batches of unit 10 (``get_bat
 and unit 10's warm-up + cosine schedule, with :data:`DEEPSEEK_CHAR_TINY_RECIPE`. Re-create it with::
 
     python -m llmcourse.train.deepseek_char        # several minutes on an idle 2-core CPU
+    python -m llmcourse.train.deepseek_char sample # only regenerate the stored sample (weights unchanged)
 
 The file holds plain data only (``torch.load(..., weights_only=True)``), weights in **float16** (float32 would be
 about 8 MB)::
@@ -15,7 +16,8 @@ about 8 MB)::
      "tokenizer": {"kind": "char", "chars": ...}, "recipe": ..., "val_loss": float (of the float16-stored weights),
      "train_loss": float, "seconds": float, "ms_per_step": float, "history": {"step", "loss", "loss_main",
      "loss_mtp", "max_mean_load"} (every 10th step), "fp8": fp8_eval of the stored weights (recipe batches),
-     "fp8_check": the same on the grader's 3 batches, "sample": str}
+     "fp8_check": the same on the grader's 3 batches, "sample": str (:func:`asset_sample`: greedy, after
+     "ROMEO:", inside the trained window)}
 
 :func:`load_deepseek_char_tiny` builds the model in float32 from it; when the asset is missing it trains a small
 substitute (:data:`SUBSTITUTE_RECIPE`, 150 steps) and says so.
@@ -28,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DEEPSEEK_CHAR_TINY_RECIPE", "FP8_CHECK_BATCHES", "SUBSTITUTE_RECIPE", "calibrate_fp8_check", "deepseek_char_tiny_path", "load_deepseek_char_tiny",
+__all__ = ["DEEPSEEK_CHAR_TINY_RECIPE", "FP8_CHECK_BATCHES", "SAMPLE_PROMPT", "SAMPLE_TOKENS", "SUBSTITUTE_RECIPE",
+           "asset_sample", "calibrate_fp8_check", "deepseek_char_tiny_path", "load_deepseek_char_tiny", "refresh_sample",
            "train_deepseek_char_tiny"]
 
 DEEPSEEK_CHAR_TINY_RECIPE = dict(steps=800, batch_size=32, context_length=64, max_lr=3e-3, min_lr=3e-4,
@@ -36,6 +39,34 @@ DEEPSEEK_CHAR_TINY_RECIPE = dict(steps=800, batch_size=32, context_length=64, ma
                                  eval_seed=10_000, fp8_batches=10)
 SUBSTITUTE_RECIPE = dict(DEEPSEEK_CHAR_TINY_RECIPE, steps=150, eval_batches=10)
 FP8_CHECK_BATCHES = 3   # the grader's fp8 check: fp8_eval(model, val, 3, 10_000) with B 32, T 64
+SAMPLE_PROMPT = "ROMEO:"
+SAMPLE_TOKENS = 100     # greedy tokens of the stored sample, cut to the trained window (prompt + tokens <= T)
+
+
+def asset_sample(model, tok, context_length: int, prompt: str = SAMPLE_PROMPT, max_tokens: int = SAMPLE_TOKENS) -> str:
+    """The asset's stored sample: greedy latent-cached decoding after ``prompt`` of
+    ``min(max_tokens, context_length − len(prompt))`` tokens, so prompt + sample stay inside the trained window of
+    ``context_length`` tokens (positions beyond it never occurred in training). Returns the new text only."""
+    from ..models.deepseek import generate_latent_cached
+
+    ids = torch.tensor([tok.encode(prompt)])
+    n = min(max_tokens, context_length - ids.shape[1])
+    if n < 1:
+        raise ValueError(f"prompt of {ids.shape[1]} tokens leaves no room in a {context_length}-token window")
+    with torch.no_grad():
+        out = generate_latent_cached(model, ids, n)[0]
+    return tok.decode(out[0, ids.shape[1]:].tolist())
+
+
+def refresh_sample(path: str | Path | None = None) -> str:
+    """Regenerate ``"sample"`` of an existing asset with :func:`asset_sample` at its recipe's context length and
+    save it; the weights and every other entry are written back unchanged (bit-identical tensors). Returns it."""
+    p = Path(path) if path else deepseek_char_tiny_path()
+    ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    model, tok = load_deepseek_char_tiny(p, retrain=False, verbose=False)
+    ckpt["sample"] = asset_sample(model, tok, ckpt["recipe"]["context_length"])
+    torch.save(ckpt, p)
+    return ckpt["sample"]
 
 
 def calibrate_fp8_check(path: str | Path | None = None) -> dict:
@@ -73,7 +104,6 @@ def train_deepseek_char_tiny(save: bool = False, progress: bool = True, path: st
         DeepSeekLM,
         _val_loss,
         fp8_eval,
-        generate_latent_cached,
         train_step,
     )
     from .optim import configure_optimizer
@@ -115,9 +145,7 @@ def train_deepseek_char_tiny(save: bool = False, progress: bool = True, path: st
     fp8 = fp8_eval(model, corpus.val, r["fp8_batches"], r["eval_seed"], batch_size=r["batch_size"],
                    context_length=r["context_length"])
     fp8_check = fp8_eval(model, corpus.val, FP8_CHECK_BATCHES, r["eval_seed"])
-    prompt = torch.tensor([tok.encode("ROMEO:")])
-    n_sample = min(100, r["context_length"] - prompt.shape[1])   # stay inside the trained window
-    sample = tok.decode(generate_latent_cached(model, prompt, n_sample)[0][0, prompt.shape[1]:].tolist())
+    sample = asset_sample(model, tok, r["context_length"])   # stays inside the trained window
     info = {"config": cfg.to_dict(), "recipe": r, "val_loss": val, "train_loss": train, "seconds": seconds,
             "ms_per_step": 1000 * seconds / max(r["steps"], 1), "history": hist, "fp8": fp8, "fp8_check": fp8_check,
             "sample": sample}
@@ -163,6 +191,9 @@ if __name__ == "__main__":  # python -m llmcourse.train.deepseek_char   (re-crea
     import sys
 
     torch.set_num_threads(int(os.environ.get("LLMCOURSE_THREADS", "2")))
+    if sys.argv[1:] == ["sample"]:
+        print(f"{SAMPLE_PROMPT}{refresh_sample()}")
+        sys.exit(0)
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else DEEPSEEK_CHAR_TINY_RECIPE["steps"]
     _model, _tok, _info = train_deepseek_char_tiny(save=True, steps=steps)
     p = deepseek_char_tiny_path()

@@ -6,8 +6,8 @@
 * W17.2 :func:`show_generation_panel` — a prompt box and a model selector: greedy output of the chosen model and
   the cache bytes each model would hold after that many tokens (read from the DeepSeek cache object; the
   formulas of unit 12 for the others). Static: the prompt ``"ROMEO:"`` for every model.
-* W17.3 :func:`show_comparison_table` — the comparison rows (total/active parameters, ms/step, validation loss,
-  cache elements per token) and the FP8 delta, sortable by a column.
+* W17.3 :func:`show_comparison_table` — the comparison rows (total/active parameters, ms/step, GFLOP/step when
+  given, validation loss, cache elements per token) and the FP8 delta, sortable by a column.
 """
 
 from __future__ import annotations
@@ -169,16 +169,25 @@ def show_generation_panel(models: dict, tokenizer, record: dict, max_new_tokens:
 
 _COLUMNS = [("name", "model", "{}"), ("total_params", "total params", "{:,}"),
             ("active_params", "active params", "{:,}"), ("ms_per_step", "ms/step", "{:.0f}"),
+            ("gflops_per_step", "GFLOP/step", "{:.2f}"),
             ("val_loss", "val loss", "{:.3f}"), ("cache_elems_per_token", "cache elems/token", "{:,}")]
+_OPTIONAL = ("gflops_per_step",)   # shown when some row has it
+
+
+def _columns(rows: list[dict]) -> list[tuple[str, str, str]]:
+    return [c for c in _COLUMNS if c[0] not in _OPTIONAL or any(r.get(c[0]) is not None for r in rows)]
 
 
 def draw_comparison_table(rows: list[dict], fp8_delta: float | None = None, sort_by: str = "name"):
-    """The comparison rows as a table (sorted by ``sort_by``), the FP8 delta of the DeepSeek model as a caption."""
-    rows = sorted(rows, key=lambda r: r[sort_by])
-    fig, ax = figure(1, 1, figsize=(10.5, 0.7 + 0.45 * (len(rows) + 1)))
+    """The comparison rows as a table (sorted by ``sort_by``, rows without that value last), the FP8 delta of the
+    DeepSeek model as a caption. A row may leave columns out (shown as "—"), e.g. a row that only measured the cost
+    of a step; the GFLOP/step column appears when some row has ``gflops_per_step``."""
+    rows = sorted(rows, key=lambda r: (r.get(sort_by) is None, r.get(sort_by) if r.get(sort_by) is not None else 0))
+    cols = _columns(rows)
+    fig, ax = figure(1, 1, figsize=(10.5 + 1.2 * (len(cols) - 6), 0.7 + 0.45 * (len(rows) + 1)))
     ax.axis("off")
-    cells = [[fmt.format(r[k]) for k, _, fmt in _COLUMNS] for r in rows]
-    table = ax.table(cellText=cells, colLabels=[label for _, label, _ in _COLUMNS], loc="center", cellLoc="center")
+    cells = [["—" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in cols] for r in rows]
+    table = ax.table(cellText=cells, colLabels=[label for _, label, _ in cols], loc="center", cellLoc="center")
     table.scale(1, 1.4)
     if fp8_delta is not None:
         ax.set_title(f"FP8 inference of the trained DeepSeek: validation loss {fp8_delta:+.4f} nats", fontsize=10)
@@ -192,7 +201,8 @@ def show_comparison_table(rows: list[dict], fp8_delta: float | None = None, stat
         import ipywidgets as widgets
 
         out, update = redrawing_output(lambda sort_by: draw_comparison_table(rows, fp8_delta, sort_by))
-        w = widgets.Dropdown(options=[(label, k) for k, label, _ in _COLUMNS], value="name", description="sort by")
+        w = widgets.Dropdown(options=[(label, k) for k, label, _ in _columns(rows)], value="name",
+                             description="sort by")
         w.observe(lambda ch: update(sort_by=ch["new"]), names="value")
         update(sort_by="name")
         return widgets.VBox([w, out])

@@ -350,6 +350,126 @@ def depth1_logits_reference(model, x):
 assert self_check_depth1(depth1_logits_reference)
 
 # %% [markdown]
+# ### Spot the bug: a depth-1 loss that is too good to be true
+#
+# A colleague wrote the training loss of a one-module MTP model out by hand, with accuracies for the log, and
+# trained a small fresh model with it (same batches for every step, AdamW). Read the log it prints: section 1
+# showed that a correct chain cannot make the depth-1 loss beat the main head for long (`L_1 ≥ L_main` is what a
+# correct module reaches at best). Somewhere in the function one thing is wrong, and no comment marks it.
+
+# %%
+def mtp_losses(model, x, y, lam=0.3):
+    """Main and depth-1 losses of a one-module MTP model, with top-1 accuracies for the training log."""
+    B, T = x.shape
+    h0 = model.trunk(x)                                       # (B, T, D), before the final norm
+    main_logits = model.model.lm_head(model.model.norm(h0))
+    loss_main = F.cross_entropy(main_logits.reshape(B * T, -1), y.reshape(-1))
+    acc_main = (main_logits.argmax(-1) == y).float().mean()
+
+    n = T - 1                                                 # depth 1 keeps T - 1 positions
+    h_prev = h0[:, :n]
+    emb = model.model.embed_tokens(x[:, 1:])                  # position i embeds token i+1
+    target = y[:, 1:]                                         # and predicts token i+2
+    cos = model.model.rope_cos[1:1 + n]
+    sin = model.model.rope_sin[1:1 + n]
+    visible = torch.ones(n, n, dtype=torch.bool).triu()
+    h1 = model.mtp[0](h_prev, emb, cos, sin, visible)
+    mtp_logits = model.model.lm_head(h1)
+    loss_mtp = F.cross_entropy(mtp_logits.reshape(B * n, -1), target.reshape(-1))
+    acc_mtp = (mtp_logits.argmax(-1) == target).float().mean()
+
+    return {"loss": loss_main + lam * loss_mtp, "loss_main": loss_main, "loss_mtp": loss_mtp,
+            "acc_main": acc_main.item(), "acc_mtp": acc_mtp.item(), "mtp_logits": mtp_logits}
+
+
+def small_mtp_model():
+    torch.manual_seed(0)
+    return MTPLanguageModel(Llama3Config(vocab_size=mcfg.vocab_size, d_model=64, n_layers=1, n_heads=2,
+                                         n_kv_heads=1, intermediate_size=128, context_length=64))
+
+
+def train_with(loss_fn, steps):
+    small = small_mtp_model()
+    opt = torch.optim.AdamW(small.parameters(), lr=3e-3)
+    log = []
+    for s in range(steps):
+        xs, ys = get_batch(corpus.train, 16, 32, torch.Generator().manual_seed(s))
+        out = loss_fn(small, xs, ys)
+        opt.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        opt.step()
+        log.append((out["loss_main"].item(), out["loss_mtp"].item(), out["acc_main"], out["acc_mtp"]))
+    return log
+
+
+diag_log = train_with(mtp_losses, cfg["diag_steps"])
+for s in (0, len(diag_log) // 2, len(diag_log) - 1):
+    lm_, l1_, am_, a1_ = diag_log[s]
+    print(f"step {s:>3}: main loss {lm_:.3f} (top-1 {am_:.1%}), depth-1 loss {l1_:.3f} (top-1 {a1_:.1%})")
+last = diag_log[-5:]
+print(f"mean of the last 5 steps: depth-1 loss − main loss = "
+      f"{sum(r[1] - r[0] for r in last) / len(last):+.3f} nats")
+
+# %% [markdown]
+# **Your fix.** Find the bug (section 6's test, run on `mtp_losses` instead of the model, is a good tool) and write
+# the repaired function below. The self-check probes it for leakage on a fresh model (changing the token a
+# position predicts, or any later one, must not move that position's depth-1 logits) and compares its losses
+# with the trained model's own.
+
+# %%
+def mtp_losses_fixed(model, x, y, lam=0.3):
+    # TODO: copy mtp_losses here and repair it
+    return mtp_losses(model, x, y, lam)
+
+
+def self_check_mtp_losses(fn=None):
+    fn = fn or mtp_losses_fixed
+    probe = small_mtp_model().eval()
+    wp = get_batch(corpus.val, 1, 13, torch.Generator().manual_seed(5))[0]
+    with torch.no_grad():
+        base_lg = fn(probe, wp[:, :-1], wp[:, 1:])["mtp_logits"][0]
+        leaks = []
+        for j in range(2, 13):                                 # position i may read tokens 0 … i+1 only
+            w2 = wp.clone()
+            w2[0, j] = (w2[0, j] + 1) % mcfg.vocab_size
+            moved = (fn(probe, w2[:, :-1], w2[:, 1:])["mtp_logits"][0] - base_lg).abs().amax(-1) > 1e-6
+            leaks += [(i, j) for i in range(base_lg.shape[0]) if moved[i] and j > i + 1]
+        got, want = fn(model, xb, yb), model(xb, yb)
+    same = all(abs(got[k].item() - v.item()) < 1e-4 for k, v in (("loss_main", want["loss_main"]),
+                                                                  ("loss_mtp", want["loss_mtp"][0])))
+    ok = not leaks and same
+    print("✓ no position reads its target, and the losses equal the trained model's" if ok else
+          f"✗ not yet: {len(leaks)} (position, token) pairs leak, e.g. {leaks[:3]}; losses equal the model's: {same}")
+    return ok
+
+
+self_check_mtp_losses();
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: the mask. A True entry marks what a position may attend to; the upper triangle lets position i of
+# the depth-1 block attend to positions i+1, i+2, …, whose embedded tokens include token i+2, its own target. The
+# block then learns to copy, which is why its loss beat the main head's. The lower triangle (the model's
+# `model.model.causal[:n, :n]`) restores the chain: position i sees tokens 0 … i+1 only.
+def mtp_losses_reference(model, x, y, lam=0.3):
+    B, T = x.shape
+    h0 = model.trunk(x)
+    main_logits = model.model.lm_head(model.model.norm(h0))
+    loss_main = F.cross_entropy(main_logits.reshape(B * T, -1), y.reshape(-1))
+    acc_main = (main_logits.argmax(-1) == y).float().mean()
+    n = T - 1
+    h1 = model.mtp[0](h0[:, :n], model.model.embed_tokens(x[:, 1:]), model.model.rope_cos[1:1 + n],
+                      model.model.rope_sin[1:1 + n], torch.ones(n, n, dtype=torch.bool).tril())
+    mtp_logits = model.model.lm_head(h1)
+    target = y[:, 1:]
+    loss_mtp = F.cross_entropy(mtp_logits.reshape(B * n, -1), target.reshape(-1))
+    acc_mtp = (mtp_logits.argmax(-1) == target).float().mean()
+    return {"loss": loss_main + lam * loss_mtp, "loss_main": loss_main, "loss_mtp": loss_mtp,
+            "acc_main": acc_main.item(), "acc_mtp": acc_mtp.item(), "mtp_logits": mtp_logits}
+
+
+assert self_check_mtp_losses(mtp_losses_reference)
+
+# %% [markdown]
 # ## 7. Inference: drop the modules, or draft with them
 #
 # At inference the main model alone generates text: `model.model(ids)` is an ordinary Llama, and the MTP

@@ -21,6 +21,7 @@
 # finished versions from `llmcourse.models.deepseek`.
 
 # %%
+import math
 import time
 
 import torch
@@ -39,8 +40,10 @@ from llmcourse.models.deepseek import (
     fp8_eval,
     generate_latent_cached,
     greedy_uncached,
+    mtp_step_cost,
     param_counts,
     train_step,
+    train_step_flops,
 )
 from llmcourse.train.deepseek_char import load_deepseek_char_tiny
 from llmcourse.train.schedules import warmup_cosine_lr
@@ -199,6 +202,95 @@ print(f"depth-1 loss with V3's 1/T normalisation = {(T_win - 1) / T_win:.4f} × 
 # Overloaded experts went down by γ, underloaded ones up: the next batches route a little more evenly without
 # any auxiliary loss term in the gradient.
 #
+# ### Spot the bug: a loss curve that stalls
+#
+# A teammate adds **gradient accumulation** to the capstone's training (each optimizer step sums the gradients of
+# several smaller batches, the usual way to reach a large batch with little memory) and trains a small
+# DeepSeek-style model. The log shows the symptom: the loss does not move from where it started, although the
+# gradient norm it prints is far from zero and the expert-load imbalance changes. One thing in the function is
+# wrong, and no comment marks it.
+
+# %%
+DIAG_CFG = dict(d_model=32, n_heads=2, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8,
+                intermediate_size=64, moe_intermediate_size=16)
+
+
+def train_accumulated(model, steps, micro_batches=2, batch_size=8, context_length=32, lr=3e-3, max_norm=1.0, seed=0):
+    """Gradient accumulation: each optimizer step uses the summed gradients of `micro_batches` batches."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    log = {"loss": [], "grad_norm": [], "imbalance": []}
+    for s in range(steps):
+        step_loss = 0.0
+        for mb in range(micro_batches):
+            gen = torch.Generator().manual_seed(seed + s * micro_batches + mb)
+            xm, ym = get_batch(corpus.train, batch_size, context_length, gen)
+            out = model(xm, ym)
+            (out["loss"] / micro_batches).backward()
+            step_loss += out["loss_main"].item() / micro_batches
+        loads = torch.stack(model.expert_loads()).float()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        opt.zero_grad(set_to_none=True)
+        opt.step()
+        model.update_router_biases()
+        log["loss"].append(step_loss)
+        log["grad_norm"].append(float(norm))
+        log["imbalance"].append(float((loads.max(1).values / loads.mean(1)).mean()))
+    return log
+
+
+torch.manual_seed(0)
+diag_log = train_accumulated(DeepSeekLM(DeepSeekConfig(**DIAG_CFG)), cfg["diag_steps"])
+for s in (0, len(diag_log["loss"]) // 2, len(diag_log["loss"]) - 1):
+    print(f"step {s:>3}: loss {diag_log['loss'][s]:.3f}, gradient norm {diag_log['grad_norm'][s]:.3f}, "
+          f"expert load max/mean {diag_log['imbalance'][s]:.2f}")
+print(f"log(vocabulary size) = {math.log(ds_cfg.vocab_size):.3f}: the loss of a uniform guess")
+
+# %% [markdown]
+# **Your fix.** Find the bug (what does the optimizer see when it steps?) and write the repaired function below.
+# The self-check trains a fresh small model with it for a few steps and checks that the loss falls.
+
+# %%
+def train_accumulated_fixed(model, steps, micro_batches=2, batch_size=8, context_length=32, lr=3e-3, max_norm=1.0,
+                            seed=0):
+    # TODO: copy train_accumulated here and repair it
+    return train_accumulated(model, steps, micro_batches, batch_size, context_length, lr, max_norm, seed)
+
+
+def self_check_accumulation(fn=None):
+    fn = fn or train_accumulated_fixed
+    torch.manual_seed(0)
+    small = DeepSeekLM(DeepSeekConfig(**DIAG_CFG))
+    before = [p.detach().clone() for p in small.parameters()]
+    losses = fn(small, 12)["loss"]
+    moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, small.parameters()))
+    drop = losses[0] - sum(losses[-3:]) / 3
+    ok = moved and drop > 0.3
+    print(f"✓ the weights move and the loss falls by {drop:.2f} nats in 12 steps" if ok else
+          f"✗ not yet: weights changed: {moved}; loss drop over 12 steps {drop:.3f} nats (want > 0.3)")
+    return ok
+
+
+self_check_accumulation();
+
+# %% jupyter={"source_hidden": true}
+# Reference fix: `zero_grad` sat between the clipping and `opt.step()`, so every step found no gradients (set to
+# None) and AdamW skipped every parameter: the clip had measured a real norm, and the router biases (buffers,
+# updated outside the optimizer) still moved, which is why the log looked alive. The repair moves one line: clear
+# the gradients once per optimizer step, before the first micro-batch's backward, and step on the accumulated sum.
+# The repaired loop is the exercise's training step around an inner loop, so it is not printed here; the self-check
+# runs the library's training step instead (one micro-batch of the same 16 rows per step).
+def train_accumulated_reference(model, steps, micro_batches=1, batch_size=16, context_length=32, lr=3e-3,
+                                max_norm=1.0, seed=0):
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    return {"loss": [train_step(model, opt, *get_batch(corpus.train, batch_size, context_length,
+                                                       torch.Generator().manual_seed(seed + s)), max_norm)["loss_main"]
+                     for s in range(steps)]}
+
+
+assert self_check_accumulation(train_accumulated_reference)
+
+# %% [markdown]
 # ## 6. The three-way comparison
 #
 # Three models, trained on **the same batches** (step `s` draws its batch with the generator seeded `seed + s`)
@@ -299,6 +391,42 @@ print(f"rows per routed expert on average: B·T·k/E = {B * T * ds_cfg.num_exper
 # training step and never at inference. MoE pays off when experts are large and spread over many accelerators,
 # where each expert's GEMM is big enough to run near peak.
 #
+# ### The compute asymmetry: what MTP costs a training step
+#
+# Count the floating-point operations of one training step (forward and backward, matrix products and attention)
+# with `torch.utils.flop_counter.FlopCounterMode`, for each model of the comparison on one batch. Then build
+# DeepSeek-tiny twice from the same seed, with and without its MTP module, and time training steps of the two
+# interleaved (one step of each per round, the order alternating, the median over the rounds), so that a change
+# of the machine's load hits both alike.
+
+# %%
+flop_x, flop_y = get_batch(corpus.train, B, T, torch.Generator().manual_seed(0))
+for r in rows:
+    r["gflops_per_step"] = train_step_flops(models[r["name"]], flop_x, flop_y) / 1e9
+mtp_rows = mtp_step_cost(ds_cfg, corpus.train, B, T, repeats=cfg["mtp_cost_repeats"])
+for r in mtp_rows:
+    r["gflops_per_step"] = r.pop("flops_per_step") / 1e9
+    r["name"] = r["name"] + " (step cost)"
+for r in rows + mtp_rows:
+    print(f"{r['name']:>34}: {r['gflops_per_step']:6.2f} GFLOP/step, {r['ms_per_step']:6.0f} ms/step")
+with_mtp, without_mtp = mtp_rows
+print(f"MTP module: {with_mtp['gflops_per_step'] / without_mtp['gflops_per_step'] - 1:+.1%} FLOPs and "
+      f"{with_mtp['ms_per_step'] / without_mtp['ms_per_step'] - 1:+.1%} time per training step "
+      f"(median of {cfg['mtp_cost_repeats']} interleaved steps; timings of this machine, not asserted)")
+flop_share = with_mtp["gflops_per_step"] / without_mtp["gflops_per_step"] - 1
+time_share = with_mtp["ms_per_step"] / without_mtp["ms_per_step"] - 1
+print(f"time share {'below' if time_share < flop_share else 'at or above'} the FLOP share on this machine")
+assert with_mtp["gflops_per_step"] > without_mtp["gflops_per_step"]
+
+# %% [markdown]
+# The FLOPs are exact counts for this configuration, the same on every machine; the milliseconds belong to this
+# machine. The MTP module adds one dense block, its input projection `eh_proj` and a second pass through the head,
+# on `T − 1` positions: the FLOP share printed above, paid on every training step and never at inference (there the
+# module is dropped, or drafts tokens as in unit 15). Its time share can differ from its FLOP share: a dense block
+# multiplies larger matrices than the MoE layers' small per-expert products, which run further below the CPU's
+# peak (the breakdown above), so a FLOP of the MTP module need not cost as much time as an average FLOP of the
+# model. The last printed line says which way it goes here. Both rows join the comparison table of section 8.
+#
 # ## 7. Generation with the latent cache, inside the trained context
 #
 # Greedy generation: one call on the prompt, then one call per new token with `T = 1`; the MTP module is not used.
@@ -376,7 +504,7 @@ if not info.get("substitute"):
           f"batches")
 
 # %%
-viz.show_comparison_table(rows, res["delta"])
+viz.show_comparison_table(rows + mtp_rows, res["delta"])
 
 # %% [markdown]
 # ## 9. What transfers, and what does not
