@@ -12,8 +12,9 @@ the same text, the same JSON, the same verdicts as a cold run (the server runs t
 
 What is unchanged: the server is the *checker*. Learner code never runs in it, only in forkserver workers,
 one per exercise, exactly as in a cold run (:mod:`grader.worker`); requests are served one at a time.
-``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`), nor does
-``course progress``.
+``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`);
+``course progress`` sends it the notebooks whose report is not in the check-result cache
+(:mod:`coursetools.resultcache`, keyed by this server's key), which every check fills.
 
 Which server answers: one per **key**, a hash of everything that could change an answer — the course root,
 the Python executable, where ``llmcourse``, ``grader`` and ``coursetools`` are imported from, a fingerprint
@@ -118,7 +119,7 @@ def _course_root(llmcourse_dir: str) -> str:
 def _env_subset(env=None) -> dict:
     env = os.environ if env is None else env
     return {k: v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and not k.startswith("LLMCOURSE_CHECK_SERVER")}
+            if k.startswith(ENV_PREFIXES) and not k.startswith(("LLMCOURSE_CHECK_SERVER", "LLMCOURSE_CHECK_CACHE"))}
 
 
 def watched_paths(root: str, llmcourse_dir: str, grader_dir: str, tools_dir: str) -> list[str]:
@@ -375,7 +376,7 @@ def _run_request(msg: dict, state: _State, home: str) -> dict:
     os.chdir(msg["cwd"])  # relative paths, the report's notebook name and the workers' cwd, as in a cold run
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = check_command(str(msg["notebook"]), bool(msg["json"]))
+            code = check_command(str(msg["notebook"]), bool(msg["json"]), server=str(msg["key"]))
     finally:
         os.chdir(home)
     return {"ok": True, "stdout": out.getvalue(), "stderr": err.getvalue(), "code": int(code), "pid": os.getpid()}
