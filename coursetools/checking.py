@@ -51,18 +51,12 @@ def check_command(notebook: str, as_json: bool, server: str | None = None) -> in
     """``course check`` in this process (the cold path, and what the warm check server runs): prints the
     report (text or JSON) and returns the exit code.
 
-    The report is also stored in the check-result cache (:mod:`coursetools.resultcache`) that ``course progress``
-    reuses; ``server`` is the check server key the client computed (default: computed here).
+    With ``server`` (the check server key, :func:`coursetools.checkserver.server_key`, computed by the ``course``
+    command or sent by the client) the report is also stored in the check-result cache
+    (:mod:`coursetools.resultcache`) that ``course progress`` reuses.
     """
     import json
 
-    from .resultcache import cache_dir
-
-    if server is None and cache_dir() is not None:
-        with contextlib.suppress(Exception):  # before the imports below; the cache is best effort
-            from .checkserver import server_key
-
-            server = server_key()["key"]
     from grader.forkserver import start_forkserver
 
     start_forkserver()  # first thing: the learner processes' parent preloads torch while this process imports its own

@@ -168,7 +168,22 @@ def cmd_check(args) -> int:
         sys.stderr.write(err)
         sys.stdout.flush()
         return code
-    return check_command(args.notebook, args.json)
+    return check_command(args.notebook, args.json, server=_cache_server_key())
+
+
+def _cache_server_key() -> str | None:
+    """The check server key that check results are stored under (:mod:`coursetools.resultcache`), or None when the
+    cache is off or the key cannot be computed (nothing is stored or reused then)."""
+    from .resultcache import cache_dir
+
+    if cache_dir() is None:
+        return None
+    try:
+        from .checkserver import server_key
+
+        return server_key()["key"]
+    except Exception:  # noqa: BLE001 - the cache is best effort
+        return None
 
 
 def find_unit_notebook(folder: Path, unit) -> Path | None:
@@ -187,16 +202,9 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     import json
     from collections import Counter
 
-    from .resultcache import cache_dir, load, result_key, store
+    from .resultcache import load, result_key, store
 
-    server = None
-    if cache_dir() is not None:  # reports `course check` stored for notebooks unchanged since (resultcache)
-        try:
-            from .checkserver import server_key
-
-            server = server_key()["key"]
-        except Exception:  # noqa: BLE001 - no cache then; every notebook is checked
-            server = None
+    server = _cache_server_key()  # reports `course check` stored for notebooks unchanged since (resultcache)
     from grader.core import bug_name
 
     course = course or _course()

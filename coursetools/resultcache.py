@@ -71,16 +71,16 @@ def _cells(path: Path) -> list | None:
     return out
 
 
-def result_key(notebook: str | os.PathLike, unit, server: str | None = None, root: Path | None = None) -> str | None:
-    """The cache key of ``notebook`` checked as ``unit`` (see the module doc), or None (unreadable notebook)."""
+def result_key(notebook: str | os.PathLike, unit, server: str, root: Path | None = None) -> str | None:
+    """The cache key of ``notebook`` checked as ``unit`` (see the module doc), or None (unreadable notebook).
+
+    ``server``: the check server key (:func:`coursetools.checkserver.server_key`); ``root``: the course root
+    (default :func:`llmcourse.manifest.course_root`).
+    """
     path = Path(notebook).resolve()
     cells = _cells(path)
     if cells is None:
         return None
-    if server is None:
-        from .checkserver import server_key
-
-        server = server_key()["key"]
     if root is None:
         from llmcourse.manifest import course_root
 

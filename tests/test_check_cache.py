@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from coursetools.checking import check_command
-from coursetools.cli import progress_report
+from coursetools.cli import main, progress_report
 from coursetools.resultcache import CACHE_ENV, cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +58,7 @@ def test_check_fills_progress_reuses_and_an_edit_is_checked_again(tmp_path, monk
 
     cache = tmp_path / "cache"
     monkeypatch.setenv(CACHE_ENV, str(cache))
-    assert check_command(str(path), True) == 0  # `course check` stores the report
+    assert main(["check", "--json", str(path)]) == 0  # `course check` (cold here) stores the report
     capsys.readouterr()
     assert len(list(cache.glob("*.json"))) == 1
     with monkeypatch.context() as m:
