@@ -202,10 +202,11 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     import json
     from collections import Counter
 
+    from llmcourse.selfcheck import bug_name  # grader.core's, without torch: a cached progress imports none
+
     from .resultcache import load, result_key, store
 
     server = _cache_server_key()  # reports `course check` stored for notebooks unchanged since (resultcache)
-    from grader.core import bug_name
 
     course = course or _course()
     rows = []
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="units to release into the hub's exchange at start (default: 03)")
     p.set_defaults(func=cmd_hub)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
+    if argv[:1] not in (["check"], ["progress"]):  # the bench modules import torch: these clients must stay cheap
         from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (coursetools/bench/)
 
         add_bench_parser(sub)
