@@ -6,6 +6,7 @@ import json
 import math
 
 import nbformat
+import pytest
 import torch
 from torch import nn
 
@@ -19,6 +20,7 @@ def _outcome(f, x, mask):
         return type(exc).__name__
 
 
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")  # the transpose_T mutant
 def test_a_written_mutant_behaves_as_the_catalogued_one(course):
     from grader.core import BUGS
     from grader.runner import load_unit
