@@ -47,13 +47,14 @@ def render_check_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def check_command(notebook: str, as_json: bool, server: str | None = None) -> int:
+def check_command(notebook: str, as_json: bool, server: str | None = None, cache: str | None = None) -> int:
     """``course check`` in this process (the cold path, and what the warm check server runs): prints the
     report (text or JSON) and returns the exit code.
 
     With ``server`` (the check server key, :func:`coursetools.checkserver.server_key`, computed by the ``course``
     command or sent by the client) the report is also stored in the check-result cache
-    (:mod:`coursetools.resultcache`) that ``course progress`` reuses.
+    (:mod:`coursetools.resultcache`) that ``course progress`` reuses, in the folder ``cache`` (default: this
+    process's setting; the server gets its client's).
     """
     import json
 
@@ -74,6 +75,6 @@ def check_command(notebook: str, as_json: bool, server: str | None = None) -> in
         from .resultcache import result_key, store
 
         with contextlib.suppress(Exception):
-            store(result_key(notebook, unit, server), report)
+            store(result_key(notebook, unit, server), report, cache)
     print(json.dumps(report, indent=1) if as_json else render_check_report(report))
     return EXIT_OK if report["passed"] else EXIT_FAIL

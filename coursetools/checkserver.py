@@ -245,6 +245,14 @@ def _connect_or_start(ident: dict, folder: Path) -> socket.socket | None:
     return None
 
 
+def _cache_setting() -> str:
+    """The client's check-result cache folder for the server to store into (``"0"``: none)."""
+    from .resultcache import cache_dir
+
+    folder = cache_dir()
+    return str(folder) if folder is not None else "0"
+
+
 def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
     """``course check`` answered by the warm server: ``(stdout, stderr, exit code)``, or None for the cold path."""
     if os.environ.get(SERVER_ENV, "1") == "0":
@@ -259,7 +267,7 @@ def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
             with sock:
                 sock.settimeout(REPLY_TIMEOUT_S)
                 _send(sock, {"op": "check", "key": ident["key"], "notebook": notebook, "json": bool(as_json),
-                             "cwd": os.getcwd(), "env": _env_subset()})
+                             "cwd": os.getcwd(), "env": _env_subset(), "cache": _cache_setting()})
                 reply = _recv(sock)
             if reply.get("stale"):  # a watched file changed since the key was computed: a fresh server
                 _debug("the check server was out of date; starting a fresh one")
@@ -376,7 +384,8 @@ def _run_request(msg: dict, state: _State, home: str) -> dict:
     os.chdir(msg["cwd"])  # relative paths, the report's notebook name and the workers' cwd, as in a cold run
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = check_command(str(msg["notebook"]), bool(msg["json"]), server=str(msg["key"]))
+            code = check_command(str(msg["notebook"]), bool(msg["json"]), server=str(msg["key"]),
+                                 cache=str(msg.get("cache") or "0"))
     finally:
         os.chdir(home)
     return {"ok": True, "stdout": out.getvalue(), "stderr": err.getvalue(), "code": int(code), "pid": os.getpid()}

@@ -34,9 +34,13 @@ CACHE_ENV = "LLMCOURSE_CHECK_CACHE"
 __all__ = ["CACHE_ENV", "cache_dir", "load", "result_key", "store"]
 
 
-def cache_dir() -> Path | None:
-    """This user's private cache folder (created), or None when switched off or unusable."""
-    setting = os.environ.get(CACHE_ENV, "")
+def cache_dir(setting: str | None = None) -> Path | None:
+    """This user's private cache folder (created), or None when switched off or unusable.
+
+    ``setting``: a folder or ``"0"`` (default: ``$LLMCOURSE_CHECK_CACHE``); the warm check server uses the one its
+    client resolved, since its own environment may be another client's.
+    """
+    setting = os.environ.get(CACHE_ENV, "") if setting is None else setting
     if setting == "0":
         return None
     if setting:
@@ -107,9 +111,10 @@ def load(key: str | None) -> dict | None:
     return data if isinstance(data, dict) and data.get("key") == key and isinstance(data.get("report"), dict) else None
 
 
-def store(key: str | None, report: dict) -> None:
-    """Store a report (best effort: a full disk or a read-only home only costs the next reuse)."""
-    folder = cache_dir()
+def store(key: str | None, report: dict, setting: str | None = None) -> None:
+    """Store a report (best effort: a full disk or a read-only home only costs the next reuse); ``setting`` as
+    for :func:`cache_dir`."""
+    folder = cache_dir(setting)
     if key is None or folder is None or "error" in report:
         return
     report = {k: v for k, v in report.items() if k != "notebook"}
