@@ -7,6 +7,7 @@ It has its own module so that the CLI and the check server both import it and no
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -46,9 +47,15 @@ def render_check_report(report: dict) -> str:
     return "\n".join(out)
 
 
-def check_command(notebook: str, as_json: bool) -> int:
+def check_command(notebook: str, as_json: bool, server: str | None = None, cache: str | None = None) -> int:
     """``course check`` in this process (the cold path, and what the warm check server runs): prints the
-    report (text or JSON) and returns the exit code."""
+    report (text or JSON) and returns the exit code.
+
+    With ``server`` (the check server key, :func:`coursetools.checkserver.server_key`, computed by the ``course``
+    command or sent by the client) the report is also stored in the check-result cache
+    (:mod:`coursetools.resultcache`) that ``course progress`` reuses, in the folder ``cache`` (default: this
+    process's setting; the server gets its client's).
+    """
     import json
 
     from grader.forkserver import start_forkserver
@@ -64,5 +71,10 @@ def check_command(notebook: str, as_json: bool) -> int:
         print(f"course check: {exc}", file=sys.stderr)
         return EXIT_USAGE
     report = check_report(unit, verdicts, notebook)
+    if server is not None:
+        from .resultcache import result_key, store
+
+        with contextlib.suppress(Exception):
+            store(result_key(notebook, unit, server), report, cache)
     print(json.dumps(report, indent=1) if as_json else render_check_report(report))
     return EXIT_OK if report["passed"] else EXIT_FAIL

@@ -12,8 +12,9 @@ the same text, the same JSON, the same verdicts as a cold run (the server runs t
 
 What is unchanged: the server is the *checker*. Learner code never runs in it, only in forkserver workers,
 one per exercise, exactly as in a cold run (:mod:`grader.worker`); requests are served one at a time.
-``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`), nor does
-``course progress``.
+``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`);
+``course progress`` sends it the notebooks whose report is not in the check-result cache
+(:mod:`coursetools.resultcache`, keyed by this server's key), which every check fills.
 
 Which server answers: one per **key**, a hash of everything that could change an answer — the course root,
 the Python executable, where ``llmcourse``, ``grader`` and ``coursetools`` are imported from, a fingerprint
@@ -118,7 +119,7 @@ def _course_root(llmcourse_dir: str) -> str:
 def _env_subset(env=None) -> dict:
     env = os.environ if env is None else env
     return {k: v for k, v in sorted(env.items())
-            if k.startswith(ENV_PREFIXES) and not k.startswith("LLMCOURSE_CHECK_SERVER")}
+            if k.startswith(ENV_PREFIXES) and not k.startswith(("LLMCOURSE_CHECK_SERVER", "LLMCOURSE_CHECK_CACHE"))}
 
 
 def watched_paths(root: str, llmcourse_dir: str, grader_dir: str, tools_dir: str) -> list[str]:
@@ -244,6 +245,14 @@ def _connect_or_start(ident: dict, folder: Path) -> socket.socket | None:
     return None
 
 
+def _cache_setting() -> str:
+    """The client's check-result cache folder for the server to store into (``"0"``: none)."""
+    from .resultcache import cache_dir
+
+    folder = cache_dir()
+    return str(folder) if folder is not None else "0"
+
+
 def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
     """``course check`` answered by the warm server: ``(stdout, stderr, exit code)``, or None for the cold path."""
     if os.environ.get(SERVER_ENV, "1") == "0":
@@ -258,7 +267,7 @@ def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
             with sock:
                 sock.settimeout(REPLY_TIMEOUT_S)
                 _send(sock, {"op": "check", "key": ident["key"], "notebook": notebook, "json": bool(as_json),
-                             "cwd": os.getcwd(), "env": _env_subset()})
+                             "cwd": os.getcwd(), "env": _env_subset(), "cache": _cache_setting()})
                 reply = _recv(sock)
             if reply.get("stale"):  # a watched file changed since the key was computed: a fresh server
                 _debug("the check server was out of date; starting a fresh one")
@@ -375,7 +384,8 @@ def _run_request(msg: dict, state: _State, home: str) -> dict:
     os.chdir(msg["cwd"])  # relative paths, the report's notebook name and the workers' cwd, as in a cold run
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = check_command(str(msg["notebook"]), bool(msg["json"]))
+            code = check_command(str(msg["notebook"]), bool(msg["json"]), server=str(msg["key"]),
+                                 cache=str(msg.get("cache") or "0"))
     finally:
         os.chdir(home)
     return {"ok": True, "stdout": out.getvalue(), "stderr": err.getvalue(), "code": int(code), "pid": os.getpid()}

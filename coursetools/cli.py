@@ -12,7 +12,7 @@
                            over a folder of exercise notebooks (default exercises/)
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
-  course grade DIR [--out OUT] [--timeout S] [--roster CSV]
+  course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--quiet]
                            autograde nbgrader-style submissions, write feedback HTML and grades.csv
   course exchange release|collect|feedback UNIT --root EXCHANGE [--into CLASS] [--work WORK]
                            nbgrader's exchange around course grade (coursetools/exchange.py)
@@ -168,7 +168,22 @@ def cmd_check(args) -> int:
         sys.stderr.write(err)
         sys.stdout.flush()
         return code
-    return check_command(args.notebook, args.json)
+    return check_command(args.notebook, args.json, server=_cache_server_key())
+
+
+def _cache_server_key() -> str | None:
+    """The check server key that check results are stored under (:mod:`coursetools.resultcache`), or None when the
+    cache is off or the key cannot be computed (nothing is stored or reused then)."""
+    from .resultcache import cache_dir
+
+    if cache_dir() is None:
+        return None
+    try:
+        from .checkserver import server_key
+
+        return server_key()["key"]
+    except Exception:  # noqa: BLE001 - the cache is best effort
+        return None
 
 
 def find_unit_notebook(folder: Path, unit) -> Path | None:
@@ -187,7 +202,11 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     import json
     from collections import Counter
 
-    from grader.core import bug_name
+    from llmcourse.selfcheck import bug_name  # grader.core's, without torch: a cached progress imports none
+
+    from .resultcache import load, result_key, store
+
+    server = _cache_server_key()  # reports `course check` stored for notebooks unchanged since (resultcache)
 
     course = course or _course()
     rows = []
@@ -204,8 +223,11 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
             rows.append(row)
             continue
         row["notebook"] = str(path)
-        rep = None
-        if warm:
+        key = result_key(path, unit, server, course.root) if server is not None else None
+        rep = load(key)
+        if rep is not None:
+            rep = rep["report"]
+        elif warm:
             from .checkserver import client_check
 
             answer = client_check(str(path), True)
@@ -218,8 +240,10 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
             from grader.runner import check_notebook
 
             try:
-                _, verdicts = check_notebook(path)
+                checked_unit, verdicts = check_notebook(path)
                 rep = check_report(unit, verdicts, str(path))
+                if checked_unit.id == unit.id:
+                    store(key, rep)
             except (FileNotFoundError, ValueError) as exc:
                 rep = {"error": str(exc)}
         if "error" in rep:
@@ -303,7 +327,8 @@ def cmd_grade(args) -> int:
     from .grading import grade
 
     try:
-        report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster)
+        report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster, jobs=args.jobs,
+                       progress=not args.quiet)
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -398,6 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 600)")
     p.add_argument("--roster", default=None, help="nbgrader student-import CSV (id,first_name,last_name,email): "
                    "names in the gradebook")
+    p.add_argument("--jobs", type=int, default=1, help="grade in N parallel jobs (checkers and nbgrader runs; the same "
+                   "scores as one job; each job needs about one core and the memory of one checker and one kernel)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=cmd_grade)
     p = sub.add_parser("exchange", help="nbgrader's exchange: release a unit, collect submissions, return feedback")
     p.add_argument("action", choices=["release", "collect", "feedback"])
@@ -415,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="units to release into the hub's exchange at start (default: 03)")
     p.set_defaults(func=cmd_hub)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] != ["check"]:  # the bench modules import torch: `course check`'s client must stay cheap
+    if argv[:1] not in (["check"], ["progress"]):  # the bench modules import torch: these clients must stay cheap
         from .bench import add_bench_parser  # `course bench <name>`: speed benchmarks (coursetools/bench/)
 
         add_bench_parser(sub)

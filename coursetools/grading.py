@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +44,22 @@ def _config_path(course_root: Path) -> Path:
     return course_root / "grader" / "nbgrader_config.py"
 
 
+def _write_config(work: Path, course_root: Path) -> None:
+    """``work/nbgrader_config.py`` loading the course's config; replaced atomically, and only when it differs (the
+    parallel nbgrader runs of ``course grade --jobs`` start while it is in place: never a half-written file)."""
+    path = work / "nbgrader_config.py"
+    text = f"c = get_config()\nload_subconfig({str(_config_path(course_root))!r})\n"
+    if path.exists() and path.read_text(encoding="utf-8") == text:
+        return
+    tmp = path.with_name(f".nbgrader_config.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _nbgrader(args: list[str], work: Path, course_root: Path, timeout: float | None = None,
               env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m nbgrader <args>`` in ``work`` with the course config."""
-    (work / "nbgrader_config.py").write_text(
-        f"c = get_config()\nload_subconfig({str(_config_path(course_root))!r})\n", encoding="utf-8")
+    _write_config(work, course_root)
     env = _nbgrader_env(work, course_root, env_extra)
     return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
@@ -156,6 +168,7 @@ class GradeReport:
     out_dir: Path
     rows: list[dict] = field(default_factory=list)  # one per (student, assignment)
     grades_csv: Path | None = None
+    timings: dict = field(default_factory=dict)  # seconds per phase of the run (where the time went)
 
     def render(self) -> str:
         lines = [f"{'student':20} {'assignment':28} {'score':>9}  notes"]
@@ -425,7 +438,7 @@ def read_roster(path: str | os.PathLike) -> dict[str, dict]:
 
 
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
-          course=None, roster: str | os.PathLike | None = None) -> GradeReport:
+          course=None, roster: str | os.PathLike | None = None, jobs: int = 1, progress: bool = False) -> GradeReport:
     """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
@@ -436,7 +449,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
        per exercise; learner definitions run only in its worker processes (supervised: see
        :mod:`grader.supervise`); a checker that stops answering is replaced and that submission scores 0.
-    4. nbgrader autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment
+    4. nbgrader releases each assignment into the work root (beside step 3, from the course's solutions) and
+       autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment (and job)
        (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
        feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
@@ -458,6 +472,13 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         cell_timeout: seconds per cell (default ``$LLMCOURSE_CELL_TIMEOUT`` or 600).
         roster: nbgrader's student-import CSV (``id,first_name,last_name,email``): names in the
             gradebook and formgrader. Without it (or for ids it lacks) a student is listed under the id.
+        jobs: parallel jobs (:func:`_check_all`, :class:`_NotebookRuns`): that many checker processes (each with
+            its own forkserver and workers) share the submissions, then that many supervised nbgrader runs, each
+            with its own gradebook copy, autograded folder and run token; their notebooks are then recorded in the
+            one gradebook by a run without execution. A submission whose check or nbgrader run was cut short in a
+            parallel job (a neighbour's process may be the cause) is run again alone afterwards, so the scores
+            and notes are those of ``jobs=1``.
+        progress: tqdm progress bars on stderr (checked; run in nbgrader).
 
     Returns:
         :class:`GradeReport`: a row per submission with score, max score and notes.
@@ -494,56 +515,58 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
     env_extra[RUN_TOKEN_ENV] = token
 
+    n_jobs = max(1, int(jobs))
+    timings: dict[str, float] = {}
+    clock = time.monotonic()
+    bars = _progress_bars(len(pairs), progress)
     snapshot = GradingSnapshot(course.root)
     try:
         # 2. every submission in memory before any of them runs
-        jobs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+        subs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
         answer_notes: dict[tuple[str, str], dict[str, str]] = {}
         unreadable: set[tuple[str, str]] = set()  # replaced by the release for nbgrader
         for student, assignment in pairs:
             u = known[assignment]
             path = work / ".grading" / "submitted" / student / assignment / Path(u.exercise).name
             if not path.exists():
-                jobs[(student, assignment)] = ([], [f"{Path(u.exercise).name} is missing from the submission"])
+                subs[(student, assignment)] = ([], [f"{Path(u.exercise).name} is missing from the submission"])
                 continue
             sources, notes, nb = _submission_sources(path, u)
             answer_notes[(student, assignment)] = answer_cell_notes(nb, u) if nb is not None else {}
             notes += list(answer_notes[(student, assignment)].values())
-            jobs[(student, assignment)] = (sources, notes)
+            subs[(student, assignment)] = (sources, notes)
             if nb is None:
                 unreadable.add((student, assignment))
             _prepare_for_nbgrader(path, nb, u, course)
-        # 3. verdicts from the checker process (learner code only in its workers)
-        verdicts: dict[tuple[str, str], list[dict]] = {}
-        causes: dict[tuple[str, str], str] = {}
-        checker = CheckerProcess(snapshot, work / ".grading" / "checker.log")
-        try:
-            for (student, assignment), (sources, _) in jobs.items():
-                got, cause = checker.verdicts([student, assignment], known[assignment].id, sources,
-                                              len(known[assignment].exercises))
-                if got is None:
-                    causes[(student, assignment)] = cause
-                else:
-                    for v in got:  # "your answer cell is markdown": the same note as in course check
-                        extra = answer_notes.get((student, assignment), {}).get(v["exercise_id"])
-                        if extra:
-                            v["notes"] = [extra, *(v.get("notes") or [])]
-                    verdicts[(student, assignment)] = got
-                snapshot.verify(f"while the checker ran {student}/{assignment}")
-        finally:
-            checker.close()
-        # 4. nbgrader: release into the work root, autograde (execution + gradebook rows). One `nbgrader
-        #    autograde <assignment>` run per assignment executes all of its submissions (one nbgrader start
-        #    instead of one per student); the grading files are verified after each such batch. A submission
-        #    nbgrader could not run (its autograded notebook is missing) is recorded again on its own without
-        #    execution, and its note names the cause read from its part of the batch's log.
+        timings["snapshot + read the submissions"] = time.monotonic() - clock
+        # 4a. nbgrader's release into the work root (the assignment in the gradebook), from the course's solutions
+        #     (no submission runs in it): in a thread, while the checkers start and check
+        def generate() -> float:
+            started = time.monotonic()
+            for assignment in sorted({a for _, a in pairs}):
+                u = known[assignment]
+                shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
+                proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n"
+                                       f"{proc.stderr}")
+            return time.monotonic() - started
+
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as background:
+            released = background.submit(generate)
+            # 3. verdicts from the checker processes (learner code only in their workers)
+            clock = time.monotonic()
+            verdicts, causes = _check_all(snapshot, work, subs, known, answer_notes, n_jobs, bars, timings)
+            timings["checks (course checker)"] = time.monotonic() - clock - timings.get("checker start", 0.0)
+            timings["nbgrader generate_assignment (beside the checks)"] = released.result()
+        # 4b. nbgrader autograde (execution + gradebook rows). One `nbgrader autograde <assignment>` run per
+        #    assignment and job executes its share of the submissions (one nbgrader start instead of one per
+        #    student); the grading files are verified after each such batch. A submission nbgrader could not run
+        #    (its autograded notebook is missing) is recorded again on its own without execution, and its note
+        #    names the cause read from its part of the batch's log.
         report = GradeReport(out_dir=work)
-        for assignment in sorted({a for _, a in pairs}):
-            u = known[assignment]
-            shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
-            proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
-            if proc.returncode != 0:
-                raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n{proc.stderr}")
         nb_notes: dict[tuple[str, str], list[str]] = {}
         timeout_s = int(cell_timeout or os.environ.get("LLMCOURSE_CELL_TIMEOUT") or 600)
         # limits of a notebook in nbgrader (its cells have timeout_s each): the whole notebook, and silence
@@ -551,39 +574,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
             name = Path(known[assignment].exercise).name
-
-            def graded(student, assignment=assignment, name=name):
-                return (work / ".grading" / "autograded" / student / assignment / name).exists()
-
-            # supervised batches: a batch that a kernel stopped, killed or hung is ended, the submission it was
-            # running is set aside (recorded below without execution), and the rest run on in a new batch
-            logs: dict[str, str] = {s: "" for s in students}
-            failed: set[str] = set()
-            culprits: dict[str, str] = {}
-            todo, force = list(students), True
-            while todo:
-                proc, abnormal = _autograde(assignment, work, course.root, env_extra, token, force=force,
-                                            exclude=sorted(set(students) - set(todo)), **limits)
-                snapshot.verify(f"while nbgrader ran {_batch_name(todo, assignment)}")
-                part, bad = _split_autograde_log(proc, todo)
-                for s in todo:
-                    logs[s] += part[s]
-                failed |= bad
-                started = _started(proc, todo)
-                if abnormal is None or not started:  # done (or nobody to blame: the rest are recorded below)
-                    break
-                # nbgrader takes the submissions one after the other: the last one it started ended the run
-                culprits[started[-1]] = abnormal
-                todo, force = [s for s in todo if s not in started], False
-            # record without running them (the verdicts never depended on the run): what nbgrader could not
-            # run, and what ended a run (its autograded copy was written before it ran)
-            missing = [s for s in students if not graded(s) or s in culprits]
-            if missing:
-                _autograde(assignment, work, course.root, env_extra, token, force=True, execute=False,
-                           exclude=sorted(set(students) - set(missing)), **limits)
-                snapshot.verify(f"while nbgrader recorded {_batch_name(missing, assignment)}")
+            run = _NotebookRuns(assignment, name, students, work, course.root, env_extra, token, limits, snapshot,
+                                bars.get("nbgrader"))
+            logs, failed, culprits, missing = run.all(n_jobs, timings)
             for student in students:
-                notes = list(jobs[(student, assignment)][1])
+                notes = list(subs[(student, assignment)][1])
                 graded_nb = work / ".grading" / "autograded" / student / assignment / name
                 if (student, assignment) in unreadable:
                     nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
@@ -600,6 +595,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                  "were graded by the checker all the same")
                 notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
                 nb_notes[(student, assignment)] = notes
+        for bar in bars.values():
+            bar.close()
+        clock = time.monotonic()
         # 5. scores and verdicts from this process, then feedback
         snapshot.verify("before the scores were written")
         for key in pairs:
@@ -628,6 +626,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                     row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
                     row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
         snapshot.verify("while the feedback was generated")
+        timings["gradebook scores + feedback"] = time.monotonic() - clock
     except GradingTampered:
         db = work / ".grading" / "gradebook.db"
         if db.exists():  # nbgrader's own in-kernel scores are not trusted: keep none of them
@@ -635,8 +634,264 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         raise
     finally:
         snapshot.cleanup()
+        for bar in bars.values():
+            bar.close()
     report.grades_csv = _write_grades(work, report.rows, course)
+    report.timings = timings
     return report
+
+
+def _progress_bars(total: int, enabled: bool) -> dict:
+    """``{"checks": bar, "nbgrader": bar}`` (tqdm on stderr) or ``{}``."""
+    if not enabled:
+        return {}
+    from tqdm import tqdm
+
+    return {"checks": tqdm(total=total, desc="checked", unit="nb", file=sys.stderr, position=0),
+            "nbgrader": tqdm(total=total, desc="run in nbgrader", unit="nb", file=sys.stderr, position=1)}
+
+
+# a verdict that supervision cut short: in a parallel run a neighbour may have caused it, so it is run again alone
+_CUT_SHORT = ("stopped the grading process", "ended before answering", "did not finish within", "(sigstop?)")
+
+
+def _cut_short(got: list[dict] | None, cause: str) -> bool:
+    return got is None or bool(cause) or any(any(m in (v.get("message") or "").lower() for m in _CUT_SHORT)
+                                             for v in got)
+
+
+def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, answer_notes: dict, n_jobs: int,
+               bars: dict, timings: dict) -> tuple[dict, dict]:
+    """Verdicts of every submission: ``({key: verdict dicts}, {key: cause of no verdict})``.
+
+    ``n_jobs`` checker processes (each its own forkserver and workers, all from the one snapshot) take the
+    submissions from a shared queue, each driven by a thread of this process with its own deadlines (a checker
+    that a submission stops or hangs is replaced by its own thread; the others go on). In a parallel run a
+    submission that was cut short (no verdict, or an exercise stopped, killed or timed out) is checked again alone
+    afterwards by one checker, as ``n_jobs=1`` would have: a worker of one job can signal another job's processes
+    (the same user, or both ``nobody``), and load can push a neighbour past a time limit.
+    """
+    import queue
+
+    verdicts: dict[tuple[str, str], list[dict]] = {}
+    causes: dict[tuple[str, str], str] = {}
+    keys = list(subs)
+    lock = threading.Lock()
+    bar = bars.get("checks")
+
+    def check(checker: CheckerProcess, key) -> tuple[list[dict] | None, str]:
+        student, assignment = key
+        got, cause = checker.verdicts([student, assignment], known[assignment].id, subs[key][0],
+                                      len(known[assignment].exercises))
+        snapshot.verify(f"while the checker ran {student}/{assignment}")
+        return got, cause
+
+    def record(key, got, cause) -> None:
+        with lock:
+            verdicts.pop(key, None)
+            causes.pop(key, None)
+            if got is None:
+                causes[key] = cause
+            else:
+                for v in got:  # "your answer cell is markdown": the same note as in course check
+                    extra = answer_notes.get(key, {}).get(v["exercise_id"])
+                    if extra:
+                        v["notes"] = [extra, *(v.get("notes") or [])]
+                verdicts[key] = got
+
+    k = max(1, min(n_jobs, len(keys)))
+    clock = time.monotonic()
+    checkers: list[CheckerProcess | None] = [None] * k
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            log = work / ".grading" / ("checker.log" if i == 0 else f"checker-{i + 1}.log")
+            checkers[i] = CheckerProcess(snapshot, log)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(exc)
+
+    try:
+        starters = [threading.Thread(target=start, args=(i,)) for i in range(k)]
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join()
+        if errors:
+            raise errors[0]
+        timings["checker start"] = time.monotonic() - clock
+        if k == 1:
+            for key in keys:
+                record(key, *check(checkers[0], key))
+                if bar is not None:
+                    bar.update(1)
+            return verdicts, causes
+        todo: queue.Queue = queue.Queue()
+        for key in keys:
+            todo.put(key)
+        retry: list = []
+
+        def drive(checker: CheckerProcess) -> None:
+            while not errors:
+                try:
+                    key = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    got, cause = check(checker, key)
+                except BaseException as exc:  # noqa: BLE001 - GradingTampered and the like: re-raised below
+                    errors.append(exc)
+                    return
+                record(key, got, cause)
+                if _cut_short(got, cause):
+                    with lock:
+                        retry.append(key)
+                elif bar is not None:
+                    bar.update(1)
+
+        threads = [threading.Thread(target=drive, args=(c,)) for c in checkers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        for c in checkers[1:]:  # alone from here on
+            c.close()
+        checkers[1:] = [None] * (k - 1)
+        for key in sorted(retry):
+            record(key, *check(checkers[0], key))
+            if bar is not None:
+                bar.update(1)
+        return verdicts, causes
+    finally:
+        for c in checkers:
+            if c is not None:
+                c.close()
+
+
+class _NotebookRuns:
+    """nbgrader's runs of one assignment's submissions: ``all(n_jobs)`` -> ``(logs, failed, culprits, missing)``.
+
+    With one job: supervised batches in the work root, as described in :func:`grade`. With ``n_jobs > 1`` the
+    students are dealt round-robin to jobs; each job runs the same supervised batches in a thread of this process,
+    with its own gradebook (a copy of the work root's, holding the released assignment), its own autograded folder
+    under ``.grading/jobs/`` and its own run token (what one job's kernels leave is killed by that job; no job kills
+    another's processes). A student whose run was ended abnormally in a job is run again alone after the jobs (a
+    neighbour's kernel may have signalled it). Finally one ``nbgrader autograde`` run without execution and without
+    clearing outputs records the jobs' autograded notebooks (outputs and all) in the work root's gradebook and
+    autograded folder, which is then exactly what one job would have left.
+    """
+
+    def __init__(self, assignment: str, name: str, students: list[str], work: Path, course_root: Path,
+                 env_extra: dict, token: str, limits: dict, snapshot: GradingSnapshot, bar=None):
+        self.assignment, self.name, self.students, self.work = assignment, name, students, work
+        self.course_root, self.env_extra, self.token, self.limits = course_root, env_extra, token, limits
+        self.snapshot, self.bar = snapshot, bar
+        self._lock = threading.Lock()
+
+    def _run(self, group: list[str], autograded: str, token: str, extra_args: tuple[str, ...] = ()):
+        """Supervised batches over ``group`` (autograded notebooks under ``work/autograded``)."""
+        assignment, name, work = self.assignment, self.name, self.work
+        env_extra = {**self.env_extra, RUN_TOKEN_ENV: token}
+        logs: dict[str, str] = {s: "" for s in group}
+        failed: set[str] = set()
+        culprits: dict[str, str] = {}
+        todo, force = list(group), True
+        bar, counted = self.bar, [0]
+
+        def on_started(n: int) -> None:
+            if bar is not None and n > counted[0]:
+                with self._lock:
+                    bar.update(n - counted[0])
+                counted[0] = n
+
+        # supervised batches: a batch that a kernel stopped, killed or hung is ended, the submission it was
+        # running is set aside (recorded below without execution), and the rest run on in a new batch
+        while todo:
+            counted[0] = 0
+            proc, abnormal = _autograde(assignment, work, self.course_root, env_extra, token, force=force,
+                                        exclude=sorted(set(self.students) - set(todo)), extra_args=extra_args,
+                                        on_started=on_started, **self.limits)
+            self.snapshot.verify(f"while nbgrader ran {_batch_name(todo, assignment)}")
+            part, bad = _split_autograde_log(proc, todo)
+            for s in todo:
+                logs[s] += part[s]
+            failed |= bad
+            started = _started(proc, todo)
+            on_started(len(started))
+            if abnormal is None or not started:  # done (or nobody to blame: the rest are recorded below)
+                break
+            # nbgrader takes the submissions one after the other: the last one it started ended the run
+            culprits[started[-1]] = abnormal
+            todo, force = [s for s in todo if s not in started], False
+        # record without running them (the verdicts never depended on the run): what nbgrader could not
+        # run, and what ended a run (its autograded copy was written before it ran)
+        missing = [s for s in group if not (work / autograded / s / assignment / name).exists() or s in culprits]
+        if missing:
+            _autograde(assignment, work, self.course_root, env_extra, token, force=True, execute=False,
+                       exclude=sorted(set(self.students) - set(missing)), extra_args=extra_args, **self.limits)
+            self.snapshot.verify(f"while nbgrader recorded {_batch_name(missing, assignment)}")
+        return logs, failed, culprits, missing
+
+    def _job(self, label: str, group: list[str]):
+        root = Path(".grading") / "jobs" / f"{self.assignment}-{label}"
+        (self.work / root).mkdir(parents=True)
+        shutil.copy2(self.work / ".grading" / "gradebook.db", self.work / root / "gradebook.db")
+        args = (f"--CourseDirectory.db_url=sqlite:///{self.work / root / 'gradebook.db'}",
+                f"--CourseDirectory.autograded_directory={root / 'autograded'}")
+        return root / "autograded", self._run(group, str(root / "autograded"), f"{self.token}-{label}", args)
+
+    def all(self, n_jobs: int, timings: dict):
+        clock = time.monotonic()
+        k = max(1, min(n_jobs, len(self.students)))
+        if k == 1:
+            out = self._run(self.students, ".grading/autograded", self.token)
+            timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
+            return out
+        from concurrent.futures import ThreadPoolExecutor
+
+        groups = [self.students[i::k] for i in range(k)]
+        with ThreadPoolExecutor(k) as pool:
+            results = list(pool.map(lambda ig: self._job(str(ig[0] + 1), ig[1]), enumerate(groups)))
+        logs, failed, culprits, missing, where = {}, set(), {}, [], {}
+        for autograded, (lg, fl, cu, mi) in results:
+            logs.update(lg)
+            failed |= fl
+            culprits.update(cu)
+            missing += mi
+            where.update({s: autograded for s in lg})
+        again = sorted(culprits)
+        if again:  # ended abnormally beside other jobs: run again alone, as one job would have
+            autograded, (lg, fl, cu, mi) = self._job("again", again)
+            for s in again:
+                logs[s], where[s] = lg[s], autograded
+                failed.discard(s)
+                culprits.pop(s, None)
+                if s in missing:
+                    missing.remove(s)
+            failed |= fl
+            culprits.update(cu)
+            missing += mi
+        timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
+        clock = time.monotonic()
+        # one gradebook: record the jobs' notebooks in the work root without running them again
+        executed = Path(".grading") / "jobs" / f"executed-{self.assignment}"
+        for s in self.students:
+            src = self.work / where[s] / s / self.assignment
+            if not src.is_dir():
+                src = self.work / ".grading" / "submitted" / s / self.assignment
+            shutil.copytree(src, self.work / executed / s / self.assignment)
+        _autograde(self.assignment, self.work, self.course_root, {**self.env_extra, RUN_TOKEN_ENV: self.token},
+                   self.token, force=True, execute=False, exclude=[],
+                   extra_args=(f"--CourseDirectory.submitted_directory={executed}", "--ClearOutput.enabled=False"),
+                   **self.limits)
+        self.snapshot.verify(f"while nbgrader recorded the jobs' notebooks of {self.assignment}")
+        for folder in (self.work / ".grading" / "jobs").glob(f"*{self.assignment}*"):  # recorded: only copies left
+            shutil.rmtree(folder, ignore_errors=True)
+        timings["nbgrader record (jobs > 1)"] = timings.get("nbgrader record (jobs > 1)", 0.0) + \
+            time.monotonic() - clock
+        return logs, failed, culprits, missing
 
 
 RUN_TOKEN_ENV = "LLMCOURSE_GRADING_RUN"
@@ -648,7 +903,8 @@ MAX_CELL_TIMEOUTS = 3
 
 
 def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, token: str, *, force: bool,
-               exclude: list[str], per_notebook_s: float, idle_s: float, execute: bool = True
+               exclude: list[str], per_notebook_s: float, idle_s: float, execute: bool = True,
+               extra_args: tuple[str, ...] | list[str] = (), on_started=None
                ) -> tuple[subprocess.CompletedProcess, str | None]:
     """One supervised ``nbgrader autograde <assignment>`` run; ``(its result, None or why it was ended)``.
 
@@ -660,6 +916,9 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
     waits for it without a timeout) ends the run. A process that carries this run's ``token`` in its environment but has left
     nbgrader's process tree (a kernel's daemon: double fork, ``setsid``) is killed on sight; when the run
     ends, everything below nbgrader and everything carrying the token is killed.
+
+    ``extra_args`` go to nbgrader's command line (a parallel job's own gradebook and autograded folder);
+    ``on_started(n)`` is called when the log shows that the run has started its ``n``-th notebook.
     """
     from grader.supervise import descendants, kill_tree, processes_with_env, state
 
@@ -668,8 +927,8 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
         args.append("--Execute.enabled=False")
     if exclude:
         args.append(f"--CourseDirectory.student_id_exclude={','.join(exclude)}")
-    (work / "nbgrader_config.py").write_text(
-        f"c = get_config()\nload_subconfig({str(_config_path(course_root))!r})\n", encoding="utf-8")
+    args += list(extra_args)
+    _write_config(work, course_root)
     env = _nbgrader_env(work, course_root, env_extra)
     needle = f"{RUN_TOKEN_ENV}={token}"
     abnormal = None
@@ -689,6 +948,8 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
                     n = len(_STUDENT_LINE.findall(log))
                     if n != started:  # the next notebook started: its own deadline
                         started, notebook_until = n, now + per_notebook_s
+                        if on_started is not None and n:
+                            on_started(n)
                     timeouts = log[log.rfind("Creating/updating student"):].count(_TIMEOUT_LINE)
                     if timeouts >= MAX_CELL_TIMEOUTS:  # nbclient interrupts a silent kernel for ever
                         abnormal = f"{timeouts} cell timeouts: its kernel stopped answering"

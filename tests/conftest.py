@@ -15,6 +15,8 @@ os.environ.setdefault("LLMCOURSE_PROFILE", "ci")
 # `course check` runs cold in the tests (and leaves no warm check server behind); only
 # tests/test_check_server.py switches the server on, in a private socket folder, and stops it
 os.environ["LLMCOURSE_CHECK_SERVER"] = "0"
+# nor does any test read or fill the user's check-result cache (tests/test_check_cache.py uses a temporary one)
+os.environ["LLMCOURSE_CHECK_CACHE"] = "0"
 _shared = ROOT.parent / "shared" / "data"
 if "LLMCOURSE_DATA_MIRROR" not in os.environ and (_shared / "MANIFEST.md").exists():
     os.environ["LLMCOURSE_DATA_MIRROR"] = str(_shared)

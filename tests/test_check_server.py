@@ -262,3 +262,23 @@ def test_progress_through_the_warm_server_gives_the_cold_table(setup):
     assert runs["cold"] == runs["warm"] == runs["again"]
     row = next(u for u in runs["cold"]["units"] if u["notebook"])
     assert row["failed"] >= 1 and row["common_bug"] and "." not in row["common_bug"]
+
+
+def test_a_warm_check_fills_the_result_cache_that_progress_reuses(setup, tmp_path):
+    """The server stores each report under the client's key; `course progress` then shows it without asking the
+    server, with the same rows as an uncached run (tests/test_check_cache.py covers the cold path and edits)."""
+    copy, _, env, notebooks, _ = setup
+    folder = Path(notebooks["mutant"]).parent
+    cache = tmp_path / "cache"
+    cached_env = dict(env, LLMCOURSE_CHECK_CACHE=str(cache))
+    r, pid = course_check(setup, "mutant", "--json", env=cached_env)
+    assert pid is not None and len(list(cache.glob("*.json"))) == 1, r.stderr
+    runs = {}
+    for name, run_env in (("uncached", dict(env, LLMCOURSE_CHECK_SERVER="0")), ("cached", cached_env)):
+        p = subprocess.run([sys.executable, "-m", "coursetools", "progress", str(folder), "--json"], cwd=copy,
+                           env=run_env, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr
+        runs[name] = json.loads(p.stdout)
+        if name == "cached":
+            assert "answered by the check server" not in p.stderr and "started a check server" not in p.stderr
+    assert runs["cached"] == runs["uncached"]

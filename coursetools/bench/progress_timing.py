@@ -1,18 +1,23 @@
 """Timing of ``course progress``, cold and with the warm check server (a benchmark-style script: it prints
 times, asserts nothing).
 
-    python -m coursetools.bench.progress_timing [FOLDER] [--units 01,07]
+    python -m coursetools.bench.progress_timing [FOLDER] [--units 01,07] [--profile]
 
 FOLDER holds filled-in exercise notebooks (``NN_slug/NN_slug.ipynb``); default: the course's ``solutions/``
 (every unit filled in). With ``--units`` only those units' notebooks are copied to a temporary folder and
-timed. Three runs, each ``course progress --json`` in a fresh process:
+timed. Five runs, each ``course progress --json`` in a fresh process; the first three without the check-result
+cache (``LLMCOURSE_CHECK_CACHE=0``), the last two with a private one (:mod:`coursetools.resultcache`):
 
 1. cold: ``LLMCOURSE_CHECK_SERVER=0`` (every unit checked in that one process);
 2. warm, first: no server running (the first unit starts it);
-3. warm, again: the server is up and has served every unit once.
+3. warm, again: the server is up and has served every unit once;
+4. warm, filling the cache: as 3, and every report is stored (what each ``course check`` does);
+5. warm, from the cache: every notebook unchanged since it was checked (a student who ran each check cell).
 
-It prints the wall time of each and whether the three reports agree (the same rows: points, counts and
-most common mistake per unit). Timings depend on the machine and its load: report them with both.
+It prints the wall time of each and whether the reports agree (the same rows: points, counts and most common
+mistake per unit). With ``--profile`` it also prints, per unit, the seconds of one ``course check`` answered by
+the warm server (where an uncached progress spends its time). Timings depend on the machine and its load: report
+them with both.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ def _rows(report: dict) -> list:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     units = None
+    profile = "--profile" in argv
+    argv = [a for a in argv if a != "--profile"]
     if "--units" in argv:
         i = argv.index("--units")
         units = set(argv[i + 1].split(","))
@@ -61,17 +68,34 @@ def main(argv: list[str] | None = None) -> int:
             folder = Path(tmp) / "notebooks"
         sockets = Path(tmp) / "sockets"  # a private server folder: other check servers of this user are left alone
         sockets.mkdir(mode=0o700)
-        env = dict(os.environ, LLMCOURSE_CHECK_SERVER_DIR=str(sockets))
+        cache = Path(tmp) / "cache"
+        cache.mkdir(mode=0o700)
+        env = dict(os.environ, LLMCOURSE_CHECK_SERVER_DIR=str(sockets), LLMCOURSE_CHECK_CACHE="0")
         cold_s, cold = _progress(folder, dict(env, LLMCOURSE_CHECK_SERVER="0"))
         first_s, first = _progress(folder, dict(env, LLMCOURSE_CHECK_SERVER="1"))
         warm_s, warm = _progress(folder, dict(env, LLMCOURSE_CHECK_SERVER="1"))
+        cached_env = dict(env, LLMCOURSE_CHECK_SERVER="1", LLMCOURSE_CHECK_CACHE=str(cache))
+        fill_s, fill = _progress(folder, cached_env)
+        cached_s, cached = _progress(folder, cached_env)
         n = len(_rows(cold))
-        print(f"course progress over {n} filled-in units ({folder}), {os.cpu_count()} CPUs:")
-        print(f"  cold (no server)            {cold_s:7.1f} s")
+        print(f"course progress over {n} filled-in units ({folder}), {os.cpu_count()} CPUs, load average "
+              f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}:")
+        print(f"  cold (no server, no cache)  {cold_s:7.1f} s")
         print(f"  warm server, first run      {first_s:7.1f} s  (starts the server)")
         print(f"  warm server, again          {warm_s:7.1f} s")
-        same = _rows(cold) == _rows(first) == _rows(warm)
+        print(f"  warm, filling the cache     {fill_s:7.1f} s")
+        print(f"  warm, from the cache        {cached_s:7.1f} s  (every notebook checked since its last edit)")
+        same = _rows(cold) == _rows(first) == _rows(warm) == _rows(fill) == _rows(cached)
         print(f"  identical results: {same}  (earned {cold['earned']}/{cold['available']})")
+        if profile:
+            print("  one warm `course check` per unit (where an uncached progress spends its time):")
+            for row in cold["units"]:
+                if not row["notebook"]:
+                    continue
+                started = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "coursetools", "check", "--json", row["notebook"]], cwd=ROOT,
+                               env=dict(env, LLMCOURSE_CHECK_SERVER="1"), capture_output=True, timeout=3600)
+                print(f"    {row['unit']}  {time.perf_counter() - started:6.1f} s  ({row['exercises']} exercises)")
         subprocess.run([sys.executable, "-m", "coursetools", "check", "--stop-server"], cwd=ROOT, env=env,
                        capture_output=True, timeout=120)  # only the server of this run (its own folder)
     return 0
