@@ -433,3 +433,40 @@ def test_train_step_with_micro_batches_takes_the_same_step():
         after.append((loss, norm, torch.cat([p.detach().flatten() for p in model.parameters()])))
     (l1, n1, w1), (l3, n3, w3) = after
     assert abs(l1 - l3) < 1e-5 and abs(n1 - n3) < 1e-4 * n1 and torch.allclose(w1, w3, atol=1e-6)
+
+
+# ---------------------------------------------------------------- time to quality
+
+def test_budget_recipe_ends_its_schedule_with_the_budget():
+    r = P.budget_recipe(5, 50.0)
+    assert r["steps"] == 5 * 60_000 // 50 and r["warmup_steps"] == min(100, r["steps"] // 20)
+    lr = [warmup_cosine_lr(s, r["max_lr"], r["min_lr"], r["warmup_steps"], r["steps"]) for s in range(r["steps"] + 1)]
+    assert lr[r["steps"]] == pytest.approx(r["min_lr"]) and max(lr) == pytest.approx(r["max_lr"])
+    assert P.budget_recipe(10, 50.0)["steps"] == 2 * r["steps"]        # twice the minutes, twice the steps
+    with pytest.raises(ValueError, match="steps"):
+        P.budget_recipe(0.01, 100.0)
+    with pytest.raises(ValueError, match="positive"):
+        P.budget_recipe(1, 0)
+
+
+def test_time_to_quality_composes_step_curves_with_ms_per_step():
+    from coursetools.bench.time_to_quality import NANOGPT, loss_at, wall_curve
+
+    curve = {"step": [0, 100, 200], "val_loss": [4.0, 3.0, 2.0]}
+    wall = wall_curve(curve, 50.0)                                      # 100 steps = 5 s
+    assert wall == [(0.0, 4.0), (5.0, 3.0), (10.0, 2.0)]
+    assert loss_at(wall, 2.5) == pytest.approx(3.5) and loss_at(wall, 60.0) == 2.0   # a finished run stays put
+    assert (NANOGPT.batch_size, NANOGPT.context_length, NANOGPT.steps, NANOGPT.max_lr, NANOGPT.min_lr,
+            NANOGPT.warmup_steps, NANOGPT.betas) == (12, 64, 2000, 1e-3, 1e-4, 100, (0.9, 0.99))
+
+
+def test_laptop_run_is_the_budget_recipe():
+    from llmcourse.runtime import profile
+
+    lap = profile("10", name="laptop")
+    r = P.budget_recipe(1, 60_000 / lap["train_steps"])              # the budget that gives the profile's steps
+    assert {k: lap[k] for k in ("batch_size", "context_length", "train_steps", "warmup_steps", "max_lr", "min_lr",
+                                "weight_decay", "max_norm")} == {
+        "batch_size": r["batch_size"], "context_length": r["context_length"], "train_steps": r["steps"],
+        "warmup_steps": r["warmup_steps"], "max_lr": r["max_lr"], "min_lr": r["min_lr"],
+        "weight_decay": r["weight_decay"], "max_norm": r["max_norm"]}

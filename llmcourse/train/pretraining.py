@@ -199,11 +199,12 @@ def budget_recipe(minutes: float, ms_per_step: float) -> dict:
     if steps < 20:
         raise ValueError(f"a budget of {minutes} min at {ms_per_step} ms/step is only {steps} steps (need ≥ 20)")
     return {"batch_size": BUDGET_BATCH_SIZE, "context_length": BUDGET_CONTEXT_LENGTH, "steps": steps,
-            "max_lr": BUDGET_MAX_LR, "min_lr": BUDGET_MAX_LR / 10, "warmup_steps": min(100, max(1, steps // 20)),
+            "max_lr": BUDGET_MAX_LR, "min_lr": BUDGET_MIN_LR, "warmup_steps": min(100, max(1, steps // 20)),
             "betas": (0.9, 0.95), "weight_decay": 0.1, "max_norm": 1.0}
 
 
-BUDGET_BATCH_SIZE, BUDGET_CONTEXT_LENGTH, BUDGET_MAX_LR = 16, 64, 3e-3   # budget_recipe's shape and peak rate
+BUDGET_BATCH_SIZE, BUDGET_CONTEXT_LENGTH = 16, 64   # budget_recipe's batch shape
+BUDGET_MAX_LR, BUDGET_MIN_LR = 3e-3, 3e-4            # and its learning rates (peak, floor)
 
 
 def pretrain(model: nn.Module, train_data: Tensor, val_data: Tensor, *, steps: int, batch_size: int,

@@ -14,7 +14,9 @@
 # 6. gradient clipping by the global norm, and logging the norm before clipping;
 # 7. the training loop and an honest validation loss;
 # 8. checkpoints that resume a run exactly and load with `weights_only=True`;
-# 9. the run itself, with a live dashboard, samples over time and the signs of overfitting.
+# 9. the run itself, with a live dashboard, samples over time, the signs of overfitting, and how busy it
+#    kept the processor (achieved FLOP/s against the measured peak);
+# 10. what a minute buys: batch shapes given the same wall-clock budget, and bfloat16 autocast on the CPU.
 #
 # The exercise notebook (`exercises/10_gpt2_pretraining/10_gpt2_pretraining.ipynb`) asks you to write
 # `get_batch`, `lm_loss`/`perplexity`, `warmup_cosine_lr`, `clip_grad_norm`, `configure_optimizer` and the
@@ -902,8 +904,8 @@ plt.show()
 # %% [markdown]
 # ## The course's trained model
 #
-# Units 09 and later use `assets/gpt_char_tiny.pt`: the same recipe with a longer context, run by
-# `python -m llmcourse.train.char_model`. The file holds the weights, the config and the recipe (plain
+# Units 09 and later use `assets/gpt_char_tiny.pt`: the same model and loop with a longer context and a
+# longer run (its recipe is printed below), run by `python -m llmcourse.train.char_model`. The file holds the weights, the config and the recipe (plain
 # data, no optimizer state), so the loader builds the model from the stored config; it also records how
 # long the run took on the machine that trained it. Both are read from the file, not typed here:
 
@@ -931,6 +933,10 @@ assert char_tok.chars == corpus.tokenizer.chars
 # * AdamW decays matrices only, every tensor once; warm-up then cosine to a floor; clip by the global
 #   norm and log the norm before clipping.
 # * Always watch a validation curve next to the training curve.
+# * A budget is minutes: tokens per step trade against steps per minute, so compare recipes by loss
+#   against wall time (the step curve times the measured ms/step), and end the schedule with the budget.
+# * Gradient accumulation weights each micro-batch's loss by its share of the batch; bf16 autocast keeps
+#   float32 weights and pays off only where the processor has bf16 matrix instructions.
 #
 # **Lab** (optional, about 15–20 minutes): `lessons/10_gpt2_pretraining_lab.ipynb` trains the same model
 # size on TinyStories with GPT-2's tokenizer and a compacted vocabulary (unit 07's method).
