@@ -824,6 +824,10 @@ for sh in shapes:
     print(f"{sh[0]:>8} × {sh[1]:<4} {sh[0] * sh[1]:>11,} {ms_of[sh]:>8.1f} {60_000 / ms_of[sh]:>9,.0f} "
           f"{sh[0] * sh[1] * 1000 / ms_of[sh]:>9,.0f} {ttq[sh]['steps']:>6} {ttq[sh]['curve'][-1][1]:>8.3f}")
 best_shape = min(shapes, key=lambda sh: ttq[sh]["curve"][-1][1])
+tok_s = [sh[0] * sh[1] / ms_of[sh] for sh in shapes]
+print(f"tokens per second {'rise' if tok_s == sorted(tok_s) else 'do not simply rise'} with the batch here; "
+      f"one step of the largest batch costs {ms_of[shapes[-1]] / ms_of[shapes[0]]:.1f}× the smallest's for "
+      f"{shapes[-1][0] * shapes[-1][1] // (shapes[0][0] * shapes[0][1])}× its tokens")
 print(f"lowest validation loss after {budget_s} s: {best_shape[0]} × {best_shape[1]}")
 assert all(ttq[sh]["curve"][-1][1] < ttq[sh]["curve"][0][1] for sh in shapes)
 
@@ -837,10 +841,11 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# Read the table from left to right: tokens per step grow with the batch, but the time per step grows
-# more slowly (a tiny batch leaves the cores waiting on overheads), so tokens per second favour big
-# batches, while steps per minute favour small ones. With a short budget the run with the most steps
-# usually gets furthest; with a long one, the one that turns the most tokens into each step. Timings move
+# Read the table from left to right: tokens per step grow with the batch, and the time per step grows
+# too, but usually more slowly (a tiny batch leaves the cores waiting on fixed overheads; the line above
+# says how it went here), so tokens per second favour big batches while steps per minute favour small
+# ones. With a short budget the run with the most steps tends to get furthest; with a long one, the one
+# that turns the most tokens into each step. Timings move
 # with the machine and its load; the curves against the *step* do not (the batches are seeded), which is
 # why the comparison composes each run's step curve with its measured time per step.
 #
@@ -898,8 +903,10 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# The two curves are the same run up to rounding: at this size the loss is not what bfloat16 costs.
-# Whether it pays is the speed line above, and it is this processor's answer, not a general one.
+# Compare the two curves and the largest per-step difference printed above with how much the loss
+# falls over the run: autocast changes the rounding of every product, so the runs drift apart a little,
+# step by step; the two validation losses say whether one of them ended worse. Whether it pays is the speed line, and that is
+# this processor's answer, not a general one.
 
 # %% [markdown]
 # ## The course's trained model
