@@ -384,3 +384,89 @@ def test_weight_decay_shrink_follows_the_schedule():
     predicted = math.prod(1 - lr * 0.1 for lr in lrs)
     assert abs(float(w.detach()[0]) - predicted) < 1e-5
     assert predicted > (1 - 3e-3 * 0.1) ** 200 + 1e-3
+
+
+# ---------------------------------------------------------------- gradient accumulation
+
+def _accumulation_matches(accumulate, micro_batches):
+    """Whether ``accumulate(model, x, y, k)`` leaves in ``.grad`` the gradient of the whole batch's mean loss (the
+    oracle: one backward of ``F.cross_entropy`` over all B·T positions) and returns that loss."""
+    x = torch.randint(0, 13, (7, 16), generator=torch.Generator().manual_seed(5))
+    y = torch.randint(0, 13, (7, 16), generator=torch.Generator().manual_seed(6))
+    model = tiny_gpt()
+    whole = F.cross_entropy(model(x).reshape(-1, 13), y.reshape(-1))
+    whole.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    loss = accumulate(model, x, y, micro_batches)
+    return abs(loss - whole.item()) < 1e-5 and all(
+        torch.allclose(p.grad, want[n], atol=1e-6, rtol=1e-4) for n, p in model.named_parameters())
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2, 3, 7])   # 7 rows: 3 gives uneven micro-batches 3 + 2 + 2
+def test_accumulated_gradients_equal_the_whole_batch(micro_batches):
+    assert _accumulation_matches(P.accumulate_gradients, micro_batches)
+
+
+def test_accumulation_mutant_that_does_not_weight_fails():
+    import inspect
+
+    src = inspect.getsource(P.accumulate_gradients)
+    assert "(loss * share).backward()" in src
+    scope = dict(vars(P))
+    exec(src.replace("(loss * share).backward()", "loss.backward()"), scope)   # noqa: S102 - the mutant
+    mutant = scope["accumulate_gradients"]
+    assert _accumulation_matches(mutant, 1)            # one micro-batch: nothing to weigh, the mutant agrees
+    assert not _accumulation_matches(mutant, 2) and not _accumulation_matches(mutant, 3)
+    with pytest.raises(ValueError, match="micro_batches"):
+        P.accumulate_gradients(tiny_gpt(), torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.long), 3)
+
+
+def test_train_step_with_micro_batches_takes_the_same_step():
+    x = torch.randint(0, 13, (6, 16), generator=torch.Generator().manual_seed(7))
+    y = torch.randint(0, 13, (6, 16), generator=torch.Generator().manual_seed(8))
+    after = []
+    for k in (1, 3):
+        model = tiny_gpt()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        loss, norm = P.train_step(model, opt, x, y, 1e-2, 0.5, micro_batches=k)
+        after.append((loss, norm, torch.cat([p.detach().flatten() for p in model.parameters()])))
+    (l1, n1, w1), (l3, n3, w3) = after
+    assert abs(l1 - l3) < 1e-5 and abs(n1 - n3) < 1e-4 * n1 and torch.allclose(w1, w3, atol=1e-6)
+
+
+# ---------------------------------------------------------------- time to quality
+
+def test_budget_recipe_ends_its_schedule_with_the_budget():
+    r = P.budget_recipe(5, 50.0)
+    assert r["steps"] == 5 * 60_000 // 50 and r["warmup_steps"] == min(100, r["steps"] // 20)
+    lr = [warmup_cosine_lr(s, r["max_lr"], r["min_lr"], r["warmup_steps"], r["steps"]) for s in range(r["steps"] + 1)]
+    assert lr[r["steps"]] == pytest.approx(r["min_lr"]) and max(lr) == pytest.approx(r["max_lr"])
+    assert P.budget_recipe(10, 50.0)["steps"] == 2 * r["steps"]        # twice the minutes, twice the steps
+    with pytest.raises(ValueError, match="steps"):
+        P.budget_recipe(0.01, 100.0)
+    with pytest.raises(ValueError, match="positive"):
+        P.budget_recipe(1, 0)
+
+
+def test_time_to_quality_composes_step_curves_with_ms_per_step():
+    from coursetools.bench.time_to_quality import NANOGPT, loss_at, wall_curve
+
+    curve = {"step": [0, 100, 200], "val_loss": [4.0, 3.0, 2.0]}
+    wall = wall_curve(curve, 50.0)                                      # 100 steps = 5 s
+    assert wall == [(0.0, 4.0), (5.0, 3.0), (10.0, 2.0)]
+    assert loss_at(wall, 2.5) == pytest.approx(3.5) and loss_at(wall, 60.0) == 2.0   # a finished run stays put
+    assert (NANOGPT.batch_size, NANOGPT.context_length, NANOGPT.steps, NANOGPT.max_lr, NANOGPT.min_lr,
+            NANOGPT.warmup_steps, NANOGPT.betas) == (12, 64, 2000, 1e-3, 1e-4, 100, (0.9, 0.99))
+
+
+def test_laptop_run_is_the_budget_recipe():
+    from llmcourse.runtime import profile
+
+    lap = profile("10", name="laptop")
+    r = P.budget_recipe(1, 60_000 / lap["train_steps"])              # the budget that gives the profile's steps
+    assert {k: lap[k] for k in ("batch_size", "context_length", "train_steps", "warmup_steps", "max_lr", "min_lr",
+                                "weight_decay", "max_norm")} == {
+        "batch_size": r["batch_size"], "context_length": r["context_length"], "train_steps": r["steps"],
+        "warmup_steps": r["warmup_steps"], "max_lr": r["max_lr"], "min_lr": r["min_lr"],
+        "weight_decay": r["weight_decay"], "max_norm": r["max_norm"]}

@@ -22,6 +22,7 @@ weight snapshots, a tqdm bar and an optional live dashboard (``callback``).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -35,36 +36,84 @@ from .losses import lm_loss
 from .optim import clip_grad_norm, configure_optimizer
 from .schedules import warmup_cosine_lr
 
-__all__ = ["EVAL_SEED", "estimate_loss", "pretrain", "sample_text", "train_step", "train_steps"]
+__all__ = ["EVAL_SEED", "accumulate_gradients", "budget_recipe", "estimate_loss", "pretrain", "sample_text", "train_step", "train_steps"]
 
 EVAL_SEED = 10_000  # validation batch i uses torch.Generator().manual_seed(EVAL_SEED + i) in pretrain()
 
 
+def _autocast(x: Tensor, dtype: torch.dtype | None):
+    return torch.autocast(x.device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def accumulate_gradients(model: nn.Module, x: Tensor, y: Tensor, micro_batches: int,
+                         autocast_dtype: torch.dtype | None = None) -> float:
+    """Backward of the mean next-token loss of ``(x, y)``, run as ``micro_batches`` micro-batches.
+
+    The rows are split with ``torch.tensor_split(·, micro_batches)`` (sizes differ by at most one); each
+    micro-batch's mean loss is weighted by its share of the rows, ``size / B``, before its backward, so the
+    gradients that add up in ``.grad`` equal those of the whole batch's mean loss (up to float rounding)
+    and the optimizer step is the same. Unweighted, the sum would be about ``micro_batches`` times too
+    large. ``.grad`` is added to, not reset: zero it before.
+
+    Args:
+        x, y: ``(B, T)`` long inputs and targets.
+        micro_batches: ``1 ≤ micro_batches ≤ B``.
+        autocast_dtype: when given, each forward and loss run under ``torch.autocast`` in that dtype.
+
+    Returns:
+        float, the whole batch's mean loss (nats per token).
+
+    Raises:
+        ValueError: ``micro_batches`` outside ``[1, B]``.
+    """
+    if not 1 <= micro_batches <= len(x):
+        raise ValueError(f"micro_batches must be in [1, {len(x)}] for a batch of {len(x)} rows, got {micro_batches}")
+    total = 0.0
+    for xb, yb in zip(torch.tensor_split(x, micro_batches), torch.tensor_split(y, micro_batches)):
+        share = len(xb) / len(x)
+        with _autocast(x, autocast_dtype):
+            loss = lm_loss(model(xb), yb)
+        (loss * share).backward()
+        total += loss.item() * share
+    return total
+
+
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float,
-               max_norm: float) -> tuple[float, float]:
+               max_norm: float, micro_batches: int = 1, autocast_dtype: torch.dtype | None = None
+               ) -> tuple[float, float]:
     """One optimizer step on the batch ``(x, y)`` at learning rate ``lr``; returns ``(loss, grad_norm)``.
 
     ``grad_norm`` is the global gradient norm **before** clipping (the number worth logging: it shows
-    how often and how hard the clip acts).
+    how often and how hard the clip acts). ``micro_batches > 1`` computes the same gradient in that many
+    pieces (:func:`accumulate_gradients`: less activation memory, the same step). ``autocast_dtype``
+    (e.g. ``torch.bfloat16``): the forward pass and the loss run under ``torch.autocast`` on the data's
+    device type (matrix products in that dtype, the weights, their gradients and AdamW's state stay
+    float32); backward, clipping and the update run outside it, as the autocast documentation asks.
     """
     for group in optimizer.param_groups:
         group["lr"] = lr
     optimizer.zero_grad(set_to_none=True)
-    loss = lm_loss(model(x), y)
-    loss.backward()
+    if micro_batches == 1:
+        with _autocast(x, autocast_dtype):
+            loss = lm_loss(model(x), y)
+        loss.backward()
+        loss_value = loss.item()
+    else:
+        loss_value = accumulate_gradients(model, x, y, micro_batches, autocast_dtype)
     norm = clip_grad_norm(model.parameters(), max_norm)
     optimizer.step()
-    return loss.item(), norm
+    return loss_value, norm
 
 
 def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, data: Tensor, n_steps: int, start_step: int,
                 batch_size: int, context_length: int, lr_fn: Callable[[int], float], max_norm: float,
-                seed: int) -> list[float]:
+                seed: int, micro_batches: int = 1, autocast_dtype: torch.dtype | None = None) -> list[float]:
     """Train for ``n_steps`` steps starting at step ``start_step``; return the loss of each step.
 
     Step ``s`` (for ``s`` in ``range(start_step, start_step + n_steps)``): batch
     ``get_batch(data, batch_size, context_length, torch.Generator().manual_seed(seed + s))``, learning
-    rate ``lr_fn(s)`` on every parameter group, then :func:`train_step`. The model is put in train mode.
+    rate ``lr_fn(s)`` on every parameter group, then :func:`train_step` (with ``micro_batches`` and
+    ``autocast_dtype``). The model is put in train mode.
 
     Returns:
         list of ``n_steps`` floats (the mean training loss of each step's batch, before its update).
@@ -73,7 +122,7 @@ def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, data: Tensor
     losses = []
     for s in range(start_step, start_step + n_steps):
         x, y = get_batch(data, batch_size, context_length, torch.Generator().manual_seed(seed + s))
-        loss, _ = train_step(model, optimizer, x, y, lr_fn(s), max_norm)
+        loss, _ = train_step(model, optimizer, x, y, lr_fn(s), max_norm, micro_batches, autocast_dtype)
         losses.append(loss)
     return losses
 
@@ -124,6 +173,39 @@ def sample_text(model: nn.Module, tokenizer, prompt: str = "\n", max_new_tokens:
     finally:
         torch.set_num_threads(threads)
     return tokenizer.decode(out[0, idx.shape[1]:].tolist())
+
+
+def budget_recipe(minutes: float, ms_per_step: float) -> dict:
+    """Unit 10's laptop recipe for a budget of ``minutes`` of training on a machine that takes ``ms_per_step``
+    milliseconds per step of this recipe's batch shape (measure it: it depends on the machine and its load).
+
+    The schedule is tied to the budget: ``steps = minutes · 60,000 / ms_per_step`` steps, warm-up over the
+    first 5 % of them (at most 100), then the cosine of :func:`~llmcourse.train.schedules.warmup_cosine_lr`
+    down to ``min_lr`` exactly when the budget ends. The batch shape and learning rates were chosen from
+    validation-loss curves against the step, composed with interleaved ms/step measurements, next to
+    nanoGPT's published CPU recipe for the same model size (batch 12 × 64, lr 1e-3, 2,000 steps);
+    ``python -m coursetools.bench.time_to_quality`` compares the two at every budget from 1 to 10 minutes
+    on the machine it runs on.
+
+    Returns:
+        dict with ``batch_size``, ``context_length``, ``steps``, ``max_lr``, ``min_lr``, ``warmup_steps``,
+        ``betas``, ``weight_decay``, ``max_norm``.
+
+    Raises:
+        ValueError: ``minutes`` or ``ms_per_step`` not positive, or a budget of fewer than 20 steps.
+    """
+    if minutes <= 0 or ms_per_step <= 0:
+        raise ValueError(f"minutes and ms_per_step must be positive, got {minutes} and {ms_per_step}")
+    steps = int(minutes * 60_000 / ms_per_step)
+    if steps < 20:
+        raise ValueError(f"a budget of {minutes} min at {ms_per_step} ms/step is only {steps} steps (need ≥ 20)")
+    return {"batch_size": BUDGET_BATCH_SIZE, "context_length": BUDGET_CONTEXT_LENGTH, "steps": steps,
+            "max_lr": BUDGET_MAX_LR, "min_lr": BUDGET_MIN_LR, "warmup_steps": min(100, max(1, steps // 20)),
+            "betas": (0.9, 0.95), "weight_decay": 0.1, "max_norm": 1.0}
+
+
+BUDGET_BATCH_SIZE, BUDGET_CONTEXT_LENGTH = 16, 64   # budget_recipe's batch shape
+BUDGET_MAX_LR, BUDGET_MIN_LR = 3e-3, 3e-4            # and its learning rates (peak, floor)
 
 
 def pretrain(model: nn.Module, train_data: Tensor, val_data: Tensor, *, steps: int, batch_size: int,

@@ -14,7 +14,9 @@
 # 6. gradient clipping by the global norm, and logging the norm before clipping;
 # 7. the training loop and an honest validation loss;
 # 8. checkpoints that resume a run exactly and load with `weights_only=True`;
-# 9. the run itself, with a live dashboard, samples over time and the signs of overfitting.
+# 9. the run itself, with a live dashboard, samples over time, the signs of overfitting, and how busy it
+#    kept the processor (achieved FLOP/s against the measured peak);
+# 10. what a minute buys: batch shapes given the same wall-clock budget, and bfloat16 autocast on the CPU.
 #
 # The exercise notebook (`exercises/10_gpt2_pretraining/10_gpt2_pretraining.ipynb`) asks you to write
 # `get_batch`, `lm_loss`/`perplexity`, `warmup_cosine_lr`, `clip_grad_norm`, `configure_optimizer` and the
@@ -26,12 +28,15 @@
 import io
 import math
 import os
+import statistics
 import tempfile
 import time
 
 import datasets
+import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
+from torch.utils.flop_counter import FlopCounterMode
 
 import llmcourse
 from llmcourse.data import corpus as C
@@ -707,6 +712,41 @@ ms_step = 100 * (time.perf_counter() - t0)
 print(f"{ms_step:.0f} ms/step at B=32, T=64 (reference: about 117 ms); {32 * 64 / ms_step * 1000:,.0f} tokens/s")
 
 # %% [markdown]
+# **How busy were the cores?** A training step costs about `6 N` floating-point operations per token for
+# the `N` weights that multiply activations (2 for the forward product, 4 for the two backward ones), plus
+# attention's own products, `QKᵀ` and `A·V`: `4·T·D` per token and layer forward, three times that with
+# backward, so `12·L·T·D` (the position table is looked up, not multiplied, and the head is the tied
+# token table, counted once). torch's `FlopCounterMode` counts the operations it has formulas for.
+# Against the run's tokens per second, that is the achieved FLOP/s; the machine's peak is measured with a
+# large matrix product, as fast as the matrix library gets here.
+
+# %%
+n_mul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and n != "pos_emb.weight")
+L_, D_ = run_cfg.n_layers, run_cfg.d_model
+flops_per_token = 6 * n_mul + 12 * L_ * T * D_
+xf, yf = C.get_batch(corpus.train, B, T, torch.Generator().manual_seed(0))
+with FlopCounterMode(display=False) as counter:
+    lm_loss(model(xf), yf).backward()
+model.zero_grad(set_to_none=True)
+counted = counter.get_total_flops() / (B * T)
+print(f"per token: 6N = {6 * n_mul:,} + attention 12·L·T·D = {12 * L_ * T * D_:,} = {flops_per_token:,}")
+print(f"FlopCounterMode counts {counted:,.0f} per token"
+      + (" (= 6N: it has no formula for the CPU attention kernel)" if abs(counted - 6 * n_mul) < 1 else ""))
+n_peak = cfg["peak_matmul_n"]
+a_, b_ = torch.randn(n_peak, n_peak), torch.randn(n_peak, n_peak)
+peak_times = []
+for _ in range(6):
+    t0 = time.perf_counter()
+    _ = a_ @ b_
+    peak_times.append(time.perf_counter() - t0)
+peak = 2 * n_peak ** 3 / min(peak_times[1:])
+achieved = flops_per_token * summary["tokens_per_s"]
+print(f"the run: {summary['tokens_per_s']:,.0f} tokens/s × {flops_per_token:,} FLOPs = {achieved / 1e9:.1f} GFLOP/s; "
+      f"measured matmul peak ({n_peak}×{n_peak}, {torch.get_num_threads()} threads) {peak / 1e9:.1f} GFLOP/s: "
+      f"{achieved / peak:.0%} of it")
+assert 6 * n_mul <= counted * 1.001 and counted <= flops_per_token * 1.001
+
+# %% [markdown]
 # **Samples over time.** The same prompt, `ROMEO:`, sampled at temperature 0.8 at every evaluation:
 
 # %%
@@ -731,10 +771,148 @@ assert [r["step"] for r in rows] == snapshots_at and rows[-1]["val_loss"] < rows
 viz.show_checkpoint_sampler(rows)
 
 # %% [markdown]
+# ## 10. What a minute buys: tokens per step against steps per minute
+#
+# Your budget is minutes, not steps. A bigger batch gives a less noisy gradient per step but costs more per
+# step; a smaller one takes more, noisier steps in the same time. Which wins depends on how far the run
+# gets: early on, many rough steps beat a few precise ones; later, the noise is what stops progress.
+#
+# The experiment: a few batch shapes (`ttq_shapes`, rows × context), each trained from the same initial
+# weights for the **same wall-clock budget** (`ttq_seconds`) with the schedule ending when its budget ends.
+# First the milliseconds per step, measured with the shapes taking turns step by step so that a busy moment
+# of the machine falls on all of them; then each run's number of steps is the budget divided by its time
+# per step, and its validation loss (the same windows of 64 characters for every shape) is drawn against
+# `step × ms/step`.
+
+# %%
+shapes = [tuple(sh) for sh in cfg["ttq_shapes"]]
+budget_s = cfg["ttq_seconds"]
+
+
+def fresh_model_and_optimizer(context):
+    torch.manual_seed(cfg["seed"])
+    m = GPT2Model(GPT2Config(**{**GPT2Config.preset("gpt2-char-tiny").to_dict(), "context_length": context}))
+    return m, O.configure_optimizer(m, cfg["max_lr"], cfg["weight_decay"])
+
+
+timing_runs = {sh: fresh_model_and_optimizer(sh[1]) for sh in shapes}
+step_s = {sh: [] for sh in shapes}
+for rnd in range(5):
+    for sh in shapes:                                    # the shapes take turns, step by step
+        m_, o_ = timing_runs[sh]
+        t0 = time.perf_counter()
+        P.train_steps(m_, o_, corpus.train, 1, rnd, sh[0], sh[1], lambda s: 1e-4, 1.0, 0)
+        step_s[sh].append(time.perf_counter() - t0)
+ms_of = {sh: 1000 * statistics.median(v[1:]) for sh, v in step_s.items()}   # the first step warms up
+
+ttq = {}
+for sh in shapes:
+    n = max(cfg["ttq_evals"] * 2, int(budget_s * 1000 / ms_of[sh]))
+    m_, o_ = fresh_model_and_optimizer(sh[1])
+    lr_fn = lambda s, n=n: warmup_cosine_lr(s, cfg["max_lr"], cfg["min_lr"], max(1, n // 20), n)  # noqa: E731
+    marks = sorted({round(n * i / cfg["ttq_evals"]) for i in range(cfg["ttq_evals"] + 1)})
+    curve = []
+    for a, b in zip([0] + marks[:-1], marks):
+        P.train_steps(m_, o_, corpus.train, b - a, a, sh[0], sh[1], lr_fn, cfg["max_norm"], cfg["seed"])
+        curve.append((b * ms_of[sh] / 1000, P.estimate_loss(m_, corpus.val, 16, 64, 4, P.EVAL_SEED)))
+    ttq[sh] = {"steps": n, "curve": curve}
+
+print(f"budget {budget_s} s per shape on {torch.get_num_threads()} threads")
+print(f"{'rows × context':>15} {'tokens/step':>11} {'ms/step':>8} {'steps/min':>9} {'tokens/s':>9} {'steps':>6} "
+      f"{'val loss':>8}")
+for sh in shapes:
+    print(f"{sh[0]:>8} × {sh[1]:<4} {sh[0] * sh[1]:>11,} {ms_of[sh]:>8.1f} {60_000 / ms_of[sh]:>9,.0f} "
+          f"{sh[0] * sh[1] * 1000 / ms_of[sh]:>9,.0f} {ttq[sh]['steps']:>6} {ttq[sh]['curve'][-1][1]:>8.3f}")
+best_shape = min(shapes, key=lambda sh: ttq[sh]["curve"][-1][1])
+tok_s = [sh[0] * sh[1] / ms_of[sh] for sh in shapes]
+print(f"tokens per second {'rise' if tok_s == sorted(tok_s) else 'do not simply rise'} with the batch here; "
+      f"one step of the largest batch costs {ms_of[shapes[-1]] / ms_of[shapes[0]]:.1f}× the smallest's for "
+      f"{shapes[-1][0] * shapes[-1][1] // (shapes[0][0] * shapes[0][1])}× its tokens")
+print(f"lowest validation loss after {budget_s} s: {best_shape[0]} × {best_shape[1]}")
+assert all(ttq[sh]["curve"][-1][1] < ttq[sh]["curve"][0][1] for sh in shapes)
+
+# %% tags=["nbval-ignore-output"]
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for sh in shapes:
+    ax.plot(*zip(*ttq[sh]["curve"]), marker="o", label=f"{sh[0]} × {sh[1]} ({sh[0] * sh[1]:,} tokens/step)")
+ax.set_xlabel("seconds of training (step × measured ms/step)")
+ax.set_ylabel("validation loss")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Read the table from left to right: tokens per step grow with the batch, and the time per step grows
+# too, but usually more slowly (a tiny batch leaves the cores waiting on fixed overheads; the line above
+# says how it went here), so tokens per second favour big batches while steps per minute favour small
+# ones. With a short budget the run with the most steps tends to get furthest; with a long one, the one
+# that turns the most tokens into each step. Timings move
+# with the machine and its load; the curves against the *step* do not (the batches are seeded), which is
+# why the comparison composes each run's step curve with its measured time per step.
+#
+# The laptop profile's run in section 9 is chosen by the same measurement, made with longer budgets:
+# its batch shape, learning rate and warm-up fit a run of a few minutes, and its cosine ends where the
+# budget ends. `python -m coursetools.bench.time_to_quality` runs that comparison on your machine for budgets
+# of 1 to 10 minutes, against the settings nanoGPT publishes for the same model size on a CPU, and says at
+# which budgets which recipe is ahead.
+
+# %% [markdown]
+# ### bfloat16 autocast on the CPU
+#
+# Under `torch.autocast("cpu", dtype=torch.bfloat16)` the matrix products of the forward pass (linear
+# layers, attention's products) run in bfloat16: float32's 8-bit exponent, so the same range and no loss
+# scaling, but 8 significant bits instead of 24. Operations that need precision or range (softmax, layer
+# norm, the loss) stay in float32, and so do the weights, their gradients and AdamW's moments: autocast
+# changes the dtype of each product's *inputs*, not of the model. The backward products follow the
+# forward's dtypes. Whether that is faster depends on the processor: with bfloat16 matrix instructions
+# (AMX, AVX-512 BF16) it can be; without them every product pays for conversions. Measured, with the two
+# runs taking turns step by step from the same weights and the same batches:
+
+# %%
+amp_steps, amp_shape = cfg["amp_steps"], shapes[len(shapes) // 2]
+amp = {name: fresh_model_and_optimizer(amp_shape[1]) for name in ("float32", "bfloat16")}
+amp_loss = {name: [] for name in amp}
+amp_s = {name: [] for name in amp}
+amp_lr = lambda s: warmup_cosine_lr(s, cfg["max_lr"], cfg["min_lr"], max(1, amp_steps // 10), amp_steps)  # noqa: E731
+for s in range(amp_steps):
+    for name in (list(amp) if s % 2 == 0 else list(amp)[::-1]):
+        m_, o_ = amp[name]
+        t0 = time.perf_counter()
+        amp_loss[name] += P.train_steps(m_, o_, corpus.train, 1, s, amp_shape[0], amp_shape[1], amp_lr,
+                                        cfg["max_norm"], cfg["seed"],
+                                        autocast_dtype=torch.bfloat16 if name == "bfloat16" else None)
+        amp_s[name].append(time.perf_counter() - t0)
+amp_ms = {name: 1000 * statistics.median(v[1:]) for name, v in amp_s.items()}
+amp_val = {name: P.estimate_loss(m_, corpus.val, 16, 64, 4, P.EVAL_SEED) for name, (m_, _) in amp.items()}
+gaps_amp = [abs(a - b) for a, b in zip(amp_loss["float32"], amp_loss["bfloat16"])]
+print(f"CPU capability seen by torch: {torch.backends.cpu.get_cpu_capability()}; batch {amp_shape[0]} × {amp_shape[1]}")
+for name in amp:
+    print(f"{name:>9}: {amp_ms[name]:6.1f} ms/step, training loss {amp_loss[name][0]:.3f} -> {amp_loss[name][-1]:.3f}, "
+          f"validation {amp_val[name]:.3f}; weights stay {next(amp[name][0].parameters()).dtype}")
+speedup = amp_ms["float32"] / amp_ms["bfloat16"]
+print(f"bfloat16 autocast is {speedup:.2f}× as fast as float32 here ({'faster' if speedup > 1 else 'slower'}); "
+      f"largest per-step loss difference {max(gaps_amp):.4f}")
+assert all(next(m_.parameters()).dtype == torch.float32 for m_, _ in amp.values())
+
+# %% tags=["nbval-ignore-output"]
+fig, ax = plt.subplots(figsize=(7, 3.2))
+for name in amp:
+    ax.plot(range(1, amp_steps + 1), amp_loss[name], label=f"{name} ({amp_ms[name]:.0f} ms/step)", alpha=0.8)
+ax.set_xlabel("step")
+ax.set_ylabel("training loss")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# Compare the two curves and the largest per-step difference printed above with how much the loss
+# falls over the run: autocast changes the rounding of every product, so the runs drift apart a little,
+# step by step; the two validation losses say whether one of them ended worse. Whether it pays is the speed line, and that is
+# this processor's answer, not a general one.
+
+# %% [markdown]
 # ## The course's trained model
 #
-# Units 09 and later use `assets/gpt_char_tiny.pt`: the same recipe with a longer context, run by
-# `python -m llmcourse.train.char_model`. The file holds the weights, the config and the recipe (plain
+# Units 09 and later use `assets/gpt_char_tiny.pt`: the same model and loop with a longer context and a
+# longer run (its recipe is printed below), run by `python -m llmcourse.train.char_model`. The file holds the weights, the config and the recipe (plain
 # data, no optimizer state), so the loader builds the model from the stored config; it also records how
 # long the run took on the machine that trained it. Both are read from the file, not typed here:
 
@@ -762,6 +940,10 @@ assert char_tok.chars == corpus.tokenizer.chars
 # * AdamW decays matrices only, every tensor once; warm-up then cosine to a floor; clip by the global
 #   norm and log the norm before clipping.
 # * Always watch a validation curve next to the training curve.
+# * A budget is minutes: tokens per step trade against steps per minute, so compare recipes by loss
+#   against wall time (the step curve times the measured ms/step), and end the schedule with the budget.
+# * Gradient accumulation weights each micro-batch's loss by its share of the batch; bf16 autocast keeps
+#   float32 weights and pays off only where the processor has bf16 matrix instructions.
 #
 # **Lab** (optional, about 15–20 minutes): `lessons/10_gpt2_pretraining_lab.ipynb` trains the same model
 # size on TinyStories with GPT-2's tokenizer and a compacted vocabulary (unit 07's method).

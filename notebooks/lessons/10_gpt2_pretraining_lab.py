@@ -62,6 +62,17 @@ print(f"compact vocabulary: {len(tok.vocab):,} GPT-2 ids + 4 reserved = {tok.voc
 assert int((ts.train == tok.eot_id).sum() + (ts.val == tok.eot_id).sum()) == len(stories)
 
 # %% [markdown]
+# **A small sample, seen many times.** The file is a sample, not the corpus (the full TinyStories has
+# about two million stories). A run of `lab_steps` steps of `B × T` tokens therefore passes over the same
+# training stories again and again; how often, for this profile:
+
+# %%
+sample_mb = data_path("tinystories-sample").stat().st_size / 1e6
+planned_passes = STEPS * B * T / ts.train.numel()
+print(f"sample {sample_mb:.2f} MB; {STEPS:,} steps × {B} × {T} = {STEPS * B * T:,} tokens = "
+      f"{planned_passes:.1f} passes over the {ts.train.numel():,} training tokens")
+
+# %% [markdown]
 # The parameter count of the same architecture with the full and the compact vocabulary (the output
 # head is tied to the embedding, so the vocabulary costs `V × D` once):
 
@@ -129,7 +140,31 @@ for step, text in hist["samples"]:
     print(f"--- after {step} steps\n{prompt}{text}")
 
 # %% [markdown]
-# The number of passes printed above says how often the model has seen each training story. Compare it
-# with the lesson's run, and look at the gap between the curves in the dashboard: where the validation
-# loss flattens while the training loss keeps falling, the extra steps buy memorisation, and more data (the
-# full TinyStories has about two million stories) is the cure.
+# ## What the repetition costs: the train/validation gap
+#
+# Every evaluation scored the same fixed batches of training and of validation stories. Next to the
+# number of passes made so far, the gap `validation − training` shows what repetition does: while the
+# model is learning what stories have in common both losses fall together; once it has seen each
+# training story many times it starts to learn *those* stories, the training loss keeps falling and the
+# validation loss stalls or rises. (Under the `ci` profile the run is far too short for that: it stops
+# after a fraction of one pass, and the gap is noise.)
+
+# %%
+rows = [(s, s * B * T / ts.train.numel(), tr, va) for s, tr, va in
+        zip(hist["eval_step"], hist["train_loss_eval"], hist["val_loss"])]
+print(f"{'step':>6} {'passes':>7} {'train':>7} {'valid':>7} {'gap':>7}")
+for s, p, tr, va in rows:
+    print(f"{s:6d} {p:7.2f} {tr:7.3f} {va:7.3f} {va - tr:+7.3f}")
+best = min(rows, key=lambda r: r[3])
+final_gap, best_gap = rows[-1][3] - rows[-1][2], best[3] - best[2]
+print(f"lowest validation loss {best[3]:.3f} after {best[0]:,} steps ({best[1]:.1f} passes, gap {best_gap:+.3f}); "
+      f"at the end {rows[-1][3]:.3f} (gap {final_gap:+.3f})")
+print("the last evaluation is the best one: more steps still helped" if best is rows[-1] else
+      f"the validation loss rose by {rows[-1][3] - best[3]:.3f} after its lowest point: the extra passes memorised")
+assert best[3] <= rows[-1][3] and rows[-1][1] == STEPS * B * T / ts.train.numel()
+
+# %% [markdown]
+# A widening gap is the sample's size speaking, not the model's: the cure is more data (a larger part of
+# TinyStories), or, with this sample, fewer steps (stop near the lowest validation loss), more dropout or
+# weight decay, or a smaller model. Try one: set `lab_steps` to the step of the lowest validation loss and
+# compare the samples.
