@@ -438,7 +438,8 @@ def read_roster(path: str | os.PathLike) -> dict[str, dict]:
 
 
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
-          course=None, roster: str | os.PathLike | None = None, jobs: int = 1, progress: bool = False) -> GradeReport:
+          course=None, roster: str | os.PathLike | None = None, jobs: int = 1, progress: bool = False,
+          profile: str | None = "ci") -> GradeReport:
     """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
@@ -479,6 +480,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             parallel job (a neighbour's process may be the cause) is run again alone afterwards, so the scores
             and notes are those of ``jobs=1``.
         progress: tqdm progress bars on stderr (checked; run in nbgrader).
+        profile: the run-time profile (``LLMCOURSE_PROFILE``, :mod:`llmcourse.runtime`) of the kernels nbgrader runs
+            the submissions in. Default ``"ci"``, the smallest: what those kernels compute (the visible cells'
+            training runs) is feedback only, never a score, and it is most of a class's grading time. None: the
+            environment's own (default ``laptop``). The checker's verdicts do not depend on it.
 
     Returns:
         :class:`GradeReport`: a row per submission with score, max score and notes.
@@ -509,11 +514,20 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     (work / ".grading").mkdir(parents=True)
     shutil.copytree(src, work / ".grading" / "submitted")
     env_extra = {"LLMCOURSE_CELL_TIMEOUT": str(cell_timeout)} if cell_timeout else {}
+    if profile is not None:
+        from llmcourse.runtime import PROFILE_ENV
+
+        if profile not in course.profiles:
+            raise ValueError(f"unknown profile {profile!r}; course.toml defines {', '.join(sorted(course.profiles))}")
+        env_extra[PROFILE_ENV] = profile
     # the hidden cells' in-kernel checks would be replaced by the checker's verdicts: skip them there
     env_extra["LLMCOURSE_DEFER_CHECKS"] = "1"
     # every process nbgrader starts carries this run's token: what a kernel left running is found by it
     token = f"{os.getpid()}-{os.urandom(8).hex()}"
     env_extra[RUN_TOKEN_ENV] = token
+    # the kernels' Unix sockets (grader/nbgrader_config.py says why not TCP): one private folder per run
+    sockets = tempfile.mkdtemp(prefix="llmk-")
+    env_extra["LLMCOURSE_KERNEL_SOCKETS"] = sockets
 
     n_jobs = max(1, int(jobs))
     timings: dict[str, float] = {}
@@ -634,6 +648,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         raise
     finally:
         snapshot.cleanup()
+        shutil.rmtree(sockets, ignore_errors=True)
         for bar in bars.values():
             bar.close()
     report.grades_csv = _write_grades(work, report.rows, course)
