@@ -13,8 +13,8 @@ The class is generated, seeded, from the unit's solution and its bug catalog (:f
 
 Each ``--jobs`` value grades the same class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
-workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), and whether
-the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
+workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the CPU
+time used (how many cores were busy on average), and whether the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -267,6 +267,15 @@ def _verdicts(work: Path, rows) -> dict:
     return out
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of every child it has waited for (the checkers with their
+    forkservers and workers, nbgrader with its kernels: each reaps its own children before it is reaped)."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m coursetools.bench.class_grading", description=__doc__.split("\n\n")[0])
     p.add_argument("unit", help="unit id, e.g. 03")
@@ -296,11 +305,13 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         for jobs in args.jobs:
             work = Path(tmp) / f"work-jobs{jobs}"
+            cpu_before = _cpu_seconds()
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 report = grade(submitted, out_dir=work, cell_timeout=args.timeout, course=course, jobs=jobs,
                                progress=True)
                 wall = time.perf_counter() - started
+            cpu = _cpu_seconds() - cpu_before
             got = _verdicts(work, report.rows)
             first = first or got
             same = got == first
@@ -310,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report.rows[0]['max_score']:g}, same scores and verdicts as the first run: {same}", flush=True)
             for phase, seconds in report.timings.items():
                 print(f"    {phase:34} {seconds:7.1f} s", flush=True)
+            print(f"    CPU time of the run: {cpu:,.0f} core-seconds, {cpu / wall:.2f} of {os.cpu_count()} cores busy on "
+                  "average", flush=True)
     return 0
 
 
