@@ -11,7 +11,11 @@ the same text, the same JSON, the same verdicts as a cold run (the server runs t
 :func:`coursetools.checking.check_command`).
 
 What is unchanged: the server is the *checker*. Learner code never runs in it, only in forkserver workers,
-one per exercise, exactly as in a cold run (:mod:`grader.worker`); requests are served one at a time.
+one per exercise, exactly as in a cold run (:mod:`grader.worker`); a server serves one request at a time.
+``course progress`` checks several notebooks at once by sending them to more than one server of the same key
+(*slots*: ``$LLMCOURSE_CHECK_SERVERS``, default 2, at most the CPUs; slot 0 is the one ``course check`` uses,
+the others start on first use and end like it), each a separate process with its own forkserver, so a report
+never depends on which slot wrote it.
 ``course grade`` never uses it (it keeps its own snapshot-based checker, :mod:`coursetools.grading`);
 ``course progress`` sends it the notebooks whose report is not in the check-result cache
 (:mod:`coursetools.resultcache`, keyed by this server's key), which every check fills.
@@ -51,11 +55,13 @@ IDLE_DEFAULT_S = 600.0
 # environment variables that can change a check's answer: part of the server's key
 ENV_PREFIXES = ("LLMCOURSE_", "HF_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_",
                 "CUDA_", "CUBLAS_", "KMP_", "PYTHONHASHSEED", "PYTHONPATH", "TOKENIZERS_", "TIKTOKEN_")
+SERVERS_ENV = "LLMCOURSE_CHECK_SERVERS"  # how many servers `course progress` checks with at once (default: 2, at most
+# the CPUs); one per *slot*: slot 0 answers `course check`, the others only `course progress`
 START_TIMEOUT_S = 30.0  # until the new server's socket accepts (it binds before its heavy imports)
 REPLY_TIMEOUT_S = 3600.0  # a request (the first one includes the server's imports and forkserver start-up)
 TICK_S = 2.0  # the server re-checks its fingerprint, socket and idle time this often
 
-__all__ = ["client_check", "fingerprint", "server_key", "stop_servers"]
+__all__ = ["client_check", "fingerprint", "progress_slots", "server_key", "stop_servers"]
 
 
 # ============================================================================ shared: key, directory, framing
@@ -204,7 +210,23 @@ _BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:] = cfg['sy
          "from coursetools.checkserver import serve_main; serve_main(cfg)")
 
 
-def _spawn(ident: dict, folder: Path):
+def _name(key: str, slot: int) -> str:
+    """The file stem of slot ``slot``'s server for ``key`` (its socket, lock and log)."""
+    return key if slot == 0 else f"{key}-{slot}"
+
+
+def progress_slots(n_units: int) -> int:
+    """How many servers ``course progress`` uses at once for ``n_units`` unchecked notebooks: ``$LLMCOURSE_CHECK_SERVERS``
+    (default 2), at most the CPUs this process may use and at most ``n_units``; at least 1."""
+    try:
+        wanted = int(os.environ.get(SERVERS_ENV) or 2)
+    except ValueError:
+        wanted = 2
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(wanted, cpus, n_units))
+
+
+def _spawn(ident: dict, folder: Path, slot: int = 0):
     """Start a detached server for ``ident`` (new session; no pipe of ours is left open in it)."""
     import subprocess
 
@@ -215,8 +237,9 @@ def _spawn(ident: dict, folder: Path):
     path = ([first] if keep else []) + [p for p in sys.path[1:] if p]
     cfg = {"key": ident["key"], "dir": str(folder), "root": ident["root"], "llmcourse": ident["llmcourse"],
            "grader": ident["grader"], "coursetools": ident["coursetools"], "fingerprint": ident["fingerprint"],
-           "sys_path": list(dict.fromkeys(path)), "idle": float(os.environ.get(IDLE_ENV) or IDLE_DEFAULT_S)}
-    log = open(folder / f"{ident['key']}.log", "ab")  # noqa: SIM115 - handed to the child
+           "sys_path": list(dict.fromkeys(path)), "idle": float(os.environ.get(IDLE_ENV) or IDLE_DEFAULT_S),
+           "slot": int(slot)}
+    log = open(folder / f"{_name(ident['key'], slot)}.log", "ab")  # noqa: SIM115 - handed to the child
     try:
         return subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(cfg)], cwd=str(folder),
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -225,13 +248,14 @@ def _spawn(ident: dict, folder: Path):
         log.close()
 
 
-def _connect_or_start(ident: dict, folder: Path) -> socket.socket | None:
-    path = folder / f"{ident['key']}.sock"
+def _connect_or_start(ident: dict, folder: Path, slot: int = 0) -> socket.socket | None:
+    name = _name(ident["key"], slot)
+    path = folder / f"{name}.sock"
     s = _connect(path)
     if s is not None:
         return s
-    proc = _spawn(ident, folder)
-    _debug(f"started a check server (pid {proc.pid})")
+    proc = _spawn(ident, folder, slot)
+    _debug(f"started a check server (slot {slot}, pid {proc.pid})")
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         s = _connect(path)
@@ -239,7 +263,7 @@ def _connect_or_start(ident: dict, folder: Path) -> socket.socket | None:
             return s
         code = proc.poll()
         if code not in (None, 0):  # 0: another client's server holds the key; wait for its socket
-            _debug(f"the check server exited with code {code} (see {folder / (ident['key'] + '.log')})")
+            _debug(f"the check server exited with code {code} (see {folder / (name + '.log')})")
             return None
         time.sleep(0.02)
     return None
@@ -253,15 +277,18 @@ def _cache_setting() -> str:
     return str(folder) if folder is not None else "0"
 
 
-def client_check(notebook: str, as_json: bool) -> tuple[str, str, int] | None:
-    """``course check`` answered by the warm server: ``(stdout, stderr, exit code)``, or None for the cold path."""
+def client_check(notebook: str, as_json: bool, slot: int = 0) -> tuple[str, str, int] | None:
+    """``course check`` answered by the warm server: ``(stdout, stderr, exit code)``, or None for the cold path.
+
+    ``slot``: which of this key's servers answers (``course progress`` sends notebooks to several at once,
+    :func:`progress_slots`; every slot is the same server, started on first use, with its own forkserver)."""
     if os.environ.get(SERVER_ENV, "1") == "0":
         return None
     try:
         folder = _private_dir()
         for _ in range(2):
             ident = server_key()
-            sock = _connect_or_start(ident, folder)
+            sock = _connect_or_start(ident, folder, slot)
             if sock is None:
                 return None
             with sock:
@@ -399,9 +426,10 @@ def serve_main(cfg: dict) -> None:
 
     folder = Path(cfg["dir"])
     key = cfg["key"]
+    name = _name(key, int(cfg.get("slot", 0)))
     env_at_start = _env_subset()  # before the imports below (some set variables of their own)
-    sock_path = folder / f"{key}.sock"
-    lock = open(folder / f"{key}.lock", "w")  # noqa: SIM115 - held for the server's life
+    sock_path = folder / f"{name}.sock"
+    lock = open(folder / f"{name}.lock", "w")  # noqa: SIM115 - held for the server's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -425,9 +453,9 @@ def serve_main(cfg: dict) -> None:
             if os.stat(sock_path).st_ino == inode:
                 sock_path.unlink()
         with contextlib.suppress(OSError):
-            (folder / f"{key}.lock").unlink()
+            (folder / f"{name}.lock").unlink()
         with contextlib.suppress(OSError):
-            log_path = folder / f"{key}.log"
+            log_path = folder / f"{name}.log"
             if not log_path.stat().st_size:
                 log_path.unlink()
         os._exit(code)

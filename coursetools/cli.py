@@ -12,7 +12,7 @@
                            over a folder of exercise notebooks (default exercises/)
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
-  course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--quiet]
+  course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--profile P] [--quiet]
                            autograde nbgrader-style submissions, write feedback HTML and grades.csv
   course exchange release|collect|feedback UNIT --root EXCHANGE [--into CLASS] [--work WORK]
                            nbgrader's exchange around course grade (coursetools/exchange.py)
@@ -195,6 +195,47 @@ def find_unit_notebook(folder: Path, unit) -> Path | None:
     return None
 
 
+def _progress_from_servers(folder: Path, course, server: str | None) -> dict:
+    """``{unit id: (stdout, stderr, code)}``: the warm check servers' ``course check --json`` answers for every
+    unit notebook in ``folder`` whose report is not cached, several servers at once
+    (:func:`coursetools.checkserver.progress_slots`); a unit no server answered is left out (checked here)."""
+    import queue
+    import threading
+
+    from .checkserver import client_check, progress_slots
+    from .resultcache import load, result_key
+
+    todo = []
+    for unit in course.available_units:
+        path = find_unit_notebook(folder, unit) if unit.exercises else None
+        if path is None:
+            continue
+        if load(result_key(path, unit, server, course.root) if server is not None else None) is None:
+            todo.append((unit.id, str(path)))
+    # the later units' checks take longest: they go first, so that the servers finish together
+    pending: queue.Queue = queue.Queue()
+    for item in reversed(todo):
+        pending.put(item)
+    answered: dict = {}
+
+    def serve(slot: int) -> None:
+        while True:
+            try:
+                unit_id, path = pending.get_nowait()
+            except queue.Empty:
+                return
+            answer = client_check(path, True, slot=slot)
+            if answer is not None:
+                answered[unit_id] = answer
+
+    threads = [threading.Thread(target=serve, args=(slot,), daemon=True) for slot in range(progress_slots(len(todo)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answered
+
+
 def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     """``course progress``: every available unit's notebook in ``folder``, checked in this one process (one
     forkserver for all of them), or with ``warm`` by this user's warm check server where it answers (the same
@@ -209,6 +250,7 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     server = _cache_server_key()  # reports `course check` stored for notebooks unchanged since (resultcache)
 
     course = course or _course()
+    answered = _progress_from_servers(folder, course, server) if warm else {}
     rows = []
     for unit in course.available_units:
         if not unit.exercises:
@@ -227,15 +269,11 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
         rep = load(key)
         if rep is not None:
             rep = rep["report"]
-        elif warm:
-            from .checkserver import client_check
-
-            answer = client_check(str(path), True)
-            if answer is not None:
-                try:
-                    rep = json.loads(answer[0])
-                except ValueError:
-                    rep = None
+        elif unit.id in answered:
+            try:
+                rep = json.loads(answered[unit.id][0])
+            except ValueError:
+                rep = None
         if rep is None:
             from grader.runner import check_notebook
 
@@ -328,7 +366,7 @@ def cmd_grade(args) -> int:
 
     try:
         report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster, jobs=args.jobs,
-                       progress=not args.quiet)
+                       progress=not args.quiet, profile=args.profile or None)
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -425,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
                    "names in the gradebook")
     p.add_argument("--jobs", type=int, default=1, help="grade in N parallel jobs (checkers and nbgrader runs; the same "
                    "scores as one job; each job needs about one core and the memory of one checker and one kernel)")
+    p.add_argument("--profile", default="ci", help="run-time profile of the kernels nbgrader runs the notebooks in "
+                   "(default ci, the smallest: their training cells are feedback only, never a score; '' for "
+                   "$LLMCOURSE_PROFILE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=cmd_grade)
     p = sub.add_parser("exchange", help="nbgrader's exchange: release a unit, collect submissions, return feedback")

@@ -69,7 +69,7 @@ def mutant_notebook(exercise: Path, dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, course_copy):
     """(course copy, socket folder, env for `python -m coursetools` in the copy, notebooks by kind, server pids)."""
-    course = course_copy((UNIT,))
+    course = course_copy((UNIT, "04"))
     copy, unit = course.root, course.unit(UNIT)
     sockets = tmp_path_factory.mktemp("sockets")
     os.chmod(sockets, 0o700)
@@ -262,6 +262,43 @@ def test_progress_through_the_warm_server_gives_the_cold_table(setup):
     assert runs["cold"] == runs["warm"] == runs["again"]
     row = next(u for u in runs["cold"]["units"] if u["notebook"])
     assert row["failed"] >= 1 and row["common_bug"] and "." not in row["common_bug"]
+
+
+def test_progress_checks_with_two_servers_at_once(setup, tmp_path):
+    """With ``LLMCOURSE_CHECK_SERVERS=2`` two servers of the same key (slots 0 and 1) answer one `course progress`
+    together, each unit once; the table is the cold one, and ``--stop-server`` ends both."""
+    import shutil
+
+    copy, sockets, env, notebooks, started = setup
+    folder = tmp_path / "two"
+    folder.mkdir()
+    shutil.copy2(notebooks["mutant"], folder)
+    shutil.copy2(copy / "solutions" / "04_multi_head_attention" / "04_multi_head_attention.ipynb", folder)
+    runs, pids = {}, set()
+    for name, server, n in (("cold", "0", "2"), ("one", "1", "1"), ("two", "1", "2"), ("again", "1", "2")):
+        r = subprocess.run([sys.executable, "-m", "coursetools", "progress", str(folder), "--json"], cwd=copy,
+                           env=dict(env, LLMCOURSE_CHECK_SERVER=server, LLMCOURSE_CHECK_SERVERS=n),
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        runs[name] = json.loads(r.stdout)
+        answered = [int(p) for p in re.findall(r"answered by the check server \(pid (\d+)\)", r.stderr)]
+        started += answered
+        if name == "two":
+            assert "started a check server (slot 1" in r.stderr, r.stderr
+        if name in ("two", "again"):
+            assert len(answered) == 2 and len(set(answered)) == 2, r.stderr  # one unit each, two processes
+            pids |= set(answered)
+    assert runs["cold"] == runs["one"] == runs["two"] == runs["again"]
+    assert {u["unit"]: u["earned"] for u in runs["cold"]["units"] if u["notebook"]}["04"] > 0
+    assert len(pids) == 2 and any(p.name.endswith("-1.sock") for p in sockets.glob("*.sock"))
+    assert set(checkserver_pids(env)) >= pids
+
+
+def checkserver_pids(env) -> list[int]:
+    """The pids that answer a ping in the test's socket folder (every slot)."""
+    code = "from coursetools.checkserver import server_pids; print(server_pids())"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    return json.loads(r.stdout)
 
 
 def test_a_warm_check_fills_the_result_cache_that_progress_reuses(setup, tmp_path):

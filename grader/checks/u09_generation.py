@@ -668,6 +668,14 @@ def _one_by_one(model, prompts: list[list[int]], n: int, context: int, eos_id=No
     return T(rows, dtype=torch.long).view(len(prompts), n)
 
 
+@functools.lru_cache(maxsize=64)
+def _one_by_one_ref(prompts: tuple, n: int, context: int, eos_id=None) -> torch.Tensor:
+    """:func:`_one_by_one` on the character GPT of :func:`_char_setup`, computed once per process (a warm check
+    server answers many checks): callers get the same tensor and must not modify it."""
+    setup = _char_setup()
+    return _one_by_one(_char_model(setup["cfg"], setup["state"]), [list(p) for p in prompts], n, context, eos_id)
+
+
 @check(f"{U}.generate_batched", ["generate_batched"], _ref_generate_batched)
 def check_generate_batched(t):
     setup = _char_setup()
@@ -690,7 +698,7 @@ def check_generate_batched(t):
              f"generate_batched(model, 4 prompts, max_new_tokens={n}, ...) must return the new tokens as a (4, {n}) "
              f"tensor of ids (the prompts not included); got {getattr(g, 'dtype', type(g).__name__)} "
              f"{tuple(getattr(g, 'shape', ()))}")
-    expected = _one_by_one(ref_model, prompts, n, C)
+    expected = _one_by_one_ref(tuple(map(tuple, prompts)), n, C)
     wrong = [b for b in range(4) if not torch.equal(g[b], expected[b])]
     if wrong:
         b = wrong[0]
@@ -740,7 +748,7 @@ def check_generate_batched(t):
                               f"with 6 new tokens (exactly context_length={C} columns)"),
                              ("equal", [prompts[0], prompts[0][::-1]], 8, "two prompts of equal length (no padding)"),
                              ("single", [prompts[1]], 8, "a batch of one prompt")):
-        _expect_equal(t, edges, e, _one_by_one(ref_model, ps, k, C), f"greedy batched generation of {what}",
+        _expect_equal(t, edges, e, _one_by_one_ref(tuple(map(tuple, ps)), k, C), f"greedy batched generation of {what}",
                       pick=lambda o, kk=key: o[kk])
     err = t.raised(lambda impl: impl.generate_batched(_char_model(cfg, state), [list(long_p), [1]], 7, C))
     t.expect(err == "ValueError", f"a {len(long_p)}-token prompt plus 7 new tokens exceeds context_length={C}: "
@@ -756,7 +764,7 @@ def check_generate_batched(t):
         return impl.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], n, C, eos_id=eos)
 
     out = t.run(eos_probe)
-    _expect_equal(t, eos_probe, out, _one_by_one(ref_model, prompts, n, C, eos_id=eos),
+    _expect_equal(t, eos_probe, out, _one_by_one_ref(tuple(map(tuple, prompts)), n, C, eos_id=eos),
                   f"greedy batched generation with eos_id={eos} (a row that produced it keeps emitting it; stop when "
                   "every row has)")
 

@@ -427,6 +427,28 @@ def _compare_init_models() -> dict:
             "deepseek": _course_model(seed=0)}
 
 
+_COMPARE_REFERENCE: dict = {}
+
+
+def _compare_reference(data: torch.Tensor) -> tuple[dict, dict]:
+    """``(start, trained)`` state dicts of "llama" and "deepseek": the reference ``compare_models`` run from
+    :func:`_compare_init_models` on ``data`` (3 steps, batch 4, context 16, :func:`_compare_lr`, seed 5). Computed once
+    per process and data (a warm check server or a grading checker answers many checks); the global torch RNG is left
+    as the computation leaves it, every time. Callers must not modify the tensors."""
+    key = hash(data.numpy().tobytes())
+    if key not in _COMPARE_REFERENCE:
+        from llmcourse.models.deepseek import compare_models as reference_compare
+
+        models = _compare_init_models()
+        start = {n: {k: v.clone() for k, v in models[n].state_dict().items()} for n in ("llama", "deepseek")}
+        reference_compare(models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
+        trained = {n: {k: v.detach().clone() for k, v in models[n].state_dict().items()} for n in ("llama", "deepseek")}
+        _COMPARE_REFERENCE[key] = (start, trained, torch.get_rng_state())
+    start, trained, rng = _COMPARE_REFERENCE[key]
+    torch.set_rng_state(rng)
+    return start, trained
+
+
 def _compare_lr(s: int) -> float:
     """A schedule that is not constant: a learner who uses lr_fn(0) throughout never moves the weights."""
     return (0.0, 2e-3, 5e-4)[s]
@@ -498,13 +520,9 @@ def check_compare(t):
                  f"torch.Generator().manual_seed(seed + s)); it saw {len(batches)} training batches"
                  + ("" if len(batches) != 3 else " that differ from those"), bug="B17.unequal_budget")
     # the schedule and the validation loss, against the reference trained here from the same start on the same batches
-    from llmcourse.models.deepseek import compare_models as reference_compare
-
-    start_models = _compare_init_models()
-    start = {n: {k: v.clone() for k, v in start_models[n].state_dict().items()} for n in ("llama", "deepseek")}
-    reference_compare(start_models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
+    start, trained = _compare_reference(data)
     for name in ("llama", "deepseek"):
-        gap = _update_gap(got["states"][name], start_models[name].state_dict(), start[name])
+        gap = _update_gap(got["states"][name], trained[name], start[name])
         if gap > 0.05:
             frozen = _update_gap(got["states"][name], start[name], start[name]) == 0.0
             mtp_keys = [k for k in start[name] if k.startswith("mtp.") or k.endswith("e_score_correction_bias")]
@@ -574,6 +592,17 @@ def _fp8_case():
     return state, torch.randint(0, 65, (4000,), generator=_gen(9))
 
 
+@functools.lru_cache(maxsize=1)
+def _fp8_case_reference() -> torch.Tensor:
+    """The reference conversion's (val_loss_fp32, val_loss_fp8) on :func:`_fp8_case` (2 batches, seed 10,000), float64;
+    computed once per process (a warm check server or a grading checker answers many checks)."""
+    from llmcourse.models.deepseek import fp8_eval as reference_fp8
+
+    state, val = _fp8_case()
+    ref = reference_fp8(_course_model(state, seed=0).eval(), val, 2, 10_000)
+    return torch.tensor([ref["val_loss_fp32"], ref["val_loss_fp8"]], dtype=torch.float64)
+
+
 @check(f"{U}.fp8_inference", ["fp8_eval"], _ref_fp8)
 def check_fp8(t):
     info = _asset_info()
@@ -615,10 +644,7 @@ def check_fp8(t):
         res = impl.fp8_eval(m, val.clone(), 2, 10_000)
         return torch.tensor([float(res["val_loss_fp32"]), float(res["val_loss_fp8"])], dtype=torch.float64)
 
-    from llmcourse.models.deepseek import fp8_eval as reference_fp8
-
-    ref = reference_fp8(_course_model(state, seed=0).eval(), val, 2, 10_000)
-    t.compare(probe_heavy, torch.tensor([ref["val_loss_fp32"], ref["val_loss_fp8"]], dtype=torch.float64),
+    t.compare(probe_heavy, _fp8_case_reference().clone(),
               "val_loss_fp32 and val_loss_fp8 of a seeded DeepSeek-tiny with heavy-tailed weights (2 batches, seed "
               "10,000): every main-path linear layer of every block converted, routers, head, embeddings and MTP "
               "kept in float32", atol=2e-4, rtol=0)
