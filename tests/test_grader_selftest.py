@@ -35,8 +35,21 @@ def test_every_exercise_has_a_check(exercise):
     assert exercise.id in CHECKS, f"no check registered for {exercise.id}"
 
 
-def test_solution_passes_every_check(unit):
+def test_solution_passes_every_check(unit, monkeypatch):
+    """And without running one mutant: the bug catalog is for naming a failure (``Tester.diagnose``), and a right
+    answer must not pay for it (a warm `course progress` and a class's grading check many right answers)."""
+    from grader.core import Tester
+
+    diagnosed = []
+    real = Tester.diagnose
+
+    def recording(self, probe, *args, **kwargs):
+        diagnosed.append(self.spec.id)
+        return real(self, probe, *args, **kwargs)
+
+    monkeypatch.setattr(Tester, "diagnose", recording)
     verdicts = run_unit(unit.id, sources_of(unit.solution))  # isolated: learner code in worker processes
+    assert not diagnosed, f"checks that ran the bug catalog on a right answer: {sorted(set(diagnosed))}"
     notes = [n for v in verdicts for n in v.notes]
     assert not notes, notes
     failing = [v.render() for v in verdicts if not v.passed]
