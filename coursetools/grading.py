@@ -530,6 +530,13 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     env_extra["LLMCOURSE_KERNEL_SOCKETS"] = sockets
 
     n_jobs = max(1, int(jobs))
+    if n_jobs > 1:
+        # N kernels at once: each gets its share of the CPUs. Two torch threads per kernel on two cores made the
+        # kernels wait on each other (spinning OpenMP threads keep the cores busy while nothing advances)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        share = str(max(1, cpus // n_jobs))
+        env_extra.setdefault("LLMCOURSE_MAX_TORCH_THREADS", os.environ.get("LLMCOURSE_MAX_TORCH_THREADS") or share)
+        env_extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or share)
     timings: dict[str, float] = {}
     clock = time.monotonic()
     bars = _progress_bars(len(pairs), progress)
@@ -626,13 +633,26 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                    names.get(student))
             report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
                                 "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
-        # feedback: one `nbgrader generate_feedback <assignment>` run per assignment; a student whose feedback
-        # is missing after it is run again alone, so that the note gives that student's own error
+        # feedback: one `nbgrader generate_feedback <assignment>` run per assignment and job (each job excludes
+        # the others' students; they only read the gradebook); a student whose feedback is missing after it is
+        # run again alone, so that the note gives that student's own error
         for assignment in sorted({a for _, a in pairs}):
-            fb = _nbgrader(["generate_feedback", assignment, "--force"], work, course.root)
+            students = [s for s, a in pairs if a == assignment]
+            k = max(1, min(n_jobs, len(students)))
+            groups = [students[i::k] for i in range(k)]
+
+            def feedback(group: list[str], assignment=assignment, students=students) -> tuple[set, bool]:
+                others = sorted(set(students) - set(group))
+                extra = [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []
+                proc = _nbgrader(["generate_feedback", assignment, "--force", *extra], work, course.root)
+                return set(group), proc.returncode == 0
+
+            with ThreadPoolExecutor(k) as pool:
+                done = [g for g, ok in pool.map(feedback, groups) if ok]
+            ran_ok = set().union(*done) if done else set()
             html = Path(known[assignment].exercise).with_suffix(".html").name
-            for student in [s for s, a in pairs if a == assignment]:
-                if fb.returncode == 0 and (work / ".grading" / "feedback" / student / assignment / html).exists():
+            for student in students:
+                if student in ran_ok and (work / ".grading" / "feedback" / student / assignment / html).exists():
                     continue
                 one = _nbgrader(["generate_feedback", assignment, f"--student={student}", "--force"], work,
                                 course.root)

@@ -48,6 +48,34 @@ def test_a_written_mutant_behaves_as_the_catalogued_one(course):
     assert written >= 5, "most attention mutants (a closure over a shared helper) must be writable"
 
 
+def test_a_mutant_whose_helper_calls_the_reference_by_its_name_calls_the_solution(course):
+    """A rope_inv_freq mutant starts from the reference rope_inv_freq (in its bug-catalog module); written into a
+    notebook under the same name it must call the solution's definition, not itself (endless recursion)."""
+    from grader.core import BUGS
+    from grader.extract import extract_namespace
+    from grader.runner import load_unit
+
+    unit = course.unit("11")
+    load_unit("11")
+    solution = nbformat.read(course.root / unit.solution, as_version=4)
+    code = [c.source for c in solution.cells if c.cell_type == "code"]
+    scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    written = 0
+    for bug in BUGS["11.rope"]:
+        if set(bug.impl) != {"rope_inv_freq"}:
+            continue
+        obj = bug.impl["rope_inv_freq"]
+        source = mutant_source(obj, "rope_inv_freq", _bound_names(code), code)
+        if source is None or "_reference_rope_inv_freq" not in source:
+            continue
+        answer = _answer_cells(solution)["ex11_rope_answer"]
+        ns = extract_namespace(code[:1] + [answer + "\n\n\n" + source]).namespace  # as the grader loads the cell
+        torch.testing.assert_close(ns["rope_inv_freq"](16, 500000.0, scaling), obj(16, 500000.0, scaling), rtol=0,
+                                   atol=0, msg=bug.id)
+        written += 1
+    assert written >= 2, "the smoothing-blend mutants call the reference rope_inv_freq from a helper"
+
+
 def test_the_class_is_seeded_and_has_every_kind(course, tmp_path):
     unit = course.unit("03")
     kinds = build_class(unit, 8, tmp_path / "a", seed=5, course=course)

@@ -13,8 +13,9 @@ The class is generated, seeded, from the unit's solution and its bug catalog (:f
 
 Each ``--jobs`` value grades the same class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
-workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the CPU
-time used (how many cores were busy on average), and whether the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
+workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
+CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), and
+whether the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -68,16 +69,29 @@ def _bound_names(sources: list[str]) -> set[str]:
 PLAIN = (str, int, float, bool, type(None))
 
 
-def mutant_source(obj, name: str, available: set[str]) -> str | None:
+def mutant_source(obj, name: str, available: set[str], solution_code: list[str] = ()) -> str | None:
     """Source code defining the catalogued mutant ``obj`` under the learner's ``name``; None when it cannot be written.
 
     The helpers it uses from its bug-catalog module (functions, base classes) come first under their own names; a
     closure's plain values (e.g. ``variant = 'no_scale'``) are set at the top of the function. A mutant that needs any
     other name the notebook does not define (a module constant: the extractor keeps only imports, defs and classes)
-    is skipped.
+    is skipped. Where the mutant or a helper calls ``name`` itself meaning the course's reference (as in its
+    bug-catalog module, e.g. a mutant ``rope_inv_freq`` whose helper starts from the reference ``rope_inv_freq``),
+    the call goes to ``_reference_<name>``: a copy of the solution's definition of ``name`` (found in
+    ``solution_code``, the solution's code cells) under that name, written first. Without it the pasted mutant would
+    call itself for ever; a mutant that needs it and has no such definition is skipped.
     """
     parts: list[str] = []
     seen: set[int] = set()
+    alias = f"_reference_{name}"
+    aliased = [False]
+
+    class _ToReference(ast.NodeTransformer):
+        def visit_Name(self, node):  # noqa: N802 - ast's naming
+            if node.id == name and isinstance(node.ctx, ast.Load):
+                aliased[0] = True
+                return ast.copy_location(ast.Name(alias, ast.Load()), node)
+            return node
 
     def emit(o, new_name: str | None) -> bool:
         if id(o) in seen:
@@ -116,10 +130,28 @@ def mutant_source(obj, name: str, available: set[str]) -> str | None:
             helper = scope.get(var)
             if helper is None or getattr(helper, "__module__", None) != o.__module__ or not emit(helper, None):
                 return False
+        if name in free - local and scope.get(name) is not obj:  # `name` there is the reference, not this mutant
+            node = _ToReference().visit(node)
         parts.append(ast.unparse(node))
         return True
 
-    return "\n\n\n".join(parts) if emit(obj, name) else None
+    if not emit(obj, name):
+        return None
+    if aliased[0]:
+        copy = None
+        for src in solution_code:
+            try:
+                tree = ast.parse(src)
+            except SyntaxError:
+                continue
+            for node in tree.body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                    node.name = alias
+                    copy = ast.unparse(node)
+        if copy is None:
+            return None
+        parts.insert(0, copy)
+    return "\n\n\n".join(parts)
 
 
 def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[str, str]:
@@ -147,7 +179,7 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[st
         if cell not in answers:
             continue
         for b in BUGS.get(e.id, []):
-            parts = [mutant_source(obj, name, available) for name, obj in b.impl.items()]  # one per learner name
+            parts = [mutant_source(obj, name, available, code) for name, obj in b.impl.items()]  # one per name
             if parts and all(parts):
                 mutants.append((cell, "\n\n".join(parts)))
     stub_cells = [gid for gid in answers]
@@ -268,12 +300,15 @@ def _verdicts(work: Path, rows) -> dict:
 
 
 def _cpu_seconds() -> float:
-    """User + system CPU seconds of this process and of every child it has waited for (the checkers with their
-    forkservers and workers, nbgrader with its kernels: each reaps its own children before it is reaped)."""
-    import resource
-
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    """Busy CPU seconds of the whole machine so far (``/proc/stat``: user, nice, system, irq, softirq, steal), or
+    NaN where there is no ``/proc/stat``. Machine-wide: on an idle machine, the run's own use (the checkers'
+    forkservers and workers are not children this process waits for, so its own rusage would miss them)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,8 +356,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{report.rows[0]['max_score']:g}, same scores and verdicts as the first run: {same}", flush=True)
             for phase, seconds in report.timings.items():
                 print(f"    {phase:34} {seconds:7.1f} s", flush=True)
-            print(f"    CPU time of the run: {cpu:,.0f} core-seconds, {cpu / wall:.2f} of {os.cpu_count()} cores busy on "
-                  "average", flush=True)
+            print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
+                  f"{os.cpu_count()} cores on average", flush=True)
     return 0
 
 
