@@ -33,9 +33,9 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from .serverwait import wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "hub" / "jupyterhub_config.py"
@@ -216,21 +216,11 @@ class Hub:
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(self.command(), cwd=self.state, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.stop()
-                raise HubError(f"jupyterhub exited with code {code}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/hub/api/", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.25)
+        problem = wait_until_answering(self.proc, f"{self.url}/hub/api/", timeout)
+        if problem is None:
+            return self
         self.stop()
-        raise HubError(f"jupyterhub did not answer on {self.url} within {timeout:.0f} s:\n{self.log_tail()}")
+        raise HubError(f"jupyterhub {problem}:\n{self.log_tail()}")
 
     def running_servers(self) -> dict[str, int]:
         """``{user: pid}`` of the single-user servers the hub started and has not stopped."""

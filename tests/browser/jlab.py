@@ -26,6 +26,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from coursetools.serverwait import wait_until_answering
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("LLMCOURSE_CHROMIUM", "/usr/bin/chromium")
@@ -147,19 +149,11 @@ class LabServer:
         self._log = self.log_path.open("w")
         self.proc = subprocess.Popen(self.command(), cwd=self.cwd, env=self._env(), stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter-lab exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.25)
+        problem = wait_until_answering(self.proc, f"{self.url}/api/status", timeout)
+        if problem is None:
+            return self
         self.stop()
-        raise RuntimeError(f"jupyter-lab did not answer on {self.url} within {timeout:.0f} s:\n{self.log_tail()}")
+        raise RuntimeError(f"jupyter-lab {problem}:\n{self.log_tail()}")
 
     def api(self, method: str, path: str, body: dict | None = None, timeout: float = 10):
         data = json.dumps(body).encode() if body is not None else None
