@@ -173,6 +173,11 @@ def _run_check(exercise_id: str, sources, namespace, problems, used: list) -> Ve
                        "is there an infinite loop, or a very slow loop over elements?", max_points=max_points,
                        notes=notes)
     except Exception as exc:  # a bug in the grader itself: never show its traceback to a learner
+        from llmcourse.data import DataNotFoundError
+
+        if isinstance(exc, DataNotFoundError):  # the machine lacks a data set the check reads: say which, and where
+            return Verdict(exercise_id, "error", f"This check reads a data set that is missing here: {exc}",
+                           max_points=max_points, notes=notes)
         problem = tester.data_problem(exc) if tester is not None else None
         if problem is not None:  # the learner returned a wrong dtype/shape that the check could not compare
             return Verdict(exercise_id, "failed", problem, max_points=max_points, notes=notes)

@@ -581,6 +581,15 @@ FP8_BATCHES = 3
 
 
 @functools.lru_cache(maxsize=1)
+def _shakespeare_val() -> torch.Tensor:
+    """tinyshakespeare's validation characters (``char_corpus("tinyshakespeare").val``), read once per checker
+    process and sent with the probe: a fresh worker would spend ≈ 0.7 s tokenizing the corpus for every check."""
+    from llmcourse.data.corpus import char_corpus
+
+    return char_corpus("tinyshakespeare").val
+
+
+@functools.lru_cache(maxsize=1)
 def _fp8_case():
     """Seeded main-path weights whose block linear maps have heavy tails (``× exp(1.5·N(0, 1))``): converting one
     layer fewer or more moves the FP8 loss by ≥ 1e-3 nats, far above float noise; random validation tokens."""
@@ -610,12 +619,13 @@ def check_fp8(t):
         t.fail("assets/deepseek_char_tiny.pt (with its FP8 calibration) is missing; re-create it with "
                "`python -m llmcourse.train.deepseek_char`")
 
+    val = _shakespeare_val()
+
     def probe(impl):
-        from llmcourse.data.corpus import char_corpus
         from llmcourse.train.deepseek_char import load_deepseek_char_tiny
 
         model, _ = load_deepseek_char_tiny(retrain=False, verbose=False)
-        res = impl.fp8_eval(model, char_corpus("tinyshakespeare").val, FP8_BATCHES, 10_000)
+        res = impl.fp8_eval(model, val.clone(), FP8_BATCHES, 10_000)
         return {"res": {k: float(v) for k, v in dict(res).items()},
                 "sums": {k: float(v.float().abs().sum()) for k, v in model.state_dict().items()},
                 "types": sorted({type(m).__name__ for m in model.modules()})}
