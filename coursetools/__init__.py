@@ -13,3 +13,12 @@ The three layers of the repository and the one direction they depend in::
   (:mod:`coursetools.grading`), the speed benchmarks (:mod:`coursetools.bench`) and the notebook and README
   builders (:mod:`coursetools.dev`). Nothing imports it back (tests/test_layout.py).
 """
+
+import os
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS tells it, else the machine's count); at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1

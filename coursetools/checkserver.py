@@ -222,8 +222,9 @@ def progress_slots(n_units: int) -> int:
         wanted = int(os.environ.get(SERVERS_ENV) or 2)
     except ValueError:
         wanted = 2
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(wanted, cpus, n_units))
+    from . import usable_cpus
+
+    return max(1, min(wanted, usable_cpus(), n_units))
 
 
 def _spawn(ident: dict, folder: Path, slot: int = 0):

@@ -195,23 +195,15 @@ def find_unit_notebook(folder: Path, unit) -> Path | None:
     return None
 
 
-def _progress_from_servers(folder: Path, course, server: str | None) -> dict:
-    """``{unit id: (stdout, stderr, code)}``: the warm check servers' ``course check --json`` answers for every
-    unit notebook in ``folder`` whose report is not cached, several servers at once
+def _progress_from_servers(todo: list[tuple[str, str]]) -> dict:
+    """``{unit id: (stdout, stderr, code)}``: the warm check servers' ``course check --json`` answers for ``todo``
+    (``(unit id, notebook path)``, in course order), several servers at once
     (:func:`coursetools.checkserver.progress_slots`); a unit no server answered is left out (checked here)."""
     import queue
     import threading
 
     from .checkserver import client_check, progress_slots
-    from .resultcache import load, result_key
 
-    todo = []
-    for unit in course.available_units:
-        path = find_unit_notebook(folder, unit) if unit.exercises else None
-        if path is None:
-            continue
-        if load(result_key(path, unit, server, course.root) if server is not None else None) is None:
-            todo.append((unit.id, str(path)))
     # the later units' checks take longest: they go first, so that the servers finish together
     pending: queue.Queue = queue.Queue()
     for item in reversed(todo):
@@ -250,26 +242,28 @@ def progress_report(folder: Path, course=None, warm: bool = False) -> dict:
     server = _cache_server_key()  # reports `course check` stored for notebooks unchanged since (resultcache)
 
     course = course or _course()
-    answered = _progress_from_servers(folder, course, server) if warm else {}
-    rows = []
+    found = []  # (unit, notebook or None, cache key, cached report or None)
     for unit in course.available_units:
         if not unit.exercises:
             continue
+        path = find_unit_notebook(folder, unit)
+        key = result_key(path, unit, server, course.root) if path is not None and server is not None else None
+        cached = load(key)
+        found.append((unit, path, key, cached["report"] if cached is not None else None))
+    todo = [(unit.id, str(path)) for unit, path, _, rep in found if path is not None and rep is None]
+    answered = _progress_from_servers(todo) if warm and todo else {}
+    rows = []
+    for unit, path, key, rep in found:
         row = {"unit": unit.id, "title": unit.title, "notebook": None, "earned": 0,
                "available": sum(e.points for e in unit.exercises), "passed": 0, "failed": 0,
                "not_attempted": len(unit.exercises), "exercises": len(unit.exercises), "common_bug": None,
                "common_bug_count": 0, "error": None}
-        path = find_unit_notebook(folder, unit)
         if path is None:
             row["error"] = "no notebook"
             rows.append(row)
             continue
         row["notebook"] = str(path)
-        key = result_key(path, unit, server, course.root) if server is not None else None
-        rep = load(key)
-        if rep is not None:
-            rep = rep["report"]
-        elif unit.id in answered:
+        if rep is None and unit.id in answered:
             try:
                 rep = json.loads(answered[unit.id][0])
             except ValueError:

@@ -533,8 +533,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     if n_jobs > 1:
         # N kernels at once: each gets its share of the CPUs. Two torch threads per kernel on two cores made the
         # kernels wait on each other (spinning OpenMP threads keep the cores busy while nothing advances)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        share = str(max(1, cpus // n_jobs))
+        from . import usable_cpus
+
+        share = str(max(1, usable_cpus() // n_jobs))
         env_extra.setdefault("LLMCOURSE_MAX_TORCH_THREADS", os.environ.get("LLMCOURSE_MAX_TORCH_THREADS") or share)
         env_extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or share)
     timings: dict[str, float] = {}

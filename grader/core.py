@@ -36,7 +36,8 @@ import torch
 __all__ = [
     "BLOCK_MARK", "BUGS", "CHECKS", "Bug", "CheckSpec", "CheckFailure", "InstanceGuard", "LearnerError",
     "LocalLearner", "NotAttempted", "Tester", "TimeLimitExceeded", "run_learner",
-    "Verdict", "bug", "bug_name", "check", "forbid", "module_facts", "nonfinite_report", "state_change", "time_limit",
+    "Verdict", "bug", "bug_name", "check", "forbid", "module_facts", "nonfinite_report", "reference_memo", "state_change",
+    "time_limit",
 ]
 
 # The message prefix of the error raised by a course reference that is blocked in the worker
@@ -710,6 +711,43 @@ class Tester:
         except Exception:  # the reference cannot run this probe: judge the learner's result alone
             ref = None
         return _nonfinite(out, ref, nan_only=True)
+
+
+_REFERENCE_MEMO: dict = {}
+
+
+def _digest_into(h, part) -> None:
+    if isinstance(part, torch.Tensor):
+        t = part.detach().contiguous()
+        h.update(f"tensor{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.numpy().tobytes())
+    elif isinstance(part, dict):
+        h.update(b"dict")
+        for k in sorted(part, key=repr):
+            h.update(repr(k).encode())
+            _digest_into(h, part[k])
+    elif isinstance(part, (list, tuple)):
+        h.update(f"seq{len(part)}".encode())
+        for x in part:
+            _digest_into(h, x)
+    else:
+        h.update(repr(part).encode())
+
+
+def reference_memo(name: str, *parts, compute: Callable[[], Any]):
+    """``compute()`` once per process for ``name`` and the *contents* of ``parts`` (tensors by their bytes, shape and
+    dtype; dicts, lists and tuples element by element; anything else by ``repr``). For a check's reference runs: a
+    warm check server or a grading checker answers many checks with the same weights and inputs. Callers must not
+    modify what it returns (the same object every time)."""
+    import hashlib
+
+    h = hashlib.sha1(name.encode())
+    for part in parts:
+        _digest_into(h, part)
+    key = h.hexdigest()
+    if key not in _REFERENCE_MEMO:
+        _REFERENCE_MEMO[key] = compute()
+    return _REFERENCE_MEMO[key]
 
 
 def state_change(module, call, eval_mode: bool = False) -> float:

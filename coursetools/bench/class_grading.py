@@ -34,6 +34,7 @@ import tempfile
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 KINDS = ("right", "partly right", "wrong", "broken")
@@ -47,22 +48,26 @@ def _answer_cells(solution) -> dict[str, str]:
         for c in solution.cells if c.metadata.get("nbgrader", {}).get("solution")}
 
 
+def _top_level(sources) -> Iterator[ast.stmt]:
+    """The top-level statements of every source that parses (a cell with a syntax error is left out)."""
+    for src in sources:
+        try:
+            yield from ast.parse(src).body
+        except SyntaxError:
+            continue
+
+
 def _bound_names(sources: list[str]) -> set[str]:
     """Top-level names the notebook's code binds (imports, defs, classes, assignments)."""
     names: set[str] = set()
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    for node in _top_level(sources):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
     return names
 
 
@@ -138,19 +143,11 @@ def mutant_source(obj, name: str, available: set[str], solution_code: list[str] 
     if not emit(obj, name):
         return None
     if aliased[0]:
-        copy = None
-        for src in solution_code:
-            try:
-                tree = ast.parse(src)
-            except SyntaxError:
-                continue
-            for node in tree.body:
-                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
-                    node.name = alias
-                    copy = ast.unparse(node)
-        if copy is None:
+        defs = [n for n in _top_level(solution_code) if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+        if not defs:
             return None
-        parts.insert(0, copy)
+        defs[-1].name = alias  # the notebook's last definition is the one in force
+        parts.insert(0, ast.unparse(defs[-1]))
     return "\n\n\n".join(parts)
 
 

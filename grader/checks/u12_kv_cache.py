@@ -46,7 +46,7 @@ import functools
 
 import torch
 
-from ..core import check, module_facts, state_change, unwrap
+from ..core import check, module_facts, reference_memo, state_change, unwrap
 from ..runner import also_blocked
 
 U = "12"
@@ -211,27 +211,6 @@ def _learner_model(impl, cfg: dict, state: dict):
     unwrap(m).load_state_dict(state)
     unwrap(m).eval()
     return m
-
-
-_MEMO: dict = {}
-
-
-def _memo(name: str, cfg: dict, state: dict, *args, compute):
-    """``compute()`` once per process for these weights and arguments (a warm check server or a grading checker
-    answers many checks with the same reference computations); keyed by the weights' bytes, not by object."""
-    import hashlib
-    import json
-
-    h = hashlib.sha1(json.dumps(cfg, sort_keys=True).encode())
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().contiguous().numpy().tobytes())
-    for a in args:
-        h.update(a.numpy().tobytes() + str(tuple(a.shape)).encode() if isinstance(a, torch.Tensor) else repr(a).encode())
-    key = (name, h.hexdigest())
-    if key not in _MEMO:
-        _MEMO[key] = compute()
-    return _MEMO[key]
 
 
 @torch.no_grad()
@@ -418,7 +397,7 @@ def check_generate_cached(t):
                      f"generate_cached must return a tensor of token ids; got {getattr(out, 'dtype', type(out))}")
             t.expect(tuple(out.shape) == (p.shape[0], p.shape[1] + n), f"{what}: expected shape "
                      f"{(p.shape[0], p.shape[1] + n)} (prompt + {n} new tokens); got {tuple(out.shape)}")
-            expected = _memo("greedy", c, state, p, n, compute=lambda p=p, m=plain: _uncached_greedy(m, p.clone(), n))
+            expected = reference_memo("12.greedy", c, state, p, n, compute=lambda p=p, m=plain: _uncached_greedy(m, p.clone(), n))
             if not torch.equal(out, expected):
                 bug = t.diagnose(probe, out, pick=lambda o, jj=j: o["out"][jj])
                 first = int((out != expected).nonzero()[0, 1]) - p.shape[1]
@@ -470,7 +449,7 @@ def _with_eos(prompts, gen, eos, firsts):
 def _check_eos(t, cfg, state):
     n = 30
     plain = _plain_model(cfg, state)
-    prompts, gen, eos, firsts, absent = _memo("eos", cfg, state, n, compute=lambda: _eos_case(plain, cfg["vocab_size"], n))
+    prompts, gen, eos, firsts, absent = reference_memo("12.eos_case", cfg, state, n, compute=lambda: _eos_case(plain, cfg["vocab_size"], n))
     expected = _with_eos(prompts, gen, eos, firsts)
 
     def probe(impl):

@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from ..core import check, module_facts, unwrap
+from ..core import check, module_facts, reference_memo, unwrap
 from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
@@ -427,24 +427,21 @@ def _compare_init_models() -> dict:
             "deepseek": _course_model(seed=0)}
 
 
-_COMPARE_REFERENCE: dict = {}
-
-
 def _compare_reference(data: torch.Tensor) -> tuple[dict, dict]:
     """``(start, trained)`` state dicts of "llama" and "deepseek": the reference ``compare_models`` run from
     :func:`_compare_init_models` on ``data`` (3 steps, batch 4, context 16, :func:`_compare_lr`, seed 5). Computed once
-    per process and data (a warm check server or a grading checker answers many checks); the global torch RNG is left
-    as the computation leaves it, every time. Callers must not modify the tensors."""
-    key = hash(data.numpy().tobytes())
-    if key not in _COMPARE_REFERENCE:
+    per process and data (:func:`grader.core.reference_memo`); the global torch RNG is left as the computation leaves
+    it, every time. Callers must not modify the tensors."""
+    def compute():
         from llmcourse.models.deepseek import compare_models as reference_compare
 
         models = _compare_init_models()
         start = {n: {k: v.clone() for k, v in models[n].state_dict().items()} for n in ("llama", "deepseek")}
         reference_compare(models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
         trained = {n: {k: v.detach().clone() for k, v in models[n].state_dict().items()} for n in ("llama", "deepseek")}
-        _COMPARE_REFERENCE[key] = (start, trained, torch.get_rng_state())
-    start, trained, rng = _COMPARE_REFERENCE[key]
+        return start, trained, torch.get_rng_state()
+
+    start, trained, rng = reference_memo("17.compare_reference", data, compute=compute)
     torch.set_rng_state(rng)
     return start, trained
 
