@@ -384,18 +384,54 @@ def unwrap(x):
     return x.unwrapped if isinstance(x, InstanceGuard) else x
 
 
+# Every float comparison of a check also allows FLOAT32_ULPS units in the last place of float32 *at the scale of the
+# expected value* (its largest finite magnitude), on top of the check's own atol + rtol*|expected|. Why: a correct
+# float32 computation does not give the same bits on every CPU. ATen picks its kernels by processor (generic, AVX2,
+# AVX-512, NEON; the variable ATEN_CPU_CAPABILITY forces one), BLAS and thread counts change the order of
+# reductions, and each order rounds differently. The differences are a few ulps of the values that were summed,
+# i.e. of the output's scale, so a small element next to large ones can miss an elementwise rtol. Measured here:
+# unit 11's attention output (values up to 17) differs between the generic and the AVX-512 kernels by 1.58e-5,
+# 7.8 ulps at its scale (issue 35); 32 ulps leaves a margin of 4 for other processors. A wrong answer differs at the
+# scale of the output itself (a missing scale, mask, norm: a relative error of 1e-2 and more), so every catalogued
+# mutant still fails (tests/test_grader_selftest.py runs under generic and AVX2 kernels and 1 and 3 threads).
+# An exact comparison (atol = rtol = 0) stays exact.
+FLOAT32_ULPS = 32
+FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
+
+
+def float32_floor(expected) -> float:
+    """The tolerance every inexact comparison allows on top of its own: FLOAT32_ULPS ulps at ``expected``'s scale."""
+    if isinstance(expected, torch.Tensor):
+        if not (expected.is_floating_point() or expected.is_complex()) or expected.numel() == 0:
+            return 0.0
+        mags = expected.detach().abs().double()
+        mags = mags[torch.isfinite(mags)]
+        scale = float(mags.max()) if mags.numel() else 0.0
+    else:
+        try:
+            scale = abs(float(expected))
+        except (TypeError, ValueError):
+            return 0.0
+        if scale != scale or scale == float("inf"):
+            return 0.0
+    return FLOAT32_ULPS * FLOAT32_EPS * scale
+
+
 def _same(a, b, atol: float, rtol: float) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         if a.shape != b.shape:
             return False
         if a.dtype == torch.bool or b.dtype == torch.bool or not a.is_floating_point():
             return bool(torch.equal(a, b))
+        if atol or rtol:
+            atol = atol + float32_floor(b)
         return bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol, equal_nan=True))
     if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
         return len(a) == len(b) and all(_same(x, y, atol, rtol) for x, y in zip(a, b))
     if isinstance(a, float) or isinstance(b, float):
         try:
-            return abs(float(a) - float(b)) <= atol + rtol * abs(float(b))
+            floor = float32_floor(b) if (atol or rtol) else 0.0
+            return abs(float(a) - float(b)) <= atol + floor + rtol * abs(float(b))
         except (TypeError, ValueError):
             return False
     return a == b
@@ -491,14 +527,16 @@ def describe_difference(actual, expected, atol: float, rtol: float) -> str:
         idx = tuple(int(i) for i in torch.nonzero(nan_a & ~nan_e)[0])
         return f"your result has NaN at index {idx} where {e[idx].item():.4g} was expected"
     diff = (a - e).abs().nan_to_num(nan=0.0, posinf=float("inf"))
-    bad = diff > atol + rtol * e.abs().nan_to_num(nan=0.0)
+    floor = float32_floor(expected) if (atol or rtol) else 0.0
+    bad = diff > atol + floor + rtol * e.abs().nan_to_num(nan=0.0)
     if not bad.any():
         return "values match within tolerance"
     flat = int(torch.argmax(torch.where(bad, diff, torch.zeros_like(diff))))
     idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
     first = tuple(int(i) for i in torch.nonzero(bad)[0])
     return (f"max abs difference {diff[idx].item():.3g} at index {idx}: expected {e[idx].item():.6g}, "
-            f"got {a[idx].item():.6g} (first differing index {first}; tolerance atol={atol:g}, rtol={rtol:g})")
+            f"got {a[idx].item():.6g} (first differing index {first}; tolerance atol={atol:g}"
+            + (f" + {floor:.2g} (float32 rounding at the output's scale)" if floor else "") + f", rtol={rtol:g})")
 
 
 def _short(x) -> str:

@@ -44,7 +44,7 @@ def test_solution_passes_every_check(unit, monkeypatch):
     real = Tester.diagnose
 
     def recording(self, probe, *args, **kwargs):
-        diagnosed.append(self.spec.id)
+        diagnosed.append(self.spec.exercise_id)
         return real(self, probe, *args, **kwargs)
 
     monkeypatch.setattr(Tester, "diagnose", recording)
