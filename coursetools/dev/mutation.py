@@ -742,6 +742,17 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     survivors = [o for o in outcomes if o.outcome == "survived"]
     for o in survivors:
         print(f"SURVIVOR {o.exercise}  {o.id}\n    - {o.before}\n    + {o.after}")
+    errors = [o for o in outcomes if o.status == "error"]
+    for o in errors:  # killed, but by the grader failing rather than by a verdict on the answer
+        print(f"GRADER ERROR {o.exercise}  {o.id}: {o.message}")
+    statuses: dict[str, int] = {}
+    for o in outcomes:
+        if o.outcome == "killed":
+            statuses[o.status] = statuses.get(o.status, 0) + 1
+    named = sum(o.outcome == "killed" and bool(o.bug) for o in outcomes)
+    if statuses:
+        print("killed by: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
+              + f" ({named} with a catalogued bug named)")
     per = wall / max(1, len(chosen))
     print(f"ran in {wall:.0f} s ({per:.2f} s a mutant, {args.jobs} job(s))")
     if note:
