@@ -246,6 +246,30 @@ def _number_changes(value) -> list[str]:
     return [_fmt(value + 1)]
 
 
+_FACTORIES = {"arange", "zeros", "ones", "empty", "full", "tensor", "eye", "linspace", "logspace", "randn", "rand",
+              "randint", "randperm", "zeros_like", "ones_like", "empty_like", "full_like", "as_tensor", "tril_indices",
+              "triu_indices", "from_numpy"}
+_SHAPE_METHODS = {"unsqueeze", "squeeze", "view", "reshape", "to", "float", "long", "int", "bool", "double", "half",
+                  "expand", "repeat", "flip", "t", "transpose", "permute", "contiguous", "clone", "type", "tril", "triu"}
+
+
+def _without_grad(node) -> bool:
+    """Whether ``node`` is certainly a tensor that carries no autograd history: a torch factory call (``zeros_like``
+    and friends included, which copy no history), a literal, or shape/dtype methods and arithmetic on those."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _without_grad(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _without_grad(node.left) and _without_grad(node.right)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        owner = node.func.value
+        if isinstance(owner, ast.Name) and owner.id == "torch":
+            return node.func.attr in _FACTORIES
+        return node.func.attr in _SHAPE_METHODS and _without_grad(owner)
+    return False
+
+
 def _sub(node, text: str) -> tuple:
     return (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset, text)
 
@@ -377,8 +401,8 @@ class _Finder:
             if op in ("keepdim", "training"):
                 op = "const"
             for new in _number_changes(value):
-                self.replace(op, node, new if not new.startswith("-") or isinstance(parent, (ast.keyword, ast.Slice, ast.Call, ast.Tuple, ast.List)) else f"({new})",
-                             change=f"{self.seg(node)} -> {new}")
+                text = f"({new})" if new.startswith("-") and isinstance(parent, ast.Attribute) else new
+                self.replace(op, node, text, change=f"{self.seg(node)} -> {new}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
             op = self._context(node)
             op = op if op in ("keepdim", "training") else "const"
@@ -395,6 +419,8 @@ class _Finder:
                 text = self.seg(bound)
                 for sign in ("+", "-"):
                     self.replace("slice", bound, f"({text}) {sign} 1" if not isinstance(bound, _ATOMIC) else f"{text} {sign} 1")
+            if name == "lower" and _number(bound) == 0 and (node.step is None or (_number(node.step) or 0) > 0):
+                continue  # `0:` dropped is `:` (equivalent by the language)
             # the bound dropped: rebuild the slice without it
             parts = [self.seg(node.lower) if node.lower is not None and name != "lower" else "",
                      self.seg(node.upper) if node.upper is not None and name != "upper" else ""]
@@ -469,6 +495,13 @@ class _Finder:
             return
         if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "detach":
             return
+        if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute) and value.value.attr == "shape":
+            return  # a size, not a tensor
+        if isinstance(value, ast.Call) and isinstance(value.func, (ast.Attribute, ast.Name)) and \
+                getattr(value.func, "attr", getattr(value.func, "id", "")) in ("size", "len", "dim", "numel", "item"):
+            return
+        if _without_grad(value):
+            return  # a fresh tensor from a factory (torch.arange(...).unsqueeze(1)): .detach() is a no-op on it
         func = self._function(node)
         if func is None or func.name == "__init__":
             return
@@ -539,8 +572,10 @@ def mutants_of(ref: Reference) -> list[Mutant]:
             line = edit.node.lineno - block.first + 1
             new_source = _apply(source, edit.splices)
             try:
-                tree = compile(new_source, "<mutant>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
-                compile(tree, "<mutant>", "exec", dont_inherit=True)
+                with warnings.catch_warnings():  # "'NoneType' object is not callable" and the like: still a mutant
+                    warnings.simplefilter("ignore")
+                    tree = compile(new_source, "<mutant>", "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+                    compile(tree, "<mutant>", "exec", dont_inherit=True)
             except (SyntaxError, ValueError):
                 continue
             key = (cell, ast.dump(tree))
@@ -758,11 +793,10 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     if note:
         print(note)
     line = summary_line(unit_id, outcomes)
-    print(line, flush=True)
     record = {"unit": unit_id, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "generated": len(mutants), "ran": len(chosen), "note": note, "summary": line,
               "seconds": round(wall, 1), "jobs": args.jobs, "mutants": [asdict(o) for o in outcomes]}
-    return len(survivors), record
+    return len(survivors), record  # the caller prints record["summary"] last
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -773,21 +807,16 @@ def stored(unit_id: str) -> dict | None:
 
 
 def _redteam(unit_id: str) -> list:
-    import importlib.util
-
-    path = ROOT / "tests" / "redteam" / "__init__.py"
-    if not path.exists():
+    """The red-team answers of a unit (``tests/redteam/uNN.py``; ``[]`` without a checkout's tests)."""
+    if not (ROOT / "tests" / "redteam" / "__init__.py").exists():
         return []
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     try:
-        spec = importlib.util.spec_from_file_location("tests.redteam", path)
-        module = sys.modules.get("tests.redteam") or importlib.util.module_from_spec(spec)
-        if "tests.redteam" not in sys.modules:
-            sys.modules["tests.redteam"] = module
-            spec.loader.exec_module(module)
-        return module.load(unit_id)
-    except Exception as exc:  # noqa: BLE001
+        from tests.redteam import load
+
+        return load(unit_id)
+    except Exception as exc:  # noqa: BLE001 - a broken corpus module is reported, the report still written
         print(f"warning: tests/redteam/u{unit_id}.py could not be loaded: {exc}", file=sys.stderr)
         return []
 
@@ -903,6 +932,14 @@ def report() -> str:
     return "\n".join(lines + ["", "## Per unit", "", *details]).rstrip() + "\n"
 
 
+def _dump(record: dict) -> str:
+    """JSON with one line per mutant (a stored run diffs line by line)."""
+    head = {k: v for k, v in record.items() if k != "mutants"}
+    lines = json.dumps(head, indent=1, ensure_ascii=False)[:-2]
+    rows = ",\n".join("  " + json.dumps(m, ensure_ascii=False) for m in record["mutants"])
+    return f'{lines},\n "mutants": [\n{rows}\n ]\n}}\n'
+
+
 # -- command line --------------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
@@ -940,8 +977,9 @@ def main(argv=None) -> int:
             if args.store:
                 STORE_DIR.mkdir(parents=True, exist_ok=True)
                 path = STORE_DIR / f"u{record['unit']}.json"
-                path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+                path.write_text(_dump(record), encoding="utf-8")
                 print(f"stored {path.relative_to(ROOT)}")
+            print(record["summary"], flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(records if len(records) != 1 else records[0], indent=1,
                                               ensure_ascii=False) + "\n", encoding="utf-8")
