@@ -105,6 +105,26 @@ def test_sampling_is_deterministic():
     assert a != [m.id for m in mt.select(ms, 5, 4, None)]
 
 
+def test_equivalent_file_counts_listed_survivors_and_finds_stale_entries(tmp_path, monkeypatch):
+    ms = _mutants()
+    (tmp_path / "u99.toml").write_text(
+        '[[equivalent]]\nexercise = "99.f"\nmutant = "const@1.9: 0.1 -> 1.1"\nreason = "a test entry"\n\n'
+        '[[equivalent]]\nexercise = "99.f"\nmutant = "arith@1.1: + -> - #7"\nreason = "no such mutant"\n',
+        encoding="utf-8")
+    monkeypatch.setattr(mt, "EQUIVALENT_DIR", tmp_path)
+    listed = mt.equivalents("99")
+    assert [e["mutant"] for e in mt.stale(listed, ms)] == ["arith@1.1: + -> - #7"]
+    chosen = [m for m in ms if m.id in ("const@1.9: 0.1 -> 1.1", "arith@1.1: + -> -", "unary@1.4: - removed")]
+    full = {"status": "passed", "points": 2, "max_points": 2, "bug": None, "message": "", "seconds": 0.0}
+    zero = dict(full, status="failed", points=0)
+    outcomes = mt.classify(chosen, [full if m.id != "arith@1.1: + -> -" else zero for m in chosen], listed)
+    assert {o.id: o.outcome for o in outcomes} == {"const@1.9: 0.1 -> 1.1": "equivalent", "arith@1.1: + -> -": "killed",
+                                                 "unary@1.4: - removed": "survived"}
+    (tmp_path / "u98.toml").write_text('[[equivalent]]\nexercise = "98.f"\nmutant = "x"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="reason"):
+        mt.equivalents("98")
+
+
 def test_summary_line_format():
     o = [mt.Outcome("05.x", "a", "arith", "", "", k, "failed", 0, 1, None, "", 0.0)
          for k in ("killed", "killed", "equivalent", "survived")]

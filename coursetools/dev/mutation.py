@@ -11,6 +11,9 @@ Usage::
 * ``--sample N --seed S``: run N mutants per exercise, drawn deterministically (seeded by S and the exercise id);
   ``--limit N`` runs the first N per exercise (id order). Either is said in the output.
 * ``--jobs J``: J checker processes (default 1; 2 on an idle two-core machine).
+* ``--toml``: also print each survivor as an ``[[equivalent]]`` stanza (``reason = "TODO"``) to paste into the
+  equivalent file once you have shown that no correct check can tell it from the reference.
+* ``-v``: print each mutant's verdict as it comes.
 * ``--json OUT``: write every mutant's outcome as JSON; ``--store`` writes the full run of a unit to
   ``docs/grading-strength/uNN.json`` (refused with --exercise/--sample/--limit), which ``--report`` reads.
 
@@ -41,6 +44,9 @@ entry is reported as wrong, and a listed id that the tool no longer generates is
     exercise = "05.gelu"
     mutant = "const@1.3: 0.044715 -> 1.044715"     # the id exactly as --list prints it
     reason = "one line: why no correct check can tell this mutant from the reference"
+
+The ids are TOML basic strings (``json.dumps`` of the id is one; ``--toml`` prints them so). The file is read with
+``tomllib``; an entry without ``exercise``, ``mutant`` or ``reason`` is an error.
 
 **Mutant ids** read ``<operator>@<block>.<line>: <change>``: ``block`` counts the exercise's solution blocks from 1
 (in cell order), ``line`` the lines inside that block from 1, ``change`` is ``old -> new`` (double quotes shown as
@@ -608,8 +614,14 @@ def equivalents(unit_id: str) -> list[dict]:
     for e in entries:
         missing = [k for k in ("exercise", "mutant", "reason") if not str(e.get(k, "")).strip()]
         if missing:
-            raise ValueError(f"{path.relative_to(ROOT)}: an [[equivalent]] entry lacks {missing}: {e}")
+            raise ValueError(f"grader/equivalent/{path.name}: an [[equivalent]] entry lacks {missing}: {e}")
     return entries
+
+
+def stale(listed: list[dict], mutants: list[Mutant]) -> list[dict]:
+    """The listed equivalents whose mutant is not generated (any more)."""
+    generated = {(m.exercise, m.id) for m in mutants}
+    return [e for e in listed if (e["exercise"], e["mutant"]) not in generated]
 
 
 # -- running -------------------------------------------------------------------------------------------------------
@@ -742,11 +754,9 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
             if ex[:2] == unit_id and ex not in known:
                 print(f"warning: {ex} has no mutants (or is not an exercise of unit {unit_id})")
     listed = [e for e in equivalents(unit_id) if not args.exercise or e["exercise"] in args.exercise]
-    generated = {(m.exercise, m.id) for m in mutants}
-    for e in listed:
-        if (e["exercise"], e["mutant"]) not in generated:
-            print(f"warning: stale entry in grader/equivalent/u{unit_id}.toml: {e['exercise']} {e['mutant']!r} "
-                  "is not generated any more", file=sys.stderr)
+    for e in stale(listed, mutants):
+        print(f"warning: stale entry in grader/equivalent/u{unit_id}.toml: {e['exercise']} {e['mutant']!r} "
+              "is not generated any more", file=sys.stderr)
     chosen = select(mutants, args.sample, args.seed, args.limit)
     if args.list:
         for m in chosen:
@@ -777,6 +787,11 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     survivors = [o for o in outcomes if o.outcome == "survived"]
     for o in survivors:
         print(f"SURVIVOR {o.exercise}  {o.id}\n    - {o.before}\n    + {o.after}")
+    if args.toml and survivors:
+        print(f"# stanzas for grader/equivalent/u{unit_id}.toml (only for mutants no correct check can tell apart):")
+        for o in survivors:
+            print(f"[[equivalent]]\nexercise = {json.dumps(o.exercise)}\nmutant = {json.dumps(o.id, ensure_ascii=False)}"
+                  '\nreason = "TODO"\n')
     errors = [o for o in outcomes if o.status == "error"]
     for o in errors:  # killed, but by the grader failing rather than by a verdict on the answer
         print(f"GRADER ERROR {o.exercise}  {o.id}: {o.message}")
@@ -955,6 +970,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the outcomes to this file")
     p.add_argument("--store", action="store_true", help="store a full run in docs/grading-strength/uNN.json")
     p.add_argument("--report", action="store_true", help="regenerate docs/grading-strength.md and exit")
+    p.add_argument("--toml", action="store_true", help="also print each survivor as an [[equivalent]] stanza")
     p.add_argument("-v", "--verbose", action="store_true", help="print each mutant's verdict as it comes")
     args = p.parse_args(argv)
     if args.report:
