@@ -34,7 +34,7 @@ EXPECTED = {
     "arith@1.1: + -> -": "y = x.transpose(-2, -1) - 1",
     "const@1.1: 1 -> 2": "y = x.transpose(-2, -1) + 2",
     "transpose@1.1: .transpose(-2, -1) removed": "y = x + 1",
-    "swap@1.1: x.transpose(..-2, -1..) swapped": "y = x.transpose(-1, -2) + 1",
+    "swap@1.9: F.dropout(..z * scale, 0.1..) swapped": "return F.dropout(0.1, z * scale, training=training) @ w",
     "delete@1.1: y = x.transpose(-2, -1) + 1 -> pass": "pass",
     "dim@1.2: -1 -> -2": "z = y.mean(dim=-2, keepdim=True).detach()",
     "dim@1.2: dim=-1 dropped": "z = y.mean(keepdim=True).detach()",
@@ -74,6 +74,15 @@ def test_each_operator_makes_the_expected_mutant():
     assert not missing, f"not generated: {missing}\ngenerated:\n" + "\n".join(by_id)
     wrong = {mid: by_id[mid].after for mid, line in EXPECTED.items() if by_id[mid].after != line}
     assert not wrong, wrong
+    assert not any(i.startswith("swap@1.1") for i in by_id), "transpose(a, b) swapped is the same transpose"
+
+
+
+@pytest.mark.parametrize("expr, fresh", [("torch.arange(3).unsqueeze(1)", True), ("torch.zeros(2, 3) * 2.0", True),
+                                         ("x.unsqueeze(1)", False), ("torch.zeros(2) + w", False),
+                                         ("torch.sin(torch.arange(3))", False)])
+def test_detach_is_not_added_to_fresh_factory_tensors(expr, fresh):
+    assert mt._without_grad(ast.parse(expr).body[0].value) is fresh
     assert {m.operator for m in by_id.values()} == set(mt.OPERATORS)
 
 

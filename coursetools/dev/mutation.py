@@ -122,6 +122,7 @@ _CMPSYM = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==",
            ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 _TRANSPOSE_CALLS = {"transpose", "t", "permute", "swapaxes", "swapdims"}
 _TRANSPOSE_ATTRS = {"T", "mT"}
+_SYMMETRIC = {"transpose", "swapaxes", "swapdims", "maximum", "minimum"}  # swapping these two arguments is a no-op
 _ATOMIC = (ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.Subscript, ast.List, ast.Tuple, ast.Dict, ast.Set,
            ast.ListComp, ast.DictComp, ast.SetComp, ast.GeneratorExp, ast.JoinedStr)
 
@@ -467,7 +468,12 @@ class _Finder:
     def swap(self, node):
         if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
             return
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        torch_call = isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+            and node.func.value.id == "torch"
         for i in range(len(node.args) - 1):
+            if name in _SYMMETRIC and i == (1 if torch_call and name in _TRANSPOSE_CALLS else 0):
+                continue  # transpose(a, b) is transpose(b, a); maximum(a, b) is maximum(b, a)
             a, b = node.args[i], node.args[i + 1]
             sa, sb = self.seg(a), self.seg(b)
             if sa == sb:
