@@ -18,8 +18,10 @@ Usage::
   ``docs/grading-strength/uNN.json`` (refused with --exercise/--sample/--limit), which ``--report`` reads.
 
 The last line per unit is exactly ``unit NN: M mutants, K killed, E equivalent, S survivors``; the exit status is 1
-when S > 0 (a survivor not listed as equivalent), 2 on bad arguments. Each survivor is printed before it: its
-id and the changed line.
+when S > 0 (a survivor not listed as equivalent) or when an exercise's unmutated reference does not get full points
+(run first; that exercise's mutants are then not run: ``REFERENCE FAILS``), 2 on bad arguments. Each survivor is
+printed before it: its id and the changed line(s); so are the mutants that made the grader itself fail
+(``GRADER ERROR``: killed, since they score 0, but worth a look).
 
 **What is mutated.** The reference answer of exercise ``NN.name`` is the code between ``### BEGIN SOLUTION`` and
 ``### END SOLUTION`` in the answer cell(s) of that exercise in the unit's built solution notebook
@@ -781,6 +783,20 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
                   f"{v['bug'] or ''} ({v['seconds']:.1f} s)", flush=True)
 
     t0 = time.perf_counter()
+    # the reference itself first: a check that fails it would "kill" every mutant
+    refs = []
+    for m in chosen:
+        if m.exercise not in {r.exercise for r in refs}:
+            refs.append(Mutant(m.exercise, "(reference)", "reference", 0, 0, "", "", m.cell, sources[m.cell]))
+    broken = {}
+    for r, v in zip(refs, run_mutants(refs, sources, jobs=args.jobs)):
+        if v["points"] < v["max_points"]:
+            broken[r.exercise] = f"{v['status']}: {v['message']}"
+            print(f"REFERENCE FAILS {r.exercise} ({v['points']}/{v['max_points']}, {v['status']}: {v['message']}): "
+                  "its mutants are not run")
+    if broken:
+        chosen = [m for m in chosen if m.exercise not in broken]
+        note = "; ".join(filter(None, [note, f"not run: the reference fails the check of {', '.join(sorted(broken))}"]))
     verdicts = run_mutants(chosen, sources, jobs=args.jobs, progress=progress)
     wall = time.perf_counter() - t0
     outcomes = classify(chosen, verdicts, listed)
@@ -817,7 +833,8 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     record = {"unit": unit_id, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "generated": len(mutants), "ran": len(chosen), "note": note, "summary": line,
               "seconds": round(wall, 1), "jobs": args.jobs, "mutants": [asdict(o) for o in outcomes]}
-    return len(survivors), record  # the caller prints record["summary"] last
+    record["reference_fails"] = broken
+    return len(survivors) + len(broken), record  # the caller prints record["summary"] last
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
