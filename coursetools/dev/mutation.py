@@ -5,6 +5,7 @@ Usage::
     python -m coursetools.dev.mutation NN [NN ...] [--exercise NN.name] [--sample N --seed S] [--jobs J]
                                                [--json OUT] [--store] [--list]
     python -m coursetools.dev.mutation --report        # regenerate docs/grading-strength.md from the stored runs
+    make mutation [UNITS="05 18"]                      # the full run: every (or the given) unit stored, then --report
 
 * ``NN``: a unit (``05``); ``--exercise 05.LayerNorm`` restricts the run to one exercise (repeatable).
 * ``--list``: print the mutants (id, the line before and after) without running them.
