@@ -12,6 +12,9 @@ Usage::
 * ``--sample N --seed S``: run N mutants per exercise, drawn deterministically (seeded by S and the exercise id);
   ``--limit N`` runs the first N per exercise (id order). Either is said in the output.
 * ``--jobs J``: J checker processes (default 1; 2 on an idle two-core machine).
+* ``--time-limit S``: lower grading's per-check time limit (``grader.core.CHECK_TIME_LIMIT_S``) for the mutants: a
+  mutant stuck in a loop (``i += 1`` deleted) otherwise costs the full limit; said in the output. Faster while
+  iterating on one unit; a stored run should keep grading's own limit.
 * ``--toml``: also print each survivor as an ``[[equivalent]]`` stanza (``reason = "TODO"``) to paste into the
   equivalent file once you have shown that no correct check can tell it from the reference.
 * ``-v``: print each mutant's verdict as it comes.
@@ -651,9 +654,12 @@ class Outcome:
     seconds: float
 
 
-def _run_one(exercise_id: str, sources: list[str]) -> dict:
+def _run_one(exercise_id: str, sources: list[str], time_limit_s: float | None = None) -> dict:
+    import grader.runner
     from grader.runner import run_check
 
+    if time_limit_s:  # --time-limit: grading's own limit, lowered (a mutant stuck in a loop fails sooner)
+        grader.runner.CHECK_TIME_LIMIT_S = time_limit_s
     t0 = time.perf_counter()
     v = run_check(exercise_id, sources)
     message = (v.message or "").strip().splitlines()
@@ -668,7 +674,8 @@ def _pool_init():
     warnings.simplefilter("ignore")
 
 
-def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progress=None) -> list[dict]:
+def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progress=None,
+                time_limit_s: float | None = None) -> list[dict]:
     """The verdict of each mutant, in order (``_run_one``'s dict)."""
     def sources_for(m):
         s = list(sources)
@@ -678,7 +685,7 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
     if jobs <= 1 or len(mutants) < 2:
         out = []
         for i, m in enumerate(mutants):
-            out.append(_run_one(m.exercise, sources_for(m)))
+            out.append(_run_one(m.exercise, sources_for(m), time_limit_s))
             if progress:
                 progress(i + 1, len(mutants), m, out[-1])
         return out
@@ -686,7 +693,7 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
 
     ctx = mp.get_context("forkserver")
     with ctx.Pool(jobs, initializer=_pool_init) as pool:
-        pending = [pool.apply_async(_run_one, (m.exercise, sources_for(m))) for m in mutants]
+        pending = [pool.apply_async(_run_one, (m.exercise, sources_for(m), time_limit_s)) for m in mutants]
         out = []
         for i, (m, p) in enumerate(zip(mutants, pending)):
             out.append(p.get())
@@ -790,7 +797,7 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
         if m.exercise not in {r.exercise for r in refs}:
             refs.append(Mutant(m.exercise, "(reference)", "reference", 0, 0, "", "", m.cell, sources[m.cell]))
     broken = {}
-    for r, v in zip(refs, run_mutants(refs, sources, jobs=args.jobs)):
+    for r, v in zip(refs, run_mutants(refs, sources, jobs=args.jobs, time_limit_s=args.time_limit)):
         if v["points"] < v["max_points"]:
             broken[r.exercise] = f"{v['status']}: {v['message']}"
             print(f"REFERENCE FAILS {r.exercise} ({v['points']}/{v['max_points']}, {v['status']}: {v['message']}): "
@@ -798,7 +805,7 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     if broken:
         chosen = [m for m in chosen if m.exercise not in broken]
         note = "; ".join(filter(None, [note, f"not run: the reference fails the check of {', '.join(sorted(broken))}"]))
-    verdicts = run_mutants(chosen, sources, jobs=args.jobs, progress=progress)
+    verdicts = run_mutants(chosen, sources, jobs=args.jobs, progress=progress, time_limit_s=args.time_limit)
     wall = time.perf_counter() - t0
     outcomes = classify(chosen, verdicts, listed)
     by_id = {(o.exercise, o.id): o for o in outcomes}
@@ -828,6 +835,8 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
               + f" ({named} with a catalogued bug named)")
     per = wall / max(1, len(chosen))
     print(f"ran in {wall:.0f} s ({per:.2f} s a mutant, {args.jobs} job(s))")
+    if args.time_limit:
+        note = "; ".join(filter(None, [note, f"check time limit lowered to {args.time_limit:g} s"]))
     if note:
         print(note)
     line = summary_line(unit_id, outcomes)
@@ -994,6 +1003,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the outcomes to this file")
     p.add_argument("--store", action="store_true", help="store a full run in docs/grading-strength/uNN.json")
     p.add_argument("--report", action="store_true", help="regenerate docs/grading-strength.md and exit")
+    p.add_argument("--time-limit", type=float, help="seconds a check may take (default: grading's own limit)")
     p.add_argument("--toml", action="store_true", help="also print each survivor as an [[equivalent]] stanza")
     p.add_argument("-v", "--verbose", action="store_true", help="print each mutant's verdict as it comes")
     args = p.parse_args(argv)
