@@ -684,10 +684,13 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
 
     if jobs <= 1 or len(mutants) < 2:
         out = []
-        for i, m in enumerate(mutants):
-            out.append(_run_one(m.exercise, sources_for(m), time_limit_s))
-            if progress:
-                progress(i + 1, len(mutants), m, out[-1])
+        try:
+            for i, m in enumerate(mutants):
+                out.append(_run_one(m.exercise, sources_for(m), time_limit_s))
+                if progress:
+                    progress(i + 1, len(mutants), m, out[-1])
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main): keep what ran
+            print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
         return out
     import multiprocessing as mp
 
@@ -695,10 +698,14 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
     with ctx.Pool(jobs, initializer=_pool_init) as pool:
         pending = [pool.apply_async(_run_one, (m.exercise, sources_for(m), time_limit_s)) for m in mutants]
         out = []
-        for i, (m, p) in enumerate(zip(mutants, pending)):
-            out.append(p.get())
-            if progress:
-                progress(i + 1, len(mutants), m, out[-1])
+        try:
+            for i, (m, p) in enumerate(zip(mutants, pending)):
+                out.append(p.get())
+                if progress:
+                    progress(i + 1, len(mutants), m, out[-1])
+        except KeyboardInterrupt:
+            print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
+            pool.terminate()
         return out
 
 
@@ -797,7 +804,10 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
         if m.exercise not in {r.exercise for r in refs}:
             refs.append(Mutant(m.exercise, "(reference)", "reference", 0, 0, "", "", m.cell, sources[m.cell]))
     broken = {}
-    for r, v in zip(refs, run_mutants(refs, sources, jobs=args.jobs, time_limit_s=args.time_limit)):
+    ref_verdicts = run_mutants(refs, sources, jobs=args.jobs, time_limit_s=args.time_limit)
+    if len(ref_verdicts) < len(refs):
+        chosen, note = [], "interrupted while running the references"
+    for r, v in zip(refs, ref_verdicts):
         if v["points"] < v["max_points"]:
             broken[r.exercise] = f"{v['status']}: {v['message']}"
             print(f"REFERENCE FAILS {r.exercise} ({v['points']}/{v['max_points']}, {v['status']}: {v['message']}): "
@@ -807,6 +817,11 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
         note = "; ".join(filter(None, [note, f"not run: the reference fails the check of {', '.join(sorted(broken))}"]))
     verdicts = run_mutants(chosen, sources, jobs=args.jobs, progress=progress, time_limit_s=args.time_limit)
     wall = time.perf_counter() - t0
+    if len(verdicts) < len(chosen):  # interrupted: the outcomes so far (in id order: the first exercises)
+        note = "; ".join(filter(None, [note, f"interrupted: ran {len(verdicts)} of the {len(chosen)} chosen "
+                                             f"(exercises {', '.join(dict.fromkeys(m.exercise for m in chosen[len(verdicts):]))} "
+                                             "not, or not fully, run)"]))
+        chosen = chosen[:len(verdicts)]
     outcomes = classify(chosen, verdicts, listed)
     by_id = {(o.exercise, o.id): o for o in outcomes}
     for e in listed:
@@ -844,7 +859,8 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
               "generated": len(mutants), "ran": len(chosen), "note": note, "summary": line,
               "seconds": round(wall, 1), "jobs": args.jobs, "mutants": [asdict(o) for o in outcomes]}
     record["reference_fails"] = broken
-    return len(survivors) + len(broken), record  # the caller prints record["summary"] last
+    record["interrupted"] = "interrupted" in note
+    return len(survivors) + len(broken) + record["interrupted"], record  # the caller prints record["summary"] last
 
 
 # -- the report ----------------------------------------------------------------------------------------------------
@@ -1007,6 +1023,12 @@ def main(argv=None) -> int:
     p.add_argument("--toml", action="store_true", help="also print each survivor as an [[equivalent]] stanza")
     p.add_argument("-v", "--verbose", action="store_true", help="print each mutant's verdict as it comes")
     args = p.parse_args(argv)
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # `timeout` and make send SIGTERM: the outcomes so far are kept
     if args.report:
         REPORT.write_text(report(), encoding="utf-8")
         print(f"wrote {REPORT.relative_to(ROOT)}")
