@@ -979,6 +979,9 @@ def report() -> str:
         else:
             details.append(f"Mutation run of {rec['date']} (commit {rec['commit'] or '?'}, {rec['seconds']:.0f} s with "
                            f"{rec['jobs']} job(s)): {rec['summary'].split(': ', 1)[1]}." + (f" Note: {rec['note']}." if rec.get("note") else ""))
+            named = sum(m["outcome"] == "killed" and bool(m["bug"]) for m in rec["mutants"])
+            timeouts = sum(m["outcome"] == "killed" and "did not finish within" in m["message"] for m in rec["mutants"])
+            details.append(f"Of the killed, {named} named a catalogued bug, {timeouts} ran out of time.")
             surv = [m for m in rec["mutants"] if m["outcome"] == "survived"]
             if surv:
                 details.append("")
