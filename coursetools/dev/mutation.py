@@ -778,6 +778,7 @@ def _git_commit() -> str:
 
 def run_unit(unit_id: str, args) -> tuple[int, dict]:
     """Run (or list) one unit's mutants; print survivors and the summary line. Returns (survivors, record)."""
+    commit, started = _git_commit(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())  # what was run, when
     sources, mutants = unit_mutants(unit_id, args.exercise)
     if args.exercise:
         known = {m.exercise for m in mutants}
@@ -863,7 +864,7 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     if note:
         print(note)
     line = summary_line(unit_id, outcomes)
-    record = {"unit": unit_id, "commit": _git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    record = {"unit": unit_id, "commit": commit, "date": started,
               "generated": len(mutants), "ran": len(chosen), "note": note, "summary": line,
               "seconds": round(wall, 1), "jobs": args.jobs, "mutants": [asdict(o) for o in outcomes]}
     record["reference_fails"] = broken
