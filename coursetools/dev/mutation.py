@@ -770,8 +770,11 @@ def _git_commit() -> str:
     import subprocess
 
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "grader", "solutions",
+                                "llmcourse"], capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + (" + uncommitted changes" if head and dirty else "")
     except Exception:  # noqa: BLE001
         return ""
 
