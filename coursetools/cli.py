@@ -356,7 +356,7 @@ def cmd_release(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from .grading import grade
+    from .grading import GradingTampered, grade
 
     try:
         report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster, jobs=args.jobs,
@@ -364,6 +364,9 @@ def cmd_grade(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except GradingTampered as exc:  # the grading itself could not go on: one line, no traceback
+        print(f"course grade: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     print(report.render())
     return EXIT_OK
 
