@@ -212,14 +212,18 @@ def _read_tree(root: Path, items=SNAPSHOT_ITEMS) -> dict[str, bytes]:
     return out
 
 
-def _tree_digest(root: Path, items=SNAPSHOT_ITEMS) -> dict[str, str]:
-    """``{relative path: sha256}`` of every file under ``items`` (bytecode caches ignored)."""
+def _tree_digest(root: Path, items=SNAPSHOT_ITEMS, bytecode: bool = False) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``items`` (bytecode caches ignored unless ``bytecode``).
+
+    The checker's copy is digested with ``bytecode``: its checkers run with ``-B`` (they write no bytecode), so a
+    ``.pyc`` there was planted (Python would load it in place of an unchanged source of the same size and mtime).
+    """
     out: dict[str, str] = {}
     for item in items:
         base = root / item
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
         for f in files:
-            if _skipped(f.parts) or f.suffix == ".pyc":
+            if not bytecode and (_skipped(f.parts) or f.suffix == ".pyc"):
                 continue
             try:
                 out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
@@ -282,7 +286,7 @@ class GradingSnapshot:
             target = path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        if _tree_digest(path) != self.digest:
+        if _tree_digest(path, bytecode=label == "checker") != self.digest:
             raise GradingTampered(f"course grade stopped: a fresh copy of the grading code ({path}) changed while it "
                                   "was written: something outside the graded submissions writes there. No scores "
                                   "were written.")
@@ -307,14 +311,14 @@ class GradingSnapshot:
             self._seen_checkout = now
             self.checkout_changed.update(checkout)
             copies = [f"({label} copy) {k}" for label, path in sorted(self._copies.items())
-                      for k in _diff(_tree_digest(path), self.digest)]
+                      for k in _diff(_tree_digest(path, bytecode=label == "checker"), self.digest)]
             return Tampering(during, checkout, copies) if checkout or copies else None
 
     def repair(self) -> None:
         """A fresh copy in place of each copy that changed (the checker's ``path`` moves; restart its checkers)."""
         with self._lock:
             for label, path in sorted(self._copies.items()):
-                if _tree_digest(path) != self.digest:
+                if _tree_digest(path, bytecode=label == "checker") != self.digest:
                     self._old.append(path)
                     new = self._write_copy(label)
                     if label == "checker":
@@ -358,7 +362,9 @@ class CheckerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update({"LLMCOURSE_ROOT": str(snapshot.path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         self._log = open(log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
+        # -B: no bytecode written into the snapshot, where any .pyc is then a planted one (see _tree_digest)
+        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", code, str(req_r), str(rep_w)],
+                                     pass_fds=(req_r, rep_w),
                                      cwd=snapshot.path, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=self._log, start_new_session=True)
         os.close(req_r)
@@ -533,7 +539,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
 
-    1. ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are copied and hashed
+    1. ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are read into memory, hashed and copied
        (:class:`GradingSnapshot`) before anything of a submission runs.
     2. Every submission is read into memory; its locked cells are restored from the release.
     3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
@@ -547,9 +553,14 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running
        is killed after every run.
-    5. The originals and the copy are verified after the checker's every submission and after every
-       nbgrader run (:class:`GradingTampered` stops the run: nothing is written; a tamperer inside a batch
-       is named with the batch). Then each grade cell's score in the gradebook is set
+    5. The checkout and the copies are verified after the checker's every submission, each time nbgrader starts
+       a notebook and after every nbgrader run. A submission that changed them (:class:`_Tampering`: the one
+       that ran since the last clean check, or of several run in parallel, each one that changes them again
+       when run alone) scores 0 on every exercise of its notebook with the note ":data:`TAMPER_NOTE` (what
+       changed)" and is recorded in nbgrader without running; the changed copies are replaced by fresh ones
+       written from memory, the checkers restarted from them, and the run goes on. The checkout is never
+       written: a change to it is named in the summary with the advice to restore it, and nbgrader runs from a
+       verified copy from then on. Then each grade cell's score in the gradebook is set
        from the verdicts held in this process (manual scores cleared, max scores from course.toml),
        each grade cell's outputs in the autograded notebook are replaced by the rendered verdict,
        and nbgrader generates the feedback.
@@ -575,12 +586,15 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             environment's own (default ``laptop``). The checker's verdicts do not depend on it.
 
     Returns:
-        :class:`GradeReport`: a row per submission with score, max score and notes.
+        :class:`GradeReport`: a row per submission with score, max score and notes; ``tampering``: a line per
+        submission that changed the grading code, per change no submission explains, and the restore advice
+        when the checkout changed.
 
     Raises:
         FileNotFoundError: ``submissions`` does not exist. ValueError: it holds no known assignment, the
             roster is malformed, or the course's Jupyter kernel is not registered (the message says how).
-        GradingTampered: grading files changed while submissions ran.
+        GradingTampered: the grading could not go on with trusted grading code (a fresh copy did not verify:
+            something outside the graded submissions keeps writing there); no score is kept.
     """
     from grader.repair import answer_cell_notes
     from grader.supervise import STOPPED_NOTE
@@ -665,7 +679,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             for assignment in sorted({a for _, a in pairs}):
                 u = known[assignment]
                 shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
-                proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
+                proc = _nbgrader(["generate_assignment", assignment, "--force"], work, snapshot.nbgrader_root)
                 if proc.returncode != 0:
                     raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n"
                                        f"{proc.stderr}")

@@ -24,6 +24,7 @@ import nbformat
 import pytest
 
 from coursetools.grading import TAMPER_NOTE, GradingSnapshot, GradingTampered, _tree_digest
+from grader.worker import NOBODY_ENV
 
 
 def _mini_course(root: Path) -> Path:
@@ -51,6 +52,12 @@ def test_a_changed_copy_is_named_and_replaced_and_the_checkout_is_never_written(
         snap.repair()
         assert snap.path != first and _tree_digest(snap.path) == before
         assert snap.check("after the repair") is None
+        (snap.path / "grader" / "__pycache__").mkdir()  # the checkers write no bytecode: a .pyc is planted
+        (snap.path / "grader" / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"\0" * 16)
+        change = snap.check("while another submission ran")
+        assert change.copies == ["(checker copy) grader/__pycache__/core.cpython-311.pyc"], change
+        snap.repair()
+        assert snap.check("after the second repair") is None
         assert snap.nbgrader_root == root and snap.restore_advice() is None  # the checkout never changed
         assert _tree_digest(root) == before
     finally:
@@ -153,12 +160,17 @@ def tampered_class(tmp_path_factory, course_copy):
     shutil.copytree(clean, submitted)
     _tamperer(course, unit, submitted / "tamperer" / unit.name)
     checkout = _tree_digest(course.root)
-    runs = {"clean": grade(clean, out_dir=tmp / "clean-run", cell_timeout=60, course=course),
-            "jobs1": grade(submitted, out_dir=tmp / "jobs1", cell_timeout=60, course=course)}
     out, err = io.StringIO(), io.StringIO()
-    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with pytest.MonkeyPatch.context() as mp:
+        # the checking workers run as the grading user, as when an ordinary user grades: as `nobody` (grading as
+        # root) they could not write into the checker's copy, and the change would be made by nbgrader's kernel
+        mp.setenv(NOBODY_ENV, "0")
+        runs = {"clean": grade(clean, out_dir=tmp / "clean-run", cell_timeout=60, course=course),
+                "jobs1": grade(submitted, out_dir=tmp / "jobs1", cell_timeout=60, course=course)}
         mp.setenv("LLMCOURSE_ROOT", str(course.root))  # the CLI grades with the private copy's grading code
-        rc = main(["grade", str(submitted), "--out", str(tmp / "jobs2"), "--timeout", "60", "--jobs", "2", "--quiet"])
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(["grade", str(submitted), "--out", str(tmp / "jobs2"), "--timeout", "60", "--jobs", "2",
+                       "--quiet"])
     cli = {"rc": rc, "out": out.getvalue(), "err": err.getvalue()}
     return course, unit, tmp, runs, cli, checkout
 
@@ -181,6 +193,8 @@ def test_the_tamperer_scores_zero_with_the_note_and_the_others_as_in_a_clean_run
     assert TAMPER_NOTE in t["notes"] and "grader/core.py" in t["notes"], t["notes"]
     lines = runs["jobs1"].tampering
     assert len(lines) == 1 and "tamperer/03_self_attention" in lines[0] and TAMPER_NOTE in lines[0], lines
+    assert "while the checker ran tamperer" in lines[0], lines  # caught in its check: never run in nbgrader
+    assert "recorded in nbgrader without running it" in t["notes"], t["notes"]
     assert "git checkout" not in runs["jobs1"].render()  # only the copy changed: nothing to restore
     assert _tree_digest(course.root) == checkout and not (course.root / "grader/checks/zz_planted.py").exists()
 
