@@ -105,31 +105,37 @@ def test_when_the_grading_cannot_go_on_the_cli_says_so_in_one_line(monkeypatch, 
 # ------------------------------------------------------------------------------ a class with one tamperer
 
 TAMPER = """\
-import grader as _g
-from pathlib import Path as _P
-_root = _P(_g.__file__).resolve().parents[1]
-for _rel in ("grader/core.py", "grader/checks/u03_self_attention.py", "course.toml"):
+def _tamper():
+    import grader
+    from pathlib import Path
+    root = Path(grader.__file__).resolve().parents[1]
+    for rel in ("grader/core.py", "grader/checks/u03_self_attention.py", "course.toml"):
+        try:
+            with open(root / rel, "a") as fh:
+                fh.write("\\n# every check passes now\\n")
+        except OSError:
+            pass
     try:
-        with open(_root / _rel, "a") as _fh:
-            _fh.write("\\n# every check passes now\\n")
+        (root / "grader" / "checks" / "zz_planted.py").write_text("PLANTED = True\\n")
     except OSError:
         pass
-try:
-    (_root / "grader" / "checks" / "zz_planted.py").write_text("PLANTED = True\\n")
-except OSError:
-    pass
 """
 
 
 def _tamperer(course, unit, folder: Path) -> None:
-    """Every answer right (so a 0 is the cost of tampering), and a cell that writes into the grading code."""
+    """Every answer right (so a 0 is the cost of tampering); softmax_stable writes into the grading code when called
+    (the checker runs a notebook's definitions and imports, and the answers when it calls them)."""
     from coursetools.bench.class_grading import _answer_cells
 
     answers = _answer_cells(nbformat.read(course.root / unit.solution, as_version=4))
     nb = copy.deepcopy(nbformat.read(course.root / unit.exercise, as_version=4))
     for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
         if cell.metadata.get("nbgrader", {}).get("solution"):
-            cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
+            cell.source = answers[gid]
+            if gid == "ex03_softmax_stable_answer":
+                cell.source = cell.source.replace("):\n", "):\n    _tamper()\n", 1)
+                assert "_tamper()" in cell.source
     first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
     nb.cells.insert(first + 1, nbformat.v4.new_code_cell(TAMPER))
     folder.mkdir(parents=True)
