@@ -170,6 +170,7 @@ class GradeReport:
     grades_csv: Path | None = None
     timings: dict = field(default_factory=dict)  # seconds per phase of the run (where the time went)
     tampering: list[str] = field(default_factory=list)  # one line per submission that changed the grading code
+    class_report: Path | str | None = None  # report.html (coursetools/report.py), or why it was not written
 
     def render(self) -> str:
         lines = [f"{'student':20} {'assignment':28} {'score':>9}  notes"]
@@ -179,6 +180,8 @@ class GradeReport:
         lines += self.tampering
         lines.append(f"grades: {self.grades_csv}")
         lines.append(f"feedback: {self.out_dir / '.grading' / 'feedback'}")
+        if self.class_report is not None:
+            lines.append(f"class report: {self.class_report}")
         return "\n".join(lines)
 
 
@@ -793,6 +796,13 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             bar.close()
     report.tampering = tampering.lines()
     report.grades_csv = _write_grades(work, report.rows, course)
+    from .report import write_record, write_report
+
+    write_record(work, report.rows, verdicts, causes, known, report.tampering)
+    try:
+        report.class_report = write_report(work)["html"]
+    except Exception as exc:  # noqa: BLE001 - the grades stand without it; `course report WORK` says what failed
+        report.class_report = f"not written ({type(exc).__name__}: {exc}); run `course report {work}`"
     report.timings = timings
     return report
 

@@ -8,7 +8,8 @@ Slow (three ``course grade`` runs of unit 03): a class of three ordinary submiss
 and the bug catalog) graded alone, then with one submission whose check appends to ``grader/core.py``, the unit's
 checks and ``course.toml`` and plants a file beside them, with ``jobs=1`` (the API) and ``jobs=2`` (the CLI).
 The others' scores, notes and verdicts equal the clean run's; the tamperer scores 0 with the note; the run ends
-with exit 0 and one summary line for it; the checkout is unchanged, so no restore is asked for.
+with exit 0 and one summary line for it; the checkout is unchanged, so no restore is asked for. The run's class
+report (coursetools/report.py, issue 42) names the planted mistakes and shows the tamperer.
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def tampered_class(tmp_path_factory, course_copy):
     unit = course.unit("03")
     tmp = tmp_path_factory.mktemp("tamper")
     clean = tmp / "clean" / "submitted"
-    build_class(unit, 3, clean, seed=5, course=course)
+    planted: dict[str, list[str]] = {}
+    build_class(unit, 3, clean, seed=5, course=course, planted=planted)
     submitted = tmp / "class" / "submitted"
     shutil.copytree(clean, submitted)
     _tamperer(course, unit, submitted / "tamperer" / unit.name)
@@ -178,12 +180,12 @@ def tampered_class(tmp_path_factory, course_copy):
             rc = main(["grade", str(submitted), "--out", str(tmp / "jobs2"), "--timeout", "60", "--jobs", "2",
                        "--quiet"])
     cli = {"rc": rc, "out": out.getvalue(), "err": err.getvalue()}
-    return course, unit, tmp, runs, cli, checkout
+    return course, unit, tmp, runs, cli, checkout, planted
 
 
 @pytest.mark.slow
 def test_the_tamperer_scores_zero_with_the_note_and_the_others_as_in_a_clean_run(tampered_class):
-    course, unit, tmp, runs, _, checkout = tampered_class
+    course, unit, tmp, runs, _, checkout, _ = tampered_class
     clean = {r["student"]: r for r in runs["clean"].rows}
     got = {r["student"]: r for r in runs["jobs1"].rows}
     assert set(got) == set(clean) | {"tamperer"}
@@ -206,8 +208,36 @@ def test_the_tamperer_scores_zero_with_the_note_and_the_others_as_in_a_clean_run
 
 
 @pytest.mark.slow
+def test_the_class_report_is_written_and_shows_the_tamperer(tampered_class):
+    import json
+
+    from grader.core import bug_name
+
+    _, _, tmp, runs, _, _, planted = tampered_class
+    summary = json.loads((tmp / "jobs1" / "report.json").read_text(encoding="utf-8"))
+    named = {m["mistake"]: m["students"] for m in summary["assignments"]["03_self_attention"]["named_mistakes"]}
+    assert planted, "the seeded class has a wrong submission"
+    for student, bugs in planted.items():  # every planted mistake is in the report, named, with its student
+        for b in bugs:
+            assert student in named.get(bug_name(b), []), (student, b, named)
+    assert summary["tampering"] == runs["jobs1"].tampering
+    heat = {r["student"]: r for r in summary["assignments"]["03_self_attention"]["heat_map"]}
+    assert set(heat["tamperer"]["cells"].values()) == {"error or limit"}, heat["tamperer"]
+    assert heat["tamperer"]["limits"] == ["modified the grading code"]
+    for r in runs["jobs1"].rows:  # the report's scores are the run's
+        assert heat[r["student"]]["score"] == r["score"]
+    assert str(runs["jobs1"].class_report).endswith("report.html") and (tmp / "jobs1" / "report.html").exists()
+    from coursetools.cli import main
+
+    (tmp / "jobs1" / "report.html").unlink()
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["report", str(tmp / "jobs1")]) == 0  # again, from the run's record
+    assert (tmp / "jobs1" / "report.html").exists()
+
+
+@pytest.mark.slow
 def test_two_jobs_keep_the_guarantee_and_the_cli_exits_zero_with_one_line(tampered_class):
-    course, _, tmp, runs, cli, checkout = tampered_class
+    course, _, tmp, runs, cli, checkout, _ = tampered_class
     assert cli["rc"] == 0 and "Traceback" not in cli["out"] + cli["err"], cli
     tampered = [ln for ln in cli["out"].splitlines() if ln.startswith("TAMPERED")]
     assert len(tampered) == 1 and "tamperer/03_self_attention" in tampered[0], cli["out"]
