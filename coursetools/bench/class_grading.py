@@ -155,7 +155,8 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None, planted: d
     """Write ``n`` submissions of ``unit`` under ``dest/<student>/<assignment>/``; ``{student: kind}``.
 
     Seeded: the same ``(unit, n, seed)`` gives the same notebooks. ``planted``, if given, receives
-    ``{student: [catalogued bug ids planted]}`` for the "wrong" submissions.
+    ``{student: [catalogued bug ids planted]}`` for the "wrong" submissions (of two mutants of one answer cell, only
+    the later is in effect: its definitions replace the earlier's).
     """
     import nbformat
 
@@ -194,10 +195,12 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None, planted: d
             for gid in rng.sample(stub_cells, rng.randint(1, max(1, len(stub_cells) - 1))):
                 filled[gid] = None  # the released stub
         elif kind == "wrong" and mutants:
+            in_effect: dict[str, str] = {}  # two mutants of one cell: the later definition replaces the earlier
             for gid, extra, bug_id in rng.sample(mutants, min(len(mutants), rng.randint(1, 2))):
                 filled[gid] = filled[gid] + "\n\n\n" + extra
-                if planted is not None:
-                    planted.setdefault(student, []).append(bug_id)
+                in_effect[gid] = bug_id
+            if planted is not None:
+                planted[student] = sorted(in_effect.values())
         elif kind == "wrong":
             kind = "partly right"
             filled[rng.choice(stub_cells)] = None
