@@ -34,7 +34,7 @@ FOLLOW_UP_FRACTION = 0.5  # a submission below this share of its points is liste
 # what a note says when a submission hit a limit of the run (grading.py's and grader.supervise's notes)
 _LIMIT_MARKS = {"stopped the grading process": "stopped a grading process", "timed out": "a cell timed out",
                 "did not answer within": "the checker's deadline", "kernel died": "the kernel died",
-                "modified the grading code": "modified the grading code", "memory": "memory"}
+                "modified the grading code": "modified the grading code"}
 
 
 def write_record(work: Path, rows: list[dict], verdicts: dict, causes: dict, units: dict,

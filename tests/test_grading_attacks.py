@@ -565,3 +565,17 @@ def test_feedback_names_the_mutant_and_hides_the_checks(attacked):
     mutant = (out / ".grading" / "feedback" / "mutant" / unit.name / f"{unit.name}.html").read_text()
     # a known mistake is shown by its name, never by its catalogue id
     assert "no_scale: Divide the scores by" in mutant and "B03.no_scale" not in mutant
+
+
+def test_the_class_report_lists_hostile_submissions_as_limits_and_hides_the_checks(attacked):
+    import json
+
+    report, _, out, _ = attacked
+    assert str(report.class_report) == str(out / "report.html"), report.class_report  # written, not crashed
+    page = (out / "report.html").read_text(encoding="utf-8")
+    for leak in ("BEGIN HIDDEN TESTS", "from grader import", "grader/checks", "def check_", "t.compare",
+                 "BEGIN SOLUTION", "B03."):
+        assert leak not in page, f"the class report shows {leak!r}"
+    summary = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert summary["assignments"]["03_self_attention"]["students"] == len(report.rows)
+    assert {"stop_parent_inside", "loop_inside", "crash_correct"} <= {x["student"] for x in summary["limits"]}
