@@ -13,7 +13,9 @@
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
   course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--profile P] [--quiet]
-                           autograde nbgrader-style submissions, write feedback HTML and grades.csv
+                           autograde nbgrader-style submissions, write feedback HTML, grades.csv and the report
+  course report [GRADING_DIR]
+                           the class report of a grading run: report.html (offline) + JSON/CSV (coursetools/report.py)
   course exchange release|collect|feedback UNIT --root EXCHANGE [--into CLASS] [--work WORK]
                            nbgrader's exchange around course grade (coursetools/exchange.py)
   course hub [--port 8000]  a local JupyterHub on 127.0.0.1 with test users: `make hub` (coursetools/hub.py)
@@ -356,7 +358,7 @@ def cmd_release(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from .grading import grade
+    from .grading import GradingTampered, grade
 
     try:
         report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster, jobs=args.jobs,
@@ -364,7 +366,24 @@ def cmd_grade(args) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except GradingTampered as exc:  # the grading itself could not go on: one line, no traceback
+        print(f"course grade: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     print(report.render())
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    work = Path(args.dir) if args.dir else Path(".grading") / "run"
+    try:
+        paths = write_report(work)
+    except FileNotFoundError as exc:
+        print(f"course report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"report: {paths['html']}")
+    print(f"data: {paths['json']}, {paths['exercises'].name}, {paths['mistakes'].name}, {paths['students'].name}")
     return EXIT_OK
 
 
@@ -462,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
                    "$LLMCOURSE_PROFILE)")
     p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=cmd_grade)
+    p = sub.add_parser("report", help="the class report of a grading run (HTML + JSON/CSV; also written by grade)")
+    p.add_argument("dir", nargs="?", default=None, help="the work folder of `course grade` (default .grading/run)")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("exchange", help="nbgrader's exchange: release a unit, collect submissions, return feedback")
     p.add_argument("action", choices=["release", "collect", "feedback"])
     p.add_argument("unit", help="unit id, e.g. 03")

@@ -169,14 +169,19 @@ class GradeReport:
     rows: list[dict] = field(default_factory=list)  # one per (student, assignment)
     grades_csv: Path | None = None
     timings: dict = field(default_factory=dict)  # seconds per phase of the run (where the time went)
+    tampering: list[str] = field(default_factory=list)  # one line per submission that changed the grading code
+    class_report: Path | str | None = None  # report.html (coursetools/report.py), or why it was not written
 
     def render(self) -> str:
         lines = [f"{'student':20} {'assignment':28} {'score':>9}  notes"]
         for r in self.rows:
             score = f"{r['score']:g}/{r['max_score']:g}"
             lines.append(f"{r['student']:20} {r['assignment']:28} {score:>9}  {r['notes']}")
+        lines += self.tampering
         lines.append(f"grades: {self.grades_csv}")
         lines.append(f"feedback: {self.out_dir / '.grading' / 'feedback'}")
+        if self.class_report is not None:
+            lines.append(f"class report: {self.class_report}")
         return "\n".join(lines)
 
 
@@ -185,66 +190,157 @@ def _submitted_root(path: Path) -> Path:
 
 
 class GradingTampered(RuntimeError):
-    """Grading code changed on disk while submissions ran: no score of the run is trusted or written."""
+    """The grading could not go on with trusted grading code (a fresh copy of it did not verify): nothing is kept."""
 
 
+TAMPER_NOTE = "the submission modified the grading code"
 SNAPSHOT_ITEMS = ("grader", "llmcourse", "course.toml", "assets")
+RESTORE_HINT = "git checkout -- grader llmcourse course.toml assets"
 
 
-def _tree_digest(root: Path, items=SNAPSHOT_ITEMS) -> dict[str, str]:
-    """``{relative path: sha256}`` of every file under ``items`` (bytecode caches ignored)."""
+def _skipped(rel_parts) -> bool:
+    return "__pycache__" in rel_parts
+
+
+def _read_tree(root: Path, items=SNAPSHOT_ITEMS) -> dict[str, bytes]:
+    """``{relative path: bytes}`` of every file under ``items`` (bytecode caches ignored)."""
+    out: dict[str, bytes] = {}
+    for item in items:
+        base = root / item
+        files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
+        for f in files:
+            if _skipped(f.parts) or f.suffix == ".pyc":
+                continue
+            out[str(f.relative_to(root))] = f.read_bytes()
+    return out
+
+
+def _tree_digest(root: Path, items=SNAPSHOT_ITEMS, bytecode: bool = False) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``items`` (bytecode caches ignored unless ``bytecode``).
+
+    The checker's copy is digested with ``bytecode``: its checkers run with ``-B`` (they write no bytecode), so a
+    ``.pyc`` there was planted (Python would load it in place of an unchanged source of the same size and mtime).
+    """
     out: dict[str, str] = {}
     for item in items:
         base = root / item
         files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.is_file()) if base.exists() else []
         for f in files:
-            if "__pycache__" in f.parts or f.suffix == ".pyc":
+            if not bytecode and (_skipped(f.parts) or f.suffix == ".pyc"):
                 continue
-            out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+            try:
+                out[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+            except OSError:  # made unreadable: a change all the same
+                out[str(f.relative_to(root))] = "unreadable"
     return out
 
 
-class GradingSnapshot:
-    """A hashed copy of the grading code, taken before the first submission runs.
+def _diff(now: dict[str, str], then: dict[str, str]) -> list[str]:
+    return sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
 
-    The checker process imports ``grader/`` and ``llmcourse/`` from this copy; :meth:`verify` compares
-    both the originals and the copy with their digests and raises :class:`GradingTampered` naming
-    the changed files and what was running when the change was seen.
+
+def _shown(files: list[str], n: int = 4) -> str:
+    return ", ".join(files[:n]) + (f" and {len(files) - n} more" if len(files) > n else "")
+
+
+@dataclass
+class Tampering:
+    """A change to the grading files seen at one verification: ``checkout`` (the course's own files, changed since
+    the last verification) and ``copies`` (the run's copies, ``"(checker copy) grader/core.py"``)."""
+
+    during: str
+    checkout: list[str]
+    copies: list[str]
+
+    @property
+    def files(self) -> list[str]:
+        return [*self.checkout, *self.copies]
+
+    def __str__(self) -> str:
+        return f"{_shown(self.files)} changed {self.during}"
+
+
+class GradingSnapshot:
+    """The grading code as it was before the first submission ran, held in memory, and the run's copies of it.
+
+    The files of ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are read once, into this process's
+    memory (where no learner code runs), and written into the checker's copy (``path``); the checker processes
+    import the grading code from there. :meth:`check` compares the checkout and every copy with the digests
+    of those bytes; :meth:`repair` writes a fresh copy for each one that changed. The checkout itself is never
+    written: a change to it is reported (:attr:`checkout_changed`) and, from then on, nbgrader runs from a
+    verified copy too (:attr:`nbgrader_root`).
     """
 
     def __init__(self, course_root: Path):
         self.course_root = Path(course_root)
-        self.path = Path(tempfile.mkdtemp(prefix="llmcourse-checker-"))
-        for item in SNAPSHOT_ITEMS:
-            src = self.course_root / item
-            if src.is_dir():
-                shutil.copytree(src, self.path / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-            elif src.is_file():
-                shutil.copy2(src, self.path / item)
-        self.original_digest = _tree_digest(self.course_root)
-        self.digest = _tree_digest(self.path)
-        if self.digest != self.original_digest:
-            raise GradingTampered("the grading code changed while it was being copied; run `course grade` again")
+        self._files = _read_tree(self.course_root)
+        self.original_digest = {k: hashlib.sha256(v).hexdigest() for k, v in self._files.items()}
+        self.digest = self.original_digest
+        self._seen_checkout = dict(self.original_digest)
+        self.checkout_changed: set[str] = set()  # every checkout file seen changed during the run
+        self._copies: dict[str, Path] = {}  # label -> its folder
+        self._old: list[Path] = []  # replaced copies, removed at cleanup (a running nbgrader may still read one)
+        self._lock = threading.RLock()
+        self.path = self._write_copy("checker")
 
-    def changed(self) -> list[str]:
-        now_orig, now_copy = _tree_digest(self.course_root), _tree_digest(self.path)
-        changed = sorted({k for k in set(now_orig) | set(self.original_digest)
-                          if now_orig.get(k) != self.original_digest.get(k)})
-        changed += sorted(f"(checker copy) {k}" for k in set(now_copy) | set(self.digest)
-                          if now_copy.get(k) != self.digest.get(k))
-        return changed
+    def _write_copy(self, label: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"llmcourse-{label}-"))
+        for rel, data in self._files.items():
+            target = path / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if _tree_digest(path, bytecode=label == "checker") != self.digest:
+            raise GradingTampered(f"course grade stopped: a fresh copy of the grading code ({path}) changed while it "
+                                  "was written: something outside the graded submissions writes there. No scores "
+                                  "were written.")
+        self._copies[label] = path
+        return path
 
-    def verify(self, during: str) -> None:
-        changed = self.changed()
-        if changed:
-            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-            raise GradingTampered(
-                f"course grade stopped: grading files changed {during}: {shown}. No scores were written. "
-                "Restore them (e.g. `git checkout -- grader llmcourse course.toml assets`), set that submission "
-                "aside and run `course grade` again.")
+    @property
+    def nbgrader_root(self) -> Path:
+        """The course root nbgrader runs with: the checkout, or a verified copy once the checkout has changed."""
+        with self._lock:
+            if not self.checkout_changed:
+                return self.course_root
+            if "nbgrader" not in self._copies:
+                self._write_copy("nbgrader")
+            return self._copies["nbgrader"]
+
+    def check(self, during: str) -> Tampering | None:
+        """What changed since the last check (the checkout) and against the digests (the copies), or None."""
+        with self._lock:
+            now = _tree_digest(self.course_root)
+            checkout = _diff(now, self._seen_checkout)
+            self._seen_checkout = now
+            self.checkout_changed.update(checkout)
+            copies = [f"({label} copy) {k}" for label, path in sorted(self._copies.items())
+                      for k in _diff(_tree_digest(path, bytecode=label == "checker"), self.digest)]
+            return Tampering(during, checkout, copies) if checkout or copies else None
+
+    def repair(self) -> None:
+        """A fresh copy in place of each copy that changed (the checker's ``path`` moves; restart its checkers)."""
+        with self._lock:
+            for label, path in sorted(self._copies.items()):
+                if _tree_digest(path, bytecode=label == "checker") != self.digest:
+                    self._old.append(path)
+                    new = self._write_copy(label)
+                    if label == "checker":
+                        self.path = new
+            if self.checkout_changed and "nbgrader" not in self._copies:
+                self._write_copy("nbgrader")
+
+    def restore_advice(self) -> str | None:
+        """One line for the instructor when the checkout's grading files changed during the run, else None."""
+        if not self.checkout_changed:
+            return None
+        files = sorted(self.checkout_changed)
+        return (f"the grading files of the checkout {self.course_root} changed during the run ({_shown(files, 6)}): the "
+                f"grading used the copy taken before the first submission ran; restore them (e.g. `{RESTORE_HINT}` "
+                "and delete any file that `git status` shows as new there) before you grade again")
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        for path in [*self._copies.values(), *self._old]:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class CheckerProcess:
@@ -269,7 +365,9 @@ class CheckerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update({"LLMCOURSE_ROOT": str(snapshot.path), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
         self._log = open(log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", code, str(req_r), str(rep_w)], pass_fds=(req_r, rep_w),
+        # -B: no bytecode written into the snapshot, where any .pyc is then a planted one (see _tree_digest)
+        self.proc = subprocess.Popen([sys.executable, "-I", "-B", "-c", code, str(req_r), str(rep_w)],
+                                     pass_fds=(req_r, rep_w),
                                      cwd=snapshot.path, env=env, stdin=subprocess.DEVNULL, stdout=self._log,
                                      stderr=self._log, start_new_session=True)
         os.close(req_r)
@@ -444,7 +542,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
 
-    1. ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are copied and hashed
+    1. ``grader/``, ``llmcourse/``, ``course.toml`` and ``assets/`` are read into memory, hashed and copied
        (:class:`GradingSnapshot`) before anything of a submission runs.
     2. Every submission is read into memory; its locked cells are restored from the release.
     3. A checker process started from the snapshot (:class:`CheckerProcess`) computes one verdict
@@ -458,9 +556,14 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running
        is killed after every run.
-    5. The originals and the copy are verified after the checker's every submission and after every
-       nbgrader run (:class:`GradingTampered` stops the run: nothing is written; a tamperer inside a batch
-       is named with the batch). Then each grade cell's score in the gradebook is set
+    5. The checkout and the copies are verified after the checker's every submission, each time nbgrader starts
+       a notebook and after every nbgrader run. A submission that changed them (:class:`_Tampering`: the one
+       that ran since the last clean check, or of several run in parallel, each one that changes them again
+       when run alone) scores 0 on every exercise of its notebook with the note ":data:`TAMPER_NOTE` (what
+       changed)" and is recorded in nbgrader without running; the changed copies are replaced by fresh ones
+       written from memory, the checkers restarted from them, and the run goes on. The checkout is never
+       written: a change to it is named in the summary with the advice to restore it, and nbgrader runs from a
+       verified copy from then on. Then each grade cell's score in the gradebook is set
        from the verdicts held in this process (manual scores cleared, max scores from course.toml),
        each grade cell's outputs in the autograded notebook are replaced by the rendered verdict,
        and nbgrader generates the feedback.
@@ -486,12 +589,15 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             environment's own (default ``laptop``). The checker's verdicts do not depend on it.
 
     Returns:
-        :class:`GradeReport`: a row per submission with score, max score and notes.
+        :class:`GradeReport`: a row per submission with score, max score and notes; ``tampering``: a line per
+        submission that changed the grading code, per change no submission explains, and the restore advice
+        when the checkout changed.
 
     Raises:
         FileNotFoundError: ``submissions`` does not exist. ValueError: it holds no known assignment, the
             roster is malformed, or the course's Jupyter kernel is not registered (the message says how).
-        GradingTampered: grading files changed while submissions ran.
+        GradingTampered: the grading could not go on with trusted grading code (a fresh copy did not verify:
+            something outside the graded submissions keeps writing there); no score is kept.
     """
     from grader.repair import answer_cell_notes
     from grader.supervise import STOPPED_NOTE
@@ -542,6 +648,14 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     clock = time.monotonic()
     bars = _progress_bars(len(pairs), progress)
     snapshot = GradingSnapshot(course.root)
+    tampering = _Tampering(snapshot)
+
+    def look(during: str) -> None:  # no submission runs now: a change is reported, its copies replaced
+        change = snapshot.check(during)
+        if change is not None:
+            tampering.unexplain([], change)
+            snapshot.repair()
+
     try:
         # 2. every submission in memory before any of them runs
         subs: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
@@ -568,7 +682,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             for assignment in sorted({a for _, a in pairs}):
                 u = known[assignment]
                 shutil.copytree(course.root / Path(u.solution).parent, work / "solutions" / assignment)
-                proc = _nbgrader(["generate_assignment", assignment, "--force"], work, course.root)
+                proc = _nbgrader(["generate_assignment", assignment, "--force"], work, snapshot.nbgrader_root)
                 if proc.returncode != 0:
                     raise RuntimeError(f"nbgrader generate_assignment {assignment} failed:\n{proc.stdout}\n"
                                        f"{proc.stderr}")
@@ -580,7 +694,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             released = background.submit(generate)
             # 3. verdicts from the checker processes (learner code only in their workers)
             clock = time.monotonic()
-            verdicts, causes = _check_all(snapshot, work, subs, known, answer_notes, n_jobs, bars, timings)
+            verdicts, causes = _check_all(snapshot, work, subs, known, answer_notes, n_jobs, bars, timings, tampering)
             timings["checks (course checker)"] = time.monotonic() - clock - timings.get("checker start", 0.0)
             timings["nbgrader generate_assignment (beside the checks)"] = released.result()
         # 4b. nbgrader autograde (execution + gradebook rows). One `nbgrader autograde <assignment>` run per
@@ -596,12 +710,17 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
             name = Path(known[assignment].exercise).name
-            run = _NotebookRuns(assignment, name, students, work, course.root, env_extra, token, limits, snapshot,
-                                bars.get("nbgrader"))
+            skip = {s for s in students if (s, assignment) in tampering.by}  # scored 0: not run
+            run = _NotebookRuns(assignment, name, students, work, env_extra, token, limits, snapshot, tampering,
+                                skip, bars.get("nbgrader"))
             logs, failed, culprits, missing = run.all(n_jobs, timings)
             for student in students:
                 notes = list(subs[(student, assignment)][1])
                 graded_nb = work / ".grading" / "autograded" / student / assignment / name
+                if (student, assignment) in tampering.by:
+                    nb_notes[(student, assignment)] = notes + (
+                        ["it was recorded in nbgrader without running it"] if student in skip else [])
+                    continue
                 if (student, assignment) in unreadable:
                     nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
                     continue
@@ -621,10 +740,13 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             bar.close()
         clock = time.monotonic()
         # 5. scores and verdicts from this process, then feedback
-        snapshot.verify("before the scores were written")
+        look("before the scores were written")
         for key in pairs:
             student, assignment = key
             u = known[assignment]
+            if key in tampering.by:  # whatever it earned was computed beside a change to the grading code
+                verdicts.pop(key, None)
+                causes[key] = f"{TAMPER_NOTE} ({tampering.by[key]})"
             per = _verdict_points(u, verdicts.get(key), causes.get(key))
             notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
             stopped_in = [v["exercise_id"] for v in verdicts.get(key) or [] if STOPPED_NOTE in v["message"].lower()]
@@ -645,7 +767,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             def feedback(group: list[str], assignment=assignment, students=students) -> tuple[set, bool]:
                 others = sorted(set(students) - set(group))
                 extra = [f"--CourseDirectory.student_id_exclude={','.join(others)}"] if others else []
-                proc = _nbgrader(["generate_feedback", assignment, "--force", *extra], work, course.root)
+                proc = _nbgrader(["generate_feedback", assignment, "--force", *extra], work, snapshot.nbgrader_root)
                 return set(group), proc.returncode == 0
 
             with ThreadPoolExecutor(k) as pool:
@@ -656,11 +778,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 if student in ran_ok and (work / ".grading" / "feedback" / student / assignment / html).exists():
                     continue
                 one = _nbgrader(["generate_feedback", assignment, f"--student={student}", "--force"], work,
-                                course.root)
+                                snapshot.nbgrader_root)
                 if one.returncode != 0:
                     row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
                     row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
-        snapshot.verify("while the feedback was generated")
+        look("while the feedback was generated")
         timings["gradebook scores + feedback"] = time.monotonic() - clock
     except GradingTampered:
         db = work / ".grading" / "gradebook.db"
@@ -672,7 +794,15 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         shutil.rmtree(sockets, ignore_errors=True)
         for bar in bars.values():
             bar.close()
+    report.tampering = tampering.lines()
     report.grades_csv = _write_grades(work, report.rows, course)
+    from .report import write_record, write_report
+
+    write_record(work, report.rows, verdicts, causes, known, report.tampering)
+    try:
+        report.class_report = write_report(work)["html"]
+    except Exception as exc:  # noqa: BLE001 - the grades stand without it; `course report WORK` says what failed
+        report.class_report = f"not written ({type(exc).__name__}: {exc}); run `course report {work}`"
     report.timings = timings
     return report
 
@@ -696,8 +826,42 @@ def _cut_short(got: list[dict] | None, cause: str) -> bool:
                                              for v in got)
 
 
+class _Tampering:
+    """The run's record of changes to the grading code: who changed it (scored 0), and changes no submission explains.
+
+    A change is seen by :meth:`GradingSnapshot.check` after a submission ran; the changed copies are rebuilt at once
+    (:meth:`GradingSnapshot.repair`). The submissions that ran since the last clean check are the suspects: one
+    suspect changed it; of several (parallel jobs), each is run again alone and the one that changes it again is
+    blamed.
+    """
+
+    def __init__(self, snapshot: GradingSnapshot):
+        self.snapshot = snapshot
+        self.by: dict[tuple[str, str], str] = {}  # (student, assignment) -> what changed, and when
+        self.unexplained: list[str] = []
+        self._lock = threading.Lock()
+
+    def blame(self, key: tuple[str, str], change: Tampering) -> None:
+        with self._lock:
+            self.by.setdefault(key, str(change))
+
+    def unexplain(self, suspects, change: Tampering) -> None:
+        with self._lock:
+            who = ", ".join(f"{s}/{a}" for s, a in sorted(suspects)) or "no submission was running"
+            self.unexplained.append(f"{change} ({who}; run again alone, none changed them: their scores were kept)"
+                                    if suspects else f"{change} ({who})")
+
+    def lines(self) -> list[str]:
+        """The run summary's lines: one per tampering submission, then what no submission explains, then advice."""
+        out = [f"TAMPERED {s}/{a}: {TAMPER_NOTE} ({what}); it scored 0 on every exercise of that notebook and the "
+               "others were graded with a fresh copy of the grading code" for (s, a), what in sorted(self.by.items())]
+        out += [f"grading files changed: {line}; they were replaced by a fresh copy" for line in self.unexplained]
+        advice = self.snapshot.restore_advice()
+        return out + ([f"RESTORE {advice}"] if advice else [])
+
+
 def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, answer_notes: dict, n_jobs: int,
-               bars: dict, timings: dict) -> tuple[dict, dict]:
+               bars: dict, timings: dict, tampering: _Tampering) -> tuple[dict, dict]:
     """Verdicts of every submission: ``({key: verdict dicts}, {key: cause of no verdict})``.
 
     ``n_jobs`` checker processes (each its own forkserver and workers, all from the one snapshot) take the
@@ -706,6 +870,12 @@ def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, a
     submission that was cut short (no verdict, or an exercise stopped, killed or timed out) is checked again alone
     afterwards by one checker, as ``n_jobs=1`` would have: a worker of one job can signal another job's processes
     (the same user, or both ``nobody``), and load can push a neighbour past a time limit.
+
+    The grading files are checked after every submission. A change (:class:`Tampering`) stops the jobs; the
+    submissions that were being checked since the last clean check are the suspects; the copies are rebuilt and
+    the checkers restarted from them; a lone suspect changed the files and is recorded in ``tampering`` (no
+    verdict); several are checked again alone, one after the other, each one that changes the files again
+    recorded, the others' verdicts (from a clean copy) kept; then the jobs go on with the rest.
     """
     import queue
 
@@ -715,12 +885,11 @@ def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, a
     lock = threading.Lock()
     bar = bars.get("checks")
 
-    def check(checker: CheckerProcess, key) -> tuple[list[dict] | None, str]:
+    def check(checker: CheckerProcess, key) -> tuple[list[dict] | None, str, Tampering | None]:
         student, assignment = key
         got, cause = checker.verdicts([student, assignment], known[assignment].id, subs[key][0],
                                       len(known[assignment].exercises))
-        snapshot.verify(f"while the checker ran {student}/{assignment}")
-        return got, cause
+        return got, cause, snapshot.check(f"while the checker ran {student}/{assignment}")
 
     def record(key, got, cause) -> None:
         with lock:
@@ -735,6 +904,38 @@ def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, a
                         v["notes"] = [extra, *(v.get("notes") or [])]
                 verdicts[key] = got
 
+    def tick() -> None:
+        if bar is not None:
+            bar.update(1)
+
+    def alone(key) -> bool:
+        """Check ``key`` with the first checker, nothing beside it; True when it changed the grading files."""
+        got, cause, change = check(checkers[0], key)
+        if change is None:
+            record(key, got, cause)
+            return False
+        tampering.blame(key, change)
+        with lock:
+            verdicts.pop(key, None)
+            causes.pop(key, None)
+        snapshot.repair()
+        checkers[0].restart()  # its processes ran beside the change: a fresh one, from the fresh copy
+        return True
+
+    def settle(suspects: list, change: Tampering) -> None:
+        """A change seen while ``suspects`` were checked in parallel: repaired, the suspects checked again alone."""
+        snapshot.repair()
+        checkers[0].restart()  # fresh processes from the fresh copy; the other jobs' are started again after
+        for i in range(1, k):
+            if checkers[i] is not None:
+                checkers[i].close()
+                checkers[i] = None
+        if len(suspects) == 1:
+            tampering.blame(suspects[0], change)
+            return
+        if not [key for key in sorted(suspects) if alone(key)]:
+            tampering.unexplain(suspects, change)
+
     k = max(1, min(n_jobs, len(keys)))
     clock = time.monotonic()
     checkers: list[CheckerProcess | None] = [None] * k
@@ -747,58 +948,88 @@ def _check_all(snapshot: GradingSnapshot, work: Path, subs: dict, known: dict, a
         except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
             errors.append(exc)
 
-    try:
-        starters = [threading.Thread(target=start, args=(i,)) for i in range(k)]
+    def start_all() -> None:
+        starters = [threading.Thread(target=start, args=(i,)) for i in range(k) if checkers[i] is None]
         for t in starters:
             t.start()
         for t in starters:
             t.join()
         if errors:
             raise errors[0]
+
+    try:
+        start_all()
         timings["checker start"] = time.monotonic() - clock
         if k == 1:
             for key in keys:
-                record(key, *check(checkers[0], key))
-                if bar is not None:
-                    bar.update(1)
+                alone(key)
+                tick()
             return verdicts, causes
         todo: queue.Queue = queue.Queue()
         for key in keys:
             todo.put(key)
         retry: list = []
+        running: dict[int, tuple] = {}  # thread index -> the key it checks
+        suspects: list = []
+        seen: list[Tampering] = []
+        stop = threading.Event()
 
-        def drive(checker: CheckerProcess) -> None:
-            while not errors:
+        def drive(i: int) -> None:
+            while not errors and not stop.is_set():
                 try:
                     key = todo.get_nowait()
                 except queue.Empty:
                     return
+                with lock:
+                    running[i] = key
                 try:
-                    got, cause = check(checker, key)
-                except BaseException as exc:  # noqa: BLE001 - GradingTampered and the like: re-raised below
+                    got, cause, change = check(checkers[i], key)
+                except BaseException as exc:  # noqa: BLE001 - re-raised below
                     errors.append(exc)
                     return
+                with lock:
+                    running.pop(i, None)
+                    if change is not None and not stop.is_set():
+                        # every submission being checked since the last clean check is a suspect
+                        suspects.extend([key, *running.values()])
+                        seen.append(change)
+                        stop.set()
+                    if stop.is_set():
+                        if key not in suspects:
+                            suspects.append(key)
+                        return
                 record(key, got, cause)
                 if _cut_short(got, cause):
                     with lock:
                         retry.append(key)
-                elif bar is not None:
-                    bar.update(1)
+                else:
+                    tick()
 
-        threads = [threading.Thread(target=drive, args=(c,)) for c in checkers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        while not todo.empty():
+            start_all()
+            running.clear()
+            suspects.clear()
+            seen.clear()
+            stop.clear()
+            threads = [threading.Thread(target=drive, args=(i,)) for i in range(k)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise errors[0]
+            if seen:
+                settle(sorted(set(suspects)), seen[0])
+                for _ in set(suspects):
+                    tick()
         for c in checkers[1:]:  # alone from here on
-            c.close()
+            if c is not None:
+                c.close()
         checkers[1:] = [None] * (k - 1)
         for key in sorted(retry):
-            record(key, *check(checkers[0], key))
-            if bar is not None:
-                bar.update(1)
+            if key not in tampering.by:
+                alone(key)
+            tick()
         return verdicts, causes
     finally:
         for c in checkers:
@@ -817,57 +1048,88 @@ class _NotebookRuns:
     neighbour's kernel may have signalled it). Finally one ``nbgrader autograde`` run without execution and without
     clearing outputs records the jobs' autograded notebooks (outputs and all) in the work root's gradebook and
     autograded folder, which is then exactly what one job would have left.
+
+    The students in ``skip`` (their check changed the grading code) are recorded without running. The grading files
+    are checked each time a notebook starts and after every run (:meth:`_look`): the notebooks that ran since the
+    last clean check are the suspects of a change; a lone suspect is recorded in ``tampering``, several are run again
+    alone after the jobs and each one that changes the files again is recorded.
     """
 
-    def __init__(self, assignment: str, name: str, students: list[str], work: Path, course_root: Path,
-                 env_extra: dict, token: str, limits: dict, snapshot: GradingSnapshot, bar=None):
+    def __init__(self, assignment: str, name: str, students: list[str], work: Path, env_extra: dict, token: str,
+                 limits: dict, snapshot: GradingSnapshot, tampering: _Tampering, skip=(), bar=None):
         self.assignment, self.name, self.students, self.work = assignment, name, students, work
-        self.course_root, self.env_extra, self.token, self.limits = course_root, env_extra, token, limits
-        self.snapshot, self.bar = snapshot, bar
+        self.env_extra, self.token, self.limits = env_extra, token, limits
+        self.snapshot, self.tampering, self.skip, self.bar = snapshot, tampering, set(skip), bar
         self._lock = threading.Lock()
+        self._running: dict[str, str] = {}  # job label -> the student its nbgrader runs now
+        self._since_clean: set[str] = set()  # students that ran since the last clean check
+        self._suspects: set[str] = set()
+        self._changes: list[Tampering] = []
 
-    def _run(self, group: list[str], autograded: str, token: str, extra_args: tuple[str, ...] = ()):
+    def _look(self, during: str) -> None:
+        """Check the grading files; on a change, every student that ran since the last clean check is a suspect."""
+        change = self.snapshot.check(during)
+        with self._lock:
+            running = set(self._running.values())
+            if change is not None:
+                self._suspects |= self._since_clean | running
+                self._changes.append(change)
+            self._since_clean = running
+        if change is not None:
+            self.snapshot.repair()
+
+    def _run(self, group: list[str], autograded: str, token: str, extra_args: tuple[str, ...] = (), label: str = "1"):
         """Supervised batches over ``group`` (autograded notebooks under ``work/autograded``)."""
         assignment, name, work = self.assignment, self.name, self.work
         env_extra = {**self.env_extra, RUN_TOKEN_ENV: token}
         logs: dict[str, str] = {s: "" for s in group}
         failed: set[str] = set()
         culprits: dict[str, str] = {}
-        todo, force = list(group), True
+        todo, force = [s for s in group if s not in self.skip], True
         bar, counted = self.bar, [0]
 
-        def on_started(n: int) -> None:
+        def on_started(started: list[str]) -> None:
+            n = len(started)
             if bar is not None and n > counted[0]:
                 with self._lock:
                     bar.update(n - counted[0])
-                counted[0] = n
+            counted[0] = max(counted[0], n)
+            with self._lock:  # the one starting now is a suspect too: its kernel may have run already
+                self._running[label] = started[-1]
+                self._since_clean.add(started[-1])
+            self._look(f"while nbgrader ran {assignment} ({_batch_name(started[-2:], assignment)})")
 
         # supervised batches: a batch that a kernel stopped, killed or hung is ended, the submission it was
         # running is set aside (recorded below without execution), and the rest run on in a new batch
         while todo:
             counted[0] = 0
-            proc, abnormal = _autograde(assignment, work, self.course_root, env_extra, token, force=force,
+            proc, abnormal = _autograde(assignment, work, self.snapshot.nbgrader_root, env_extra, token, force=force,
                                         exclude=sorted(set(self.students) - set(todo)), extra_args=extra_args,
                                         on_started=on_started, **self.limits)
-            self.snapshot.verify(f"while nbgrader ran {_batch_name(todo, assignment)}")
+            self._look(f"while nbgrader ran {_batch_name(todo, assignment)}")
+            with self._lock:
+                self._running.pop(label, None)
             part, bad = _split_autograde_log(proc, todo)
             for s in todo:
                 logs[s] += part[s]
             failed |= bad
             started = _started(proc, todo)
-            on_started(len(started))
+            if started and bar is not None and len(started) > counted[0]:
+                with self._lock:
+                    bar.update(len(started) - counted[0])
             if abnormal is None or not started:  # done (or nobody to blame: the rest are recorded below)
                 break
             # nbgrader takes the submissions one after the other: the last one it started ended the run
             culprits[started[-1]] = abnormal
             todo, force = [s for s in todo if s not in started], False
         # record without running them (the verdicts never depended on the run): what nbgrader could not
-        # run, and what ended a run (its autograded copy was written before it ran)
-        missing = [s for s in group if not (work / autograded / s / assignment / name).exists() or s in culprits]
+        # run, what ended a run (its autograded copy was written before it ran), and what changed the grading code
+        missing = [s for s in group if not (work / autograded / s / assignment / name).exists() or s in culprits
+                   or s in self.skip]
         if missing:
-            _autograde(assignment, work, self.course_root, env_extra, token, force=True, execute=False,
+            _autograde(assignment, work, self.snapshot.nbgrader_root, env_extra, token, force=True, execute=False,
                        exclude=sorted(set(self.students) - set(missing)), extra_args=extra_args, **self.limits)
-            self.snapshot.verify(f"while nbgrader recorded {_batch_name(missing, assignment)}")
+            self._look(f"while nbgrader recorded {_batch_name(missing, assignment)}")
         return logs, failed, culprits, missing
 
     def _job(self, label: str, group: list[str]):
@@ -876,15 +1138,52 @@ class _NotebookRuns:
         shutil.copy2(self.work / ".grading" / "gradebook.db", self.work / root / "gradebook.db")
         args = (f"--CourseDirectory.db_url=sqlite:///{self.work / root / 'gradebook.db'}",
                 f"--CourseDirectory.autograded_directory={root / 'autograded'}")
-        return root / "autograded", self._run(group, str(root / "autograded"), f"{self.token}-{label}", args)
+        return root / "autograded", self._run(group, str(root / "autograded"), f"{self.token}-{label}", args, label)
+
+    def _settle(self, run_alone) -> None:
+        """Blame the suspects of the changes seen: a lone one, or each that changes the files again when run alone."""
+        with self._lock:
+            suspects, changes = sorted(self._suspects), list(self._changes)
+            self._suspects, self._changes = set(), []
+        if not changes:
+            return
+        if len(suspects) == 1:
+            self.tampering.blame((suspects[0], self.assignment), changes[0])
+            return
+        blamed = False
+        for s in suspects:
+            run_alone(s)
+            with self._lock:
+                again, self._suspects, self._changes = self._changes, set(), []
+            if again:
+                self.tampering.blame((s, self.assignment), again[0])
+                blamed = True
+        if not blamed:
+            self.tampering.unexplain([(s, self.assignment) for s in suspects], changes[0])
 
     def all(self, n_jobs: int, timings: dict):
         clock = time.monotonic()
         k = max(1, min(n_jobs, len(self.students)))
         if k == 1:
             out = self._run(self.students, ".grading/autograded", self.token)
+            found: dict[str, tuple] = {}
+
+            def alone(s: str) -> None:
+                found[s] = self._run([s], ".grading/autograded", self.token)
+
+            self._settle(alone)
+            logs, failed, culprits, missing = out
+            for s, (lg, fl, cu, mi) in found.items():  # run again alone: that run is the one recorded
+                logs[s] = lg[s]
+                failed.discard(s)
+                culprits.pop(s, None)
+                if s in missing:
+                    missing.remove(s)
+                failed |= fl
+                culprits.update(cu)
+                missing += mi
             timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
-            return out
+            return logs, failed, culprits, missing
         from concurrent.futures import ThreadPoolExecutor
 
         groups = [self.students[i::k] for i in range(k)]
@@ -897,18 +1196,30 @@ class _NotebookRuns:
             culprits.update(cu)
             missing += mi
             where.update({s: autograded for s in lg})
-        again = sorted(culprits)
-        if again:  # ended abnormally beside other jobs: run again alone, as one job would have
-            autograded, (lg, fl, cu, mi) = self._job("again", again)
-            for s in again:
+
+        def replace(group: list[str], autograded, lg, fl, cu, mi) -> None:
+            for s in group:
                 logs[s], where[s] = lg[s], autograded
                 failed.discard(s)
                 culprits.pop(s, None)
                 if s in missing:
                     missing.remove(s)
-            failed |= fl
+            failed.update(fl)
             culprits.update(cu)
-            missing += mi
+            missing.extend(mi)
+
+        again = sorted(culprits)
+        if again:  # ended abnormally beside other jobs: run again alone, as one job would have
+            autograded, out = self._job("again", again)
+            replace(again, autograded, *out)
+        n_alone = [0]
+
+        def alone(s: str) -> None:  # a suspect of a change, run again with nothing beside it
+            n_alone[0] += 1
+            autograded, out = self._job(f"alone{n_alone[0]}", [s])
+            replace([s], autograded, *out)
+
+        self._settle(alone)
         timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
         clock = time.monotonic()
         # one gradebook: record the jobs' notebooks in the work root without running them again
@@ -918,11 +1229,12 @@ class _NotebookRuns:
             if not src.is_dir():
                 src = self.work / ".grading" / "submitted" / s / self.assignment
             shutil.copytree(src, self.work / executed / s / self.assignment)
-        _autograde(self.assignment, self.work, self.course_root, {**self.env_extra, RUN_TOKEN_ENV: self.token},
-                   self.token, force=True, execute=False, exclude=[],
+        _autograde(self.assignment, self.work, self.snapshot.nbgrader_root,
+                   {**self.env_extra, RUN_TOKEN_ENV: self.token}, self.token, force=True, execute=False, exclude=[],
                    extra_args=(f"--CourseDirectory.submitted_directory={executed}", "--ClearOutput.enabled=False"),
                    **self.limits)
-        self.snapshot.verify(f"while nbgrader recorded the jobs' notebooks of {self.assignment}")
+        self._look(f"while nbgrader recorded the jobs' notebooks of {self.assignment}")
+        self._settle(lambda s: None)  # nothing ran: a change here has no suspect but what ran before
         for folder in (self.work / ".grading" / "jobs").glob(f"*{self.assignment}*"):  # recorded: only copies left
             shutil.rmtree(folder, ignore_errors=True)
         timings["nbgrader record (jobs > 1)"] = timings.get("nbgrader record (jobs > 1)", 0.0) + \
@@ -954,7 +1266,8 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
     ends, everything below nbgrader and everything carrying the token is killed.
 
     ``extra_args`` go to nbgrader's command line (a parallel job's own gradebook and autograded folder);
-    ``on_started(n)`` is called when the log shows that the run has started its ``n``-th notebook.
+    ``on_started(ids)`` is called when the log shows that the run has started another notebook (``ids``: the
+    students started so far, in order).
     """
     from grader.supervise import descendants, kill_tree, processes_with_env, state
 
@@ -985,7 +1298,7 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
                     if n != started:  # the next notebook started: its own deadline
                         started, notebook_until = n, now + per_notebook_s
                         if on_started is not None and n:
-                            on_started(n)
+                            on_started([m.group("id") for m in _STUDENT_LINE.finditer(log)])
                     timeouts = log[log.rfind("Creating/updating student"):].count(_TIMEOUT_LINE)
                     if timeouts >= MAX_CELL_TIMEOUTS:  # nbclient interrupts a silent kernel for ever
                         abnormal = f"{timeouts} cell timeouts: its kernel stopped answering"

@@ -20,8 +20,9 @@ the softmax_stable cell, 17), is graded in one ``course grade`` run with a 20 s 
 file is the nbgrader round-trip test (release, autograde, gradebook, feedback, grades.csv).
 
 The two views must agree exercise by exercise, and the gradebook must hold the checker's scores.
-A second run proves that a notebook that writes to the grading code stops the run with a clear
-message and leaves no scores behind.
+A second run proves that a notebook that writes to the checkout's grading code costs only itself: it
+scores 0 with the note, the other submission is graded as usual, and the run asks for a restore of the
+checkout (tests/test_grading_tamper.py: a change to the checker's copy only).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import nbformat
 import pytest
 from hostile import HOSTILE_KINDS, hostile_code, surviving_daemons
 
-from coursetools.grading import GradingTampered, grade
+from coursetools.grading import TAMPER_NOTE, grade
 from grader.runner import check_notebook
 from grader.supervise import STOPPED_NOTE
 
@@ -502,21 +503,34 @@ def test_feedback_shows_the_checkers_verdict(attacked):
     assert outputs and not any("99/99" in text for text in outputs), outputs
 
 
-def test_writing_to_the_grading_code_stops_the_run(tmp_path, course_copy):
+def test_writing_to_the_checkout_costs_the_tamperer_and_asks_for_a_restore(tmp_path, course_copy):
     course = course_copy(("03",))
     unit = course.unit("03")
     exercise = nbformat.read(ROOT / unit.exercise, as_version=4)
+    correct = _answers(nbformat.read(ROOT / unit.solution, as_version=4))
     target = course.root / "grader" / "checks" / "u03_self_attention.py"
     top = (f"with open({str(target)!r}, 'a') as fh:\n    fh.write('\\n# every check passes now\\n')\n" + GRADEBOOK_EDIT)
     submitted = tmp_path / "class" / "submitted"
-    _write(submitted, "tamperer", unit, _submission(exercise, None, top=top))
+    _write(submitted, "tamperer", unit, _submission(exercise, correct, top=top))
+    _write(submitted, "control", unit, _submission(exercise, correct))
     out = tmp_path / "grading"
-    with pytest.raises(GradingTampered) as err:
-        grade(submitted.parent, out_dir=out, cell_timeout=60, course=course)
-    text = str(err.value)
-    assert "grader/checks/u03_self_attention.py" in text and "tamperer/03_self_attention" in text
-    assert "No scores were written" in text
-    assert not (out / ".grading" / "gradebook.db").exists()
+    report = grade(submitted.parent, out_dir=out, cell_timeout=60, course=course)
+    rows = {r["student"]: r for r in report.rows}
+    assert rows["control"]["score"] == 20 and TAMPER_NOTE not in rows["control"]["notes"], rows["control"]
+    assert rows["tamperer"]["score"] == 0 and TAMPER_NOTE in rows["tamperer"]["notes"], rows["tamperer"]
+    assert "grader/checks/u03_self_attention.py" in rows["tamperer"]["notes"]
+    tampered = [ln for ln in report.tampering if ln.startswith("TAMPERED")]
+    assert len(tampered) == 1 and "tamperer/03_self_attention" in tampered[0], report.tampering
+    restore = [ln for ln in report.tampering if ln.startswith("RESTORE")]
+    assert len(restore) == 1 and "git checkout" in restore[0] and "grader/checks/u03_self_attention.py" in restore[0]
+    db = sqlite3.connect(out / ".grading" / "gradebook.db")
+    scores = dict(db.execute(
+        "SELECT student.id, SUM(grade.auto_score) FROM grade "
+        "JOIN submitted_notebook ON grade.notebook_id = submitted_notebook.id "
+        "JOIN submitted_assignment ON submitted_notebook.assignment_id = submitted_assignment.id "
+        "JOIN student ON submitted_assignment.student_id = student.id GROUP BY student.id").fetchall())
+    db.close()
+    assert scores == {"control": 20, "tamperer": 0}, scores
 
 
 # ------------------------------------------------------------------ the nbgrader round trip (same run)
@@ -551,3 +565,17 @@ def test_feedback_names_the_mutant_and_hides_the_checks(attacked):
     mutant = (out / ".grading" / "feedback" / "mutant" / unit.name / f"{unit.name}.html").read_text()
     # a known mistake is shown by its name, never by its catalogue id
     assert "no_scale: Divide the scores by" in mutant and "B03.no_scale" not in mutant
+
+
+def test_the_class_report_lists_hostile_submissions_as_limits_and_hides_the_checks(attacked):
+    import json
+
+    report, _, out, _ = attacked
+    assert str(report.class_report) == str(out / "report.html"), report.class_report  # written, not crashed
+    page = (out / "report.html").read_text(encoding="utf-8")
+    for leak in ("BEGIN HIDDEN TESTS", "from grader import", "grader/checks", "def check_", "t.compare",
+                 "BEGIN SOLUTION", "B03."):
+        assert leak not in page, f"the class report shows {leak!r}"
+    summary = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert summary["assignments"]["03_self_attention"]["students"] == len(report.rows)
+    assert {"stop_parent_inside", "loop_inside", "crash_correct"} <= {x["student"] for x in summary["limits"]}

@@ -151,10 +151,12 @@ def mutant_source(obj, name: str, available: set[str], solution_code: list[str] 
     return "\n\n\n".join(parts)
 
 
-def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[str, str]:
+def build_class(unit, n: int, dest: Path, seed: int = 0, course=None, planted: dict | None = None) -> dict[str, str]:
     """Write ``n`` submissions of ``unit`` under ``dest/<student>/<assignment>/``; ``{student: kind}``.
 
-    Seeded: the same ``(unit, n, seed)`` gives the same notebooks.
+    Seeded: the same ``(unit, n, seed)`` gives the same notebooks. ``planted``, if given, receives
+    ``{student: [catalogued bug ids planted]}`` for the "wrong" submissions (of two mutants of one answer cell, only
+    the later is in effect: its definitions replace the earlier's).
     """
     import nbformat
 
@@ -170,7 +172,7 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[st
     code = [c.source for c in solution.cells if c.cell_type == "code"]
     available = _bound_names(code)
     load_unit(unit.id)
-    mutants: list[tuple[str, str]] = []  # (answer cell grade id, code appended to it)
+    mutants: list[tuple[str, str, str]] = []  # (answer cell grade id, code appended to it, bug id)
     for e in unit.exercises:
         cell = f"{e.grade_id}_answer"
         if cell not in answers:
@@ -178,7 +180,7 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[st
         for b in BUGS.get(e.id, []):
             parts = [mutant_source(obj, name, available, code) for name, obj in b.impl.items()]  # one per name
             if parts and all(parts):
-                mutants.append((cell, "\n\n".join(parts)))
+                mutants.append((cell, "\n\n".join(parts), b.id))
     stub_cells = [gid for gid in answers]
     kinds = rng.choices(KINDS, WEIGHTS, k=n)
     if n >= len(KINDS):  # every kind at least once
@@ -193,8 +195,12 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None) -> dict[st
             for gid in rng.sample(stub_cells, rng.randint(1, max(1, len(stub_cells) - 1))):
                 filled[gid] = None  # the released stub
         elif kind == "wrong" and mutants:
-            for gid, extra in rng.sample(mutants, min(len(mutants), rng.randint(1, 2))):
+            in_effect: dict[str, str] = {}  # two mutants of one cell: the later definition replaces the earlier
+            for gid, extra, bug_id in rng.sample(mutants, min(len(mutants), rng.randint(1, 2))):
                 filled[gid] = filled[gid] + "\n\n\n" + extra
+                in_effect[gid] = bug_id
+            if planted is not None:
+                planted[student] = sorted(in_effect.values())
         elif kind == "wrong":
             kind = "partly right"
             filled[rng.choice(stub_cells)] = None
