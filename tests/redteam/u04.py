@@ -90,14 +90,17 @@ ANSWERS = [
     Answer("04.mha_forward_sdpa", "dropout_p applied in eval mode", edited(U, "mha_forward_sdpa",
            ("attn_mask=mask)", "attn_mask=mask, dropout_p=mha.dropout.p)")),
            origin="issue 37", says=r"dropout|eval"),
-    Answer("04.mha_forward_sdpa", "is_causal=True instead of the bottom-right mask", edited(U, "mha_forward_sdpa",
-           ("    if mha.causal:\n        causal = mha.causal_mask[t_k - t_q:t_k, :t_k]\n"
-            "        mask = causal if mask is None else causal & mask\n"
-            "    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n",
-            "    if mha.causal and mask is None:\n"
+    Answer("04.mha_forward_sdpa", "is_causal=True when there is no user mask", edited(U, "mha_forward_sdpa",
+           ("    context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n",
+            "    if mha.causal and mask is causal:\n"
             "        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)\n"
             "    else:\n        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)\n")),
-           says=r"is_causal|bottom|align|last"),
+           bug="B04.sdpa_top_left"),
+    Answer("04.mha_forward_sdpa", "attn_mask and is_causal=mha.causal together", edited(U, "mha_forward_sdpa",
+           ("    if mha.causal:\n        causal = mha.causal_mask[t_k - t_q:t_k, :t_k]\n"
+            "        mask = causal if mask is None else causal & mask\n", ""),
+           ("attn_mask=mask)", "attn_mask=mask, is_causal=mha.causal)")),
+           bug="B04.sdpa_mask_and_causal"),
     Answer("04.mha_forward_sdpa", "lazy: calls the module itself, no fused kernel",
            "def mha_forward_sdpa(mha, x_q, x_kv=None, mask=None):\n    return mha(x_q, x_kv, mask)\n",
            says=r"scaled_dot_product_attention"),
