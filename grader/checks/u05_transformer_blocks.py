@@ -206,6 +206,17 @@ def check_layernorm(t):
               "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (√(128/127) = 1.00393)",
               atol=1e-4, rtol=0.0, pick=lambda y: y.std().reshape(1) if isinstance(y, torch.Tensor) else y)
 
+    # each token is normalised on its own: changing token 0 of sequence 0 changes no other token's output
+    x_tok = x.clone()
+    x_tok[0, 0] = x_tok[0, 0] * 3.0 - 2.0
+    y_tok = t.run(run(x_tok, st))
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[0, 0] = False
+    t.expect(isinstance(y_tok, torch.Tensor) and y_tok.shape == x.shape
+             and bool(torch.allclose(y_tok[others], y_eval[others], atol=1e-6)),
+             "changing one token of the input changed the outputs of other tokens: LayerNorm's statistics are each "
+             "token's own (over its features only)", bug="B05.ln_wrong_axis")
+
     # oracle: nn.LayerNorm with the same state_dict, several shapes and scales
     cases = [
         ("a (3, 5, 16) batch", _rand(3, 5, 16, seed=4), 16),
@@ -262,6 +273,10 @@ def check_gelu(t):
                       atol=1e-6, rtol=1e-5)
         t.compare(call(x, approximate), F.gelu(x, approximate=approximate),
                   f"gelu(x, approximate={approximate!r}) in float32 vs F.gelu", atol=1e-5, rtol=1e-5)
+    for other in ("erf", "Tanh", "sigmoid"):
+        got = t.raised(call(x, other))
+        t.expect(got == "ValueError", f"gelu(x, approximate={other!r}) must raise ValueError (only 'none' and "
+                 f"'tanh' are GELUs); got {got}", bug="B05.gelu_no_valueerror")
     exact, approx = t.run(call(x)), t.run(call(x, "tanh"))
     diff = (exact - approx).abs()
     t.expect(abs(diff.max().item() - 4.74e-4) < 5e-6,
@@ -288,6 +303,26 @@ def check_feedforward(t):
     t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters; got {_count(n)}")
 
     ref_cls = t.reference.FeedForward
+    # deterministic in train mode: the FFN has no dropout inside (the block drops its output)
+    torch.manual_seed(6)
+    st_d = _state_dict(ref_cls(8, 32, "relu"))
+    x_d = _rand(4, 6, 8, seed=7)
+
+    def train_twice(impl):
+        mm = impl.FeedForward(8, 32, "relu")
+        unwrap(mm).load_state_dict(st_d)
+        unwrap(mm).train()
+        torch.manual_seed(1)
+        a = mm(x_d)
+        torch.manual_seed(2)
+        return a, mm(x_d)
+
+    a, b = t.run(with_course_parts("FeedForward", train_twice))
+    t.expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+             and bool(torch.allclose(a, b, atol=1e-6)),
+             "FeedForward(8, 32) in train mode gave two different outputs for the same input: something random "
+             "acts inside it, and this FFN has no dropout inside", bug="B05.ffn_inner_dropout")
+
     for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
                                    ("gelu_tanh", lambda z: F.gelu(z, approximate="tanh"))):
         torch.manual_seed(3)
@@ -367,7 +402,17 @@ def _check_block_structure(t, name, want, n_big, args_big, what_big):
     facts = t.run(_structure(name, 16, 4, 32))
     t.expect(facts["is_module"], f"{name} must be an nn.Module subclass")
     got = facts["state_dict"]
-    t.expect(got == want, f"state_dict keys/shapes of {name}(16, 4, 32) must be {want}; got {got}")
+    qkv = {k for k in want if k.endswith((".W_query.bias", ".W_key.bias", ".W_value.bias"))}
+    t.expect(got == want, f"state_dict keys/shapes of {name}(16, 4, 32) must be {want}; got {got}",
+             bug="B05.qkv_bias_ignored" if isinstance(got, dict) and set(want) - set(got) and set(want) - set(got) <= qkv
+             else None)
+    nb = t.run(_structure(name, 16, 4, 32, qkv_bias=False))
+    got_nb = nb.get("state_dict")
+    want_nb = {k: v for k, v in want.items() if k not in qkv}
+    t.expect(got_nb == want_nb, f"{name}(16, 4, 32, qkv_bias=False): the attention layers' query, key and value "
+             f"projections have no bias; state_dict keys {sorted(got_nb) if isinstance(got_nb, dict) else got_nb}",
+             bug="B05.qkv_bias_ignored" if isinstance(got_nb, dict) and set(got_nb) - set(want_nb) and set(got_nb) - set(want_nb) <= qkv
+             else None)
     n = t.run(_param_count(name, *args_big))
     t.expect(n == n_big, f"{name}(512, 8, 2048) must have {n_big:,} parameters ({what_big}); got {_count(n)}")
 

@@ -41,7 +41,7 @@ ANSWERS = [
     Answer("05.FeedForward", "dropout between fc1 and fc2", edited(U, "FeedForward",
            ("        self.fc2 = nn.Linear(d_ff, d_model)\n",
             "        self.fc2 = nn.Linear(d_ff, d_model)\n        self.dropout = nn.Dropout(0.1)\n"),
-           ("        return self.fc2(h)\n", "        return self.fc2(self.dropout(h))\n")), says=r"dropout|train"),
+           ("        return self.fc2(h)\n", "        return self.fc2(self.dropout(h))\n")), bug="B05.ffn_inner_dropout"),
     Answer("05.FeedForward", "'gelu_tanh' computed with the exact GELU", edited(U, "FeedForward",
            ('h = gelu(h, approximate="tanh")', "h = gelu(h)")), says=r"gelu_tanh|tanh"),
     Answer("05.FeedForward", "activation argument ignored (always ReLU)", edited(U, "FeedForward",
@@ -91,4 +91,15 @@ ANSWERS = [
            ("nn.Linear(d_model, vocab_size)", "nn.Linear(d_model, vocab_size, bias=False)")), says=r"bias"),
     Answer("05.ProjectionLayer", "logits divided by sqrt(d_model)", edited(U, "ProjectionLayer",
            ("return self.proj(x)", "return self.proj(x) / math.sqrt(x.shape[-1])")), says=r"logits"),
+]
+
+ANSWERS += [
+    Answer("05.EncoderBlock", "qkv_bias=True hard-coded", edited(U, E,
+           ("MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias)",
+            "MultiHeadAttention(d_model, d_model, num_heads, dropout, True)")), origin="issue 37",
+           bug="B05.qkv_bias_ignored"),
+    Answer("05.DecoderBlock", "qkv_bias=True hard-coded in the cross-attention", edited(U, D,
+           ("self.cross_attn = MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias)",
+            "self.cross_attn = MultiHeadAttention(d_model, d_model, num_heads, dropout, qkv_bias=True)")),
+           bug="B05.qkv_bias_ignored"),
 ]
