@@ -82,8 +82,11 @@ def check_make_masks(t):
               "make_src_mask([[5, 6, 7, 0, 0]]) (expected shape (B, 1, 1, S))")
     src = _padded_ids([6, 3, 1, 5], 30, seed=1)
     t.compare(lambda impl: impl.make_src_mask(src), (src != PAD)[:, None, None, :], "make_src_mask on a (4, 6) batch")
-    t.compare(lambda impl: impl.make_src_mask(src + 1, pad_id=4), (src + 1 != 4)[:, None, None, :],
-              "make_src_mask with pad_id=4")
+    # pad_id: padding is the given id, and 0 is then an ordinary token
+    src_p = torch.where(src == PAD, 3, src)
+    src_p[0, 0] = 0
+    t.compare(lambda impl: impl.make_src_mask(src_p, pad_id=3), (src_p != 3)[:, None, None, :],
+              "make_src_mask with pad_id=3 (id 0 is then an ordinary token)")
 
     out = t.run(lambda impl: impl.make_tgt_mask(F061_TGT))
     t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.bool,
@@ -93,11 +96,16 @@ def check_make_masks(t):
     tgt = _padded_ids([5, 2, 7], 30, seed=2)
     tgt[:, 0] = SOS
     expected = (tgt != PAD)[:, None, None, :] & _causal(tgt.shape[1])
-    out = t.compare(lambda impl: impl.make_tgt_mask(tgt), expected,
-                    "make_tgt_mask on a (3, 7) batch: key padding (B, 1, 1, T) & causal_mask(T)")
-    t.expect(bool(out.any(-1).all()), "every query row of the target mask must keep at least one key (else NaN)")
-    t.compare(lambda impl: impl.make_tgt_mask(tgt + 1, pad_id=1), (tgt + 1 != 1)[:, None, None, :] & _causal(7),
-              "make_tgt_mask with pad_id=1")
+    out = t.run(lambda impl: impl.make_tgt_mask(tgt))
+    t.expect(not isinstance(out, torch.Tensor) or out.shape != expected.shape or bool(out.any(-1).all()),
+             "a query row of the target mask keeps no key at all (a PAD query): its softmax has nothing to normalise "
+             "and gives NaN", bug="B06.tgt_mask_empty_rows")
+    t.compare(lambda impl: impl.make_tgt_mask(tgt), expected,
+              "make_tgt_mask on a (3, 7) batch: key padding (B, 1, 1, T) & causal_mask(T)")
+    tgt_p = torch.where(tgt == PAD, 3, tgt)
+    tgt_p[1, 1] = 0
+    t.compare(lambda impl: impl.make_tgt_mask(tgt_p, pad_id=3), (tgt_p != 3)[:, None, None, :] & _causal(7),
+              "make_tgt_mask with pad_id=3 (id 0 is then an ordinary token)")
 
 
 # ================================================================== 06.make_translation_batch
@@ -227,6 +235,41 @@ def check_transformer(t):
     t.compare(lambda impl: logits(impl, s=wide), base, "logits after appending 4 PAD columns to src (source padding "
               "must be masked in the encoder and in the cross-attention)")
 
+    # pad_id: a model built with pad_id=5 pads with 5 (and 0 is an ordinary token)
+    src5, tgt5 = torch.where(src == PAD, 5, src), torch.where(tgt == PAD, 5, tgt)
+    src5[0, 1], tgt5[0, 2] = 0, 0
+
+    def logits_pad5(impl):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            m = impl.Transformer(V_SRC, V_TGT, **CFG, pad_id=5)
+        unwrap(m).load_state_dict(states[True])
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(src5, tgt5)
+
+    t.compare(logits_pad5, logits_pad5(t.reference), "logits of Transformer(..., pad_id=5) on a batch padded with 5 "
+              "(id 0 is an ordinary token there) vs the reference")
+
+    # dropout: the argument reaches every dropout of the model; with dropout=0 train mode is deterministic
+    def dropout_facts(impl):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            cfg = dict(CFG, dropout=0.3)
+            m = unwrap(impl.Transformer(V_SRC, V_TGT, **cfg))
+        ps = sorted({round(float(d.p), 6) for d in m.modules() if isinstance(d, torch.nn.Dropout)})
+        m0 = _make(impl)
+        unwrap(m0).load_state_dict(states[True])
+        unwrap(m0).train()
+        with torch.no_grad():
+            return ps, m0(src, tgt)
+
+    ps, train0 = t.run(dropout_facts)
+    t.expect(ps == [0.3], f"Transformer(..., dropout=0.3): every dropout of the model must use p=0.3; the model's "
+             f"nn.Dropout probabilities are {ps}", bug="B06.dropout_ignored")
+    t.compare(lambda impl: dropout_facts(impl)[1], ref_logits, "Transformer(..., dropout=0.0) in train mode (no "
+              "dropout anywhere: the same logits as in eval mode)")
+
 
 # ================================================================== 06.greedy_translate
 
@@ -316,15 +359,15 @@ def check_greedy_translate(t):
                                                   "generated after SOS", bug="B06.greedy_includes_sos")
     t.expect(out.shape[0] == src.shape[0] and out.shape[1] <= 20,
              f"expected shape (B={src.shape[0]}, L ≤ max_len=20), got {tuple(out.shape)}")
-    ref = t.reference.greedy_translate(model.eval(), src, 20)
-    t.compare(_greedy(model, src, 20), ref, "greedy translations of six sentences with the shipped tiny model "
-              "(max_len=20)")
     for b in range(out.shape[0]):
         row = out[b].tolist()
         if EOS in row:
             first = row.index(EOS)
             t.expect(all(x == PAD for x in row[first + 1:]), f"row {b} continues after its first EOS at position "
                      f"{first}: {row}", bug="B06.greedy_no_eos_stop")
+    ref = t.reference.greedy_translate(model.eval(), src, 20)
+    t.compare(_greedy(model, src, 20), ref, "greedy translations of six sentences with the shipped tiny model "
+              "(max_len=20)")
     # each emitted token is the argmax given its prefix
     from llmcourse.data.translation import make_src_mask, make_tgt_mask
 
@@ -369,6 +412,26 @@ def check_greedy_translate(t):
     t.compare(_greedy(dm, s2, 10), t.reference.greedy_translate(dm.eval(), s2, 10),
               "greedy translations of a random model with dropout 0.3 (eval mode)")
 
+    # the special ids are the caller's: SOS=5, EOS=6, PAD=7 (a source padded with 7)
+    s7 = torch.where(s2 == PAD, 7, s2)
+    t.compare(lambda impl: impl.greedy_translate(dm.eval(), s7, 10, sos_id=5, eos_id=6, pad_id=7),
+              t.reference.greedy_translate(dm.eval(), s7, 10, sos_id=5, eos_id=6, pad_id=7),
+              "greedy_translate(model, src, 10, sos_id=5, eos_id=6, pad_id=7) on a source padded with 7")
+
+    # the source is encoded once: the encoder stack runs one time per call
+    def encoder_calls(impl):
+        calls = []
+        hook = dm.encoder.register_forward_hook(lambda *a: calls.append(1))
+        try:
+            impl.greedy_translate(dm.eval(), s2, 10)
+        finally:
+            hook.remove()
+        return len(calls)
+
+    n_enc = t.run(encoder_calls)
+    t.expect(n_enc == 1, f"greedy_translate ran the encoder {n_enc} times for one call of 10 steps: the source "
+             "is encoded once, its memory reused at every step", bug="B06.greedy_reencodes")
+
 
 # ================================================================== 06.chrf
 
@@ -400,6 +463,10 @@ def check_chrf(t):
               "chrf must not depend on whitespace in the references", atol=1e-4, rtol=0)
     t.compare(lambda impl: float(impl.chrf(hyp, corpus, n=3, beta=1.0)), t.reference.chrf(hyp, corpus, n=3, beta=1.0),
               "chrf with n=3, beta=1", atol=1e-4, rtol=0)
+    spaced = ["the\tcat\nsat", "a\u00a0dog  barks"]
+    t.expect(abs(t.run(lambda impl: float(impl.chrf(spaced, ["the cat sat", "a dog barks"]))) - 100.0) < 1e-4,
+             "chrf of hypotheses that differ from the references only by tabs, newlines and non-breaking spaces must "
+             "be 100: remove all whitespace, not only spaces", bug="B06.chrf_whitespace")
 
 
 # ================================================================== siblings

@@ -49,15 +49,16 @@ ANSWERS = [
            ("memory = self.encode(src, src_mask)", "memory = self.encode(src, None)")),
            origin="issue 37", says=r"encoder.*(pad|mask)|(pad|mask).*encoder"),
     Answer("06.Transformer", "cross-attention without the source padding mask", edited(U, "Decoder",
-           ("x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=src_mask)", "x = layer(x, memory, tgt_mask=tgt_mask)")),
-           says=r"cross|memory|pad"),
+           ("x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=src_mask)", "x = layer(x, memory, tgt_mask=tgt_mask)"))
+           + solution_def(U, T), bug="B06.memory_mask_missing"),
     Answer("06.Transformer", "norm_first not passed to the blocks", edited(U, "Encoder",
            ("EncoderBlock(d_model, num_heads, d_ff, dropout, norm_first)", "EncoderBlock(d_model, num_heads, d_ff, dropout)"))
            + edited(U, "Decoder", ("DecoderBlock(d_model, num_heads, d_ff, dropout, norm_first)",
-                                   "DecoderBlock(d_model, num_heads, d_ff, dropout)")),
+                                   "DecoderBlock(d_model, num_heads, d_ff, dropout)")) + solution_def(U, T),
            says=r"norm_first|post"),
     Answer("06.Transformer", "decoder's final norm built but never applied", edited(U, "Decoder",
-           ("return self.norm(x) if self.norm is not None else x", "return x")), says=r"norm|decoder"),
+           ("return self.norm(x) if self.norm is not None else x", "return x")) + solution_def(U, T),
+           says=r"norm|decoder"),
     # -- 06.greedy_translate ------------------------------------------------------------------------------------
     Answer("06.greedy_translate", "SOS/EOS/PAD ids hard-coded as 1/2/0", edited(U, "greedy_translate",
            ("src_mask = make_src_mask(src, pad_id)", "src_mask = make_src_mask(src, 0)"),
