@@ -59,6 +59,9 @@ def check_build_compact_vocab(t):
     lists = [GREAT_IDS, BAD_IDS]
     out = t.run(lambda impl: impl.build_compact_vocab(lists))
     t.expect(isinstance(out, dict), f"build_compact_vocab must return a dict {{gpt2_id: new_id}}, got {type(out).__name__}")
+    a, b = t.run(lambda impl: (impl.build_compact_vocab([[9, 5, 5]]), impl.build_compact_vocab([[9, 9, 5]])))
+    t.expect(not (isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b)) or a == b, f"build_compact_vocab([[9, 5, 5]]) gave {a} and build_compact_vocab([[9, 9, 5]]) gave {b}: the "
+             "same ids, counted differently, must get the same new ids", bug="B07.vocab_by_frequency")
     t.compare(lambda impl: impl.build_compact_vocab(lists), F071_VOCAB,
               'vocabulary of "Great phone!" and "Bad battery."')
     # a larger random corpus: values exactly 4 … 4+n−1, in increasing GPT-2-id order
@@ -81,6 +84,9 @@ def check_build_compact_vocab(t):
     for ids in corpus:
         for i in ids:
             counts[i] = counts.get(i, 0) + 1
+    t.compare(lambda impl: impl.build_compact_vocab([[7, 7, 9], [9, 5], [3, 3, 3]], min_freq=2), {3: 4, 7: 5, 9: 6},
+              "build_compact_vocab([[7, 7, 9], [9, 5], [3, 3, 3]], min_freq=2): every occurrence counts, repeats "
+              "inside one list included; an id seen exactly min_freq times is kept")
     for min_freq in (2, 3):
         kept = sorted(i for i, c in counts.items() if c >= min_freq)
         t.compare(lambda impl, m=min_freq: impl.build_compact_vocab(corpus, min_freq=m),
@@ -195,6 +201,12 @@ def check_bert_embeddings(t):
         return probe
 
     with torch.no_grad():
+        full0 = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(4))
+        one = t.run(run(full0[:, :1]))
+        if not (isinstance(one, torch.Tensor) and tuple(one.shape) == (2, 1, D)
+                and bool(torch.allclose(one[:, 0], ref(full0)[:, 0], atol=1e-5))):
+            t.fail("a length-1 input must use position 0 (positions are 0 … L−1): its vector must equal the first "
+                   "vector of a longer input with the same first token", bug=t.diagnose(run(full0[:, :1]), one))
         t.compare(run(ids), ref(ids), "BertEmbeddings(ids) in eval mode with shared weights (segments default 0)")
         t.compare(run(ids, seg), ref(ids, seg), "BertEmbeddings(ids, segment_ids) in eval mode with shared weights")
         full = torch.randint(0, V, (2, L), generator=g)
@@ -258,6 +270,21 @@ def check_encoder_classifier(t):
     n_params = sum(math.prod(got[n]) for n in facts["parameters"] if n in got)
     t.expect(n_params == 64 * 100 + 104_578, f"EncoderClassifier(100) must have 64·V + 104,578 = 110,978 parameters; "
              f"got {n_params:,}")
+
+    def head_and_dropouts(impl):
+        mm = unwrap(impl.EncoderClassifier(100, num_classes=5, dropout=0.3))
+        f = module_facts(mm)
+        layers = getattr(mm, "layers", None)
+        ps = sorted({round(float(d.p), 6) for d in layers.modules() if isinstance(d, torch.nn.Dropout)}) \
+            if isinstance(layers, torch.nn.Module) else None
+        return f.get("state_dict", {}).get("classifier.weight"), ps
+
+    head, ps = t.run(head_and_dropouts)
+    t.expect(head == (5, 64), f"EncoderClassifier(100, num_classes=5): the classifier must give 5 logits, "
+             f"classifier.weight (5, 64); got {head}", bug="B07.num_classes_ignored")
+    t.expect(ps == [0.3], f"EncoderClassifier(100, dropout=0.3): the encoder blocks must drop with p=0.3 too "
+             f"(attention weights and sublayer outputs); their dropout probabilities are {ps}",
+             bug="B07.block_dropout_missing")
 
     def build(pooling, st):
         def make(impl):
@@ -464,3 +491,34 @@ def check_evaluate(t):
               pick=lambda o: torch.as_tensor(o[0]["confusion"]).long())
     r1, _, after = t.run(call("eval"))
     t.expect(_same_numbers(after, left_in_eval), "evaluate must leave a model that was in eval mode in eval mode")
+
+    # the number of classes comes from the model: a 3-class model gets a (3, 3) confusion matrix
+    from llmcourse.models.encoder_classifier import EncoderClassifier
+
+    torch.manual_seed(22)
+    m3 = EncoderClassifier(23, d_model=16, num_heads=2, d_ff=32, n_layers=1, max_len=12, num_classes=3,
+                           dropout=0.0).eval()
+    with torch.no_grad():
+        m3.classifier.bias.copy_(torch.tensor([0.0, 0.0, 3.0]))  # class 2 is predicted
+    loader3 = [(ids, mask, torch.randint(0, 3, (len(ids),), generator=torch.Generator().manual_seed(9)))
+               for ids, mask, _ in loader]
+    with torch.no_grad():
+        logits3 = torch.cat([m3(ids, mask) for ids, mask, _ in loader3])
+    labels3 = torch.cat([y for *_, y in loader3])
+    cm3 = torch.zeros(3, 3, dtype=torch.long)
+    for i, j in zip(labels3.tolist(), logits3.argmax(-1).tolist()):
+        cm3[i, j] += 1
+
+    def three(impl):
+        return impl.evaluate(m3, loader3)["confusion"]
+
+    err = t.raised_error(three)
+    if err is not None and err[0] in ("IndexError", "ValueError", "RuntimeError"):
+        t.fail(f"evaluate on a model with 3 classes (logits (B, 3)) raised {err[0]} ({err[1]}): the confusion matrix "
+               "must have one row and column per class of the model", bug="B07.eval_two_classes")
+    got3 = t.run(three)
+    t.expect(isinstance(got3, torch.Tensor) and tuple(got3.shape) == (3, 3),
+             f"a model with 3 classes (logits (B, 3)) must get a (3, 3) confusion matrix; got "
+             f"{tuple(getattr(got3, 'shape', ())) or type(got3).__name__}", bug="B07.eval_two_classes")
+    t.compare(lambda impl: torch.as_tensor(three(impl)).long(), cm3,
+              "confusion matrix of a 3-class model over the 10 examples")

@@ -10,7 +10,7 @@ ANSWERS = [
     # -- 07.build_compact_vocab ---------------------------------------------------------------------------------
     Answer("07.build_compact_vocab", "ids ordered by frequency", edited(U, "build_compact_vocab",
            ("kept = sorted(i for i, c in counts.items() if c >= min_freq)",
-            "kept = [i for i, c in counts.most_common() if c >= min_freq]")), says=r"order|increasing"),
+            "kept = [i for i, c in counts.most_common() if c >= min_freq]")), bug="B07.vocab_by_frequency"),
     Answer("07.build_compact_vocab", "min_freq compared with >", edited(U, "build_compact_vocab",
            ("c >= min_freq", "c > min_freq")), says=r"min_freq"),
     Answer("07.build_compact_vocab", "new ids from 0 (colliding with the specials)", edited(U, "build_compact_vocab",
