@@ -137,7 +137,8 @@ class _MHABase(nn.Module):
         if self.causal:
             if t_k > self.context_length:
                 raise ValueError("sequence longer than context_length")
-            cm = self.causal_mask[t_k - t_q:t_k, :t_k]
+            cm = self.causal_mask[:t_q, :t_k] if self.variant == "causal_top_left" else \
+                self.causal_mask[t_k - t_q:t_k, :t_k]
             full = cm if mask is None or self.variant == "causal_drops_mask" else cm & mask
         if full is not None:
             if self.variant == "mask_discarded":
@@ -185,6 +186,9 @@ _register_mha("B04.dropout_not_on_weights", "dropout_on_output",
               "values.", "detector")
 _register_mha("B04.mask_discarded", "mask_discarded",
               "masked_fill is not in-place: assign the result or use masked_fill_.", "detector")
+_register_mha("B04.causal_top_left", "causal_top_left",
+              "With fewer queries than keys, the queries are the newest positions: query i sits at position "
+              "T_k − T_q + i.")
 _register_mha("B04.causal_drops_mask", "causal_drops_mask",
               "A causal module still obeys the mask it is given: a key must be allowed by both.")
 _register_mha("B04.last_weights_after_dropout", "last_weights_after_dropout",

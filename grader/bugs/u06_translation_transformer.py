@@ -226,7 +226,8 @@ def _greedy(model, src, max_len, sos_id=1, eos_id=2, pad_id=0, variant=""):
             done = done | (nxt == eos_id)
             if variant != "no_eos_stop" and bool(done.all()):
                 break
-    model.train(was_training)
+    if variant != "mode_not_restored":
+        model.train(was_training)
     return ys if variant == "includes_sos" else ys[:, 1:]
 
 
@@ -242,6 +243,9 @@ bug_group("B06.greedy_no_eos_stop", f"{U}.greedy_translate", "Stop a row at its 
           {"greedy_translate": _greedy_variant("no_eos_stop")})
 bug_group("B06.greedy_includes_sos", f"{U}.greedy_translate", "Return only generated tokens.",
           {"greedy_translate": _greedy_variant("includes_sos")})
+bug_group("B06.greedy_mode_not_restored", f"{U}.greedy_translate",
+          "Decoding must not change the caller's model: leave it in the mode it was in.",
+          {"greedy_translate": _greedy_variant("mode_not_restored")}, detect="detector")
 bug_group("B06.greedy_ids_hard_coded", f"{U}.greedy_translate",
           "Start, stop and pad with the ids the caller passes (`sos_id`, `eos_id`, `pad_id`).",
           {"greedy_translate": _greedy_variant("ids_hard_coded")})

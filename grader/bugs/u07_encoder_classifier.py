@@ -115,6 +115,8 @@ def _embeddings_variant(variant: str):
             if variant == "positions_from_1":
                 positions = (positions + 1) % self.pos.num_embeddings
             x = self.tok(ids) + self.pos(positions) + self.seg(segment_ids)
+            if variant == "dropout_before_norm":
+                return self.norm(self.dropout(x))
             return self.dropout(x if variant == "no_norm" else self.norm(x))
 
     Mutant.__name__ = Mutant.__qualname__ = f"BertEmbeddings_{variant}"
@@ -124,6 +126,9 @@ def _embeddings_variant(variant: str):
 
 bug_group("B07.positions_from_1", f"{U}.BertEmbeddings", "The first token sits at position 0.",
           {"BertEmbeddings": _embeddings_variant("positions_from_1")})
+bug_group("B07.dropout_before_norm", f"{U}.BertEmbeddings",
+          "In BERT's embeddings the dropout is the last step: it acts on what the LayerNorm gives.",
+          {"BertEmbeddings": _embeddings_variant("dropout_before_norm")}, detect="detector")
 bug_group("B07.emb_no_norm", f"{U}.BertEmbeddings",
           "BERT normalises the sum of the three embeddings before anything else sees it.",
           {"BertEmbeddings": _embeddings_variant("no_norm")})

@@ -772,3 +772,51 @@ def check_mha_forward_sdpa(t):
                "pass the combined boolean mask as attn_mask, never is_causal=True", bug=DELEGATES)
     t.fail("mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention (it was never called, "
            "or its output was not used)")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.MultiHeadAttentionWrapper",
+    "multi-head attention as num_heads independent causal heads whose outputs sit side by side: head h owns output "
+    "columns h·head_dim … (h+1)·head_dim − 1 and nothing else",
+    probe="perturbs head 1's W_value inside the learner's module and records which output columns move; compares "
+          "with the reference under shared weights (qkv_bias both ways) and reads each head's dropped weights off "
+          "a train-mode output built from one-hot tokens")
+defining_property(
+    f"{U}.MultiHeadAttention",
+    "one projection per Q/K/V split into heads: head h attends with feature slice h of the projections, scaled by "
+    "1/√head_dim, under a bottom-right causal mask AND the given mask, dropout on the weights only",
+    probe="per-head loop and nn.MultiheadAttention oracles with the learner's module loaded with the same weights "
+          "(square, T_q < T_k, cross-attention, causal + padding masks); future-perturbation and appended-key "
+          "invariance measured on outputs; train-mode weights read off duplicated value channels; last_weights "
+          "recorded in eval and train mode")
+defining_property(
+    f"{U}.mha_from_wrapper",
+    "the split module and the list of heads are the same function: head h of the fused module reads exactly the "
+    "rows of the stacked projections that wrapper.heads[h] owns, and out_proj is the identity",
+    probe="calls the learner's function on a course wrapper rebuilt in the worker (three shapes, qkv_bias both "
+          "ways), returns the fused module's weights, causal buffer and its output on a fresh batch, compared "
+          "with the wrapper's output")
+defining_property(
+    f"{U}.to_torch_mha",
+    "PyTorch's nn.MultiheadAttention is the course module with packed in_proj rows and the opposite mask polarity, "
+    "in train mode as in eval mode",
+    probe="runs the returned nn.MultiheadAttention on shared inputs with the converted masks (eval: outputs and "
+          "averaged weights vs the course module; train: per-head weights judged as dropped weights with p=0.5)")
+defining_property(
+    f"{U}.mha_forward_sdpa",
+    "the fused kernel computes the same attention only when given the combined bottom-right boolean mask, never "
+    "is_causal, and with no dropout in eval mode",
+    probe="the module's own forward is disabled and F.scaled_dot_product_attention marks its output while the "
+          "learner's function runs; outputs compared with mha.forward on five mask/shape cases; two eval-mode calls "
+          "of a p=0.5 module must agree")
+
+decision(f"{U}.mha_from_wrapper", "how the heads' projection weights are assembled into one (d_out, d_in) matrix",
+         forms=[r"row-?wise", r"head 0 first", r"cat\([^)]*\bdim\s*=\s*0\)\s*(for|#)[^\n]{0,40}head"],
+         wrong=("B04.from_wrapper_interleaved",))
+decision(f"{U}.MultiHeadAttention", "which block of the stored causal mask a module with T_q < T_k queries uses",
+         forms=[r"t_k\s*-\s*t_q\s*:\s*t_k", r"diagonal\s*=\s*t_k\s*-\s*t_q", r"causal_mask\[\s*:\s*t_q"],
+         wrong=("B04.causal_top_left",))

@@ -672,3 +672,54 @@ def check_projection(t):
     with torch.no_grad():
         expected = F.linear(x, st["proj.weight"], st["proj.bias"])
     t.compare(probe, expected, "ProjectionLayer(16, 50) logits with shared weights", atol=1e-5, rtol=1e-5)
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.LayerNorm",
+    "each token is normalised by its own statistics over its features (biased variance, eps inside the root), "
+    "identically in train and eval mode, then scaled and shifted",
+    probe="the learner's module, loaded with random weight/bias, against nn.LayerNorm on four shapes and a "
+          "small-variance input where eps matters; changing one token must move no other token's output; train "
+          "and eval outputs compared; F.layer_norm forbidden while it runs")
+defining_property(
+    f"{U}.gelu",
+    "GELU is x·Φ(x), exactly (erf) or by GPT-2's tanh approximation, and nothing else",
+    probe="both forms against F.gelu in float32 and float64 on [−8, 8] and random tensors, F.gelu forbidden; the "
+          "gap between the two forms measured; three other names must raise ValueError")
+defining_property(
+    f"{U}.FeedForward",
+    "a deterministic position-wise map fc2(act(fc1(x))) with the chosen activation",
+    probe="the learner's module with shared weights against F.linear/F.gelu for each activation, in train mode; "
+          "two train-mode calls under different seeds must agree; a permutation of positions must permute the "
+          "outputs")
+defining_property(
+    f"{U}.EncoderBlock",
+    "a residual block: x plus a dropped-out sublayer of the (pre- or post-) normalised stream, the sublayers being "
+    "masked self-attention and the FFN",
+    probe="nn.TransformerEncoderLayer loaded with the block's weights in both norm placements and activations, with "
+          "a padding mask; appended padded positions; train-mode residual dropout read off constant sublayers of "
+          "distinct levels; qkv_bias both ways in the state_dict")
+defining_property(
+    f"{U}.DecoderBlock",
+    "the decoder block listens to the encoder memory through cross-attention (keys/values from memory, source "
+    "padding hidden) after causal self-attention, each sublayer residual with its own dropout",
+    probe="nn.TransformerDecoderLayer oracle in both placements and three T_tgt/T_src shapes; memory perturbed at "
+          "visible and at masked positions; future target perturbation; train-mode residual dropout of three "
+          "sublayers read off constant levels")
+defining_property(
+    f"{U}.ProjectionLayer",
+    "the output layer returns logits (an affine map), leaving the log-softmax to the loss",
+    probe="the learner's module with shared weights against F.linear; row sums of the output and of its exp "
+          "inspected")
+
+decision(f"{U}.LayerNorm", "where eps enters the normalisation",
+         forms=[r"inside the square root", r"inside the root", r"sqrt\(\s*(σ²|σ\^?2|var|variance)\s*\+\s*(eps|ε)",
+                r"\\sqrt\{\s*\\sigma\^2\s*\+\s*\\varepsilon"],
+         wrong=("B05.ln_eps_outside",))
+decision(f"{U}.EncoderBlock", "where residual dropout acts in a sublayer (before the add, on the sublayer's output)",
+         forms=[r"x \+ (self\.)?dropout\(", r"dropout to the output of each sub-?layer"],
+         wrong=("B05.dropout_on_sum", "B05.dropout_missing"))

@@ -405,10 +405,12 @@ def check_greedy_translate(t):
              "repeated calls on a model with dropout 0.3 gave different translations: dropout was active",
              bug="B06.greedy_train_mode")
     t.expect(_same_numbers(results[0][1], left_in_train),
-             "the model was in train mode before greedy_translate and must be again afterwards")
+             "the model was in train mode before greedy_translate and must be again afterwards",
+             bug="B06.greedy_mode_not_restored")
     _, after = t.run(seeded(0, mode="eval"))
     t.expect(_same_numbers(after, left_in_eval),
-             "the model was in eval mode before greedy_translate and must stay in eval mode")
+             "the model was in eval mode before greedy_translate and must stay in eval mode",
+             bug="B06.greedy_mode_not_restored")
     t.compare(_greedy(dm, s2, 10), t.reference.greedy_translate(dm.eval(), s2, 10),
               "greedy translations of a random model with dropout 0.3 (eval mode)")
 
@@ -474,3 +476,47 @@ def check_chrf(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # chrf: the per-order n-gram matches and counts chrf is computed from (the F-score is the rest)
 also_blocked(f"{U}.chrf", "llmcourse.train.metrics:chrf_statistics", "llmcourse.train.metrics:_ngrams")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.make_masks",
+    "the source mask hides padded keys for every head and query; the target mask also hides the future, and "
+    "padding is whatever pad_id says",
+    probe="the learner's masks on fixed and random padded batches, with pad_id=3 where id 0 is a real token; "
+          "shapes, dtypes and every row keeping a key checked on the returned tensors")
+defining_property(
+    f"{U}.make_translation_batch",
+    "teacher forcing: the decoder reads SOS + target and predicts target + EOS, one step ahead, right-padded",
+    probe="the returned tensors for fixed pairs, truncation, non-default special ids, and the shift measured "
+          "between tgt_in and tgt_out")
+defining_property(
+    f"{U}.Transformer",
+    "the encoder–decoder Transformer: source padding hidden in the encoder and in cross-attention, the decoder "
+    "causal, with the pad id and dropout the caller chose",
+    probe="logits of the learner's model loaded with the reference's weights (both norm placements, pad_id=5) and "
+          "decode() against torch.nn.Transformer; future-target and appended-PAD perturbations; the model's dropout "
+          "probabilities and a dropout-0 train-mode pass")
+defining_property(
+    f"{U}.greedy_translate",
+    "greedy decoding: each token the argmax given the source (encoded once) and the prefix, rows ending at the "
+    "caller's EOS, deterministic, the caller's model left as it was",
+    probe="translations of the shipped model and of a random dropout model compared with the reference, each token "
+          "re-derived as the argmax here; encoder forward passes counted by a hook; the mode after the call read "
+          "from a seeded forward pass; non-default special ids")
+defining_property(
+    f"{U}.chrf",
+    "corpus chrF: clipped character n-gram statistics summed over the corpus, whitespace removed, before the "
+    "F-beta of the mean precision and recall",
+    probe="hand-computed fixtures (clipping, empty orders, corpus vs sentence mean, Hindi), whitespace of several "
+          "kinds, n and beta at non-default values")
+
+decision(f"{U}.greedy_translate", "how decoding leaves the caller's model in the mode it found it in",
+         forms=[r"was_training", r"\.train\(\s*(previous|was_training|prev|mode|training|before)\s*\)"],
+         wrong=("B06.greedy_mode_not_restored", "B06.greedy_train_mode"))
+decision(f"{U}.Transformer", "which mask the decoder's cross-attention takes",
+         forms=[r"memory_mask\s*=\s*src_mask"],
+         wrong=("B06.memory_mask_missing",))
