@@ -815,7 +815,7 @@ defining_property(
           "of a p=0.5 module must agree")
 
 decision(f"{U}.mha_from_wrapper", "how the heads' projection weights are assembled into one (d_out, d_in) matrix",
-         forms=[r"row-?wise", r"head 0 first", r"cat\([^)]*\bdim\s*=\s*0\)\s*(for|#)[^\n]{0,40}head"],
+         forms=[r"row-?wise", r"cat\([^)]*\bdim\s*=\s*0\)\s*(for|#)[^\n]{0,40}head"],
          wrong=("B04.from_wrapper_interleaved",))
 decision(f"{U}.MultiHeadAttention", "which block of the stored causal mask a module with T_q < T_k queries uses",
          forms=[r"t_k\s*-\s*t_q\s*:\s*t_k", r"diagonal\s*=\s*t_k\s*-\s*t_q", r"causal_mask\[\s*:\s*t_q"],

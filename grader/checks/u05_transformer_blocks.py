@@ -716,10 +716,9 @@ defining_property(
     probe="the learner's module with shared weights against F.linear; row sums of the output and of its exp "
           "inspected")
 
-decision(f"{U}.LayerNorm", "where eps enters the normalisation",
-         forms=[r"inside the square root", r"inside the root", r"sqrt\(\s*(σ²|σ\^?2|var|variance)\s*\+\s*(eps|ε)",
-                r"\\sqrt\{\s*\\sigma\^2\s*\+\s*\\varepsilon"],
-         wrong=("B05.ln_eps_outside",))
+decision(f"{U}.DecoderBlock", "which of the two masks each attention of the decoder block takes",
+         forms=[r"cross_attn\([^)]*mask\s*=\s*memory_mask", r"self_attn\([^)]*mask\s*=\s*tgt_mask"],
+         wrong=("B05.cross_causal",))
 decision(f"{U}.EncoderBlock", "where residual dropout acts in a sublayer (before the add, on the sublayer's output)",
          forms=[r"x \+ (self\.)?dropout\(", r"dropout to the output of each sub-?layer"],
          wrong=("B05.dropout_on_sum", "B05.dropout_missing"))

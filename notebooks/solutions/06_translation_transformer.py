@@ -166,7 +166,8 @@ print("visible tests passed")
 # - `encode(src, src_mask)`: `pos(src_embed(src))` through the encoder blocks (each gets `src_mask`),
 #   then `encoder.norm` → memory `(B, S, D)`.
 # - `decode(tgt_in, memory, src_mask, tgt_mask)`: `pos(tgt_embed(tgt_in))` through the decoder blocks
-#   (`block(x, memory, tgt_mask=tgt_mask, memory_mask=src_mask)`), then `decoder.norm` → `(B, T, D)`.
+#   (unit 05's `DecoderBlock(x, memory, tgt_mask=..., memory_mask=...)`: which mask goes where is yours to
+#   decide), then `decoder.norm` → `(B, T, D)`.
 # - `forward(src, tgt_in)`: build both masks with your exercise-1 functions and `self.pad_id`, encode,
 #   decode, project → logits `(B, T, tgt_vocab)`.
 #
