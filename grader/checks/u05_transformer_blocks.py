@@ -138,6 +138,46 @@ def _randomised(module, seed):
     return module.eval()
 
 
+# ================================================================== gradients (every module)
+
+
+def _gradient_probe(name, args, kwargs, state, inputs, seed=17):
+    """Probe: gradients of a fixed random projection of ``name(*args, **kwargs)(*inputs)`` (eval mode, ``state``
+    loaded) w.r.t. every floating input and every parameter (``None`` where no gradient arrived)."""
+
+    def probe(impl):
+        m = getattr(impl, name)(*args, **kwargs)
+        if state is not None:
+            unwrap(m).load_state_dict(state)
+            unwrap(m).eval()
+        with torch.enable_grad():
+            xs = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                  for a in inputs]
+            out = m(*xs)
+            w = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(seed))
+            (out * w).sum().backward()
+        params = {n: p.grad for n, p in unwrap(m).named_parameters()} if isinstance(unwrap(m), nn.Module) else {}
+        return [a.grad for a in xs if isinstance(a, torch.Tensor) and a.is_floating_point()], params
+
+    return with_course_parts(name, probe)
+
+
+def _check_gradients(t, name, args, kwargs, state, inputs, what):
+    """Backpropagation must reach the inputs and every parameter the reference's reaches, with the reference's
+    input gradients (a detached intermediate cuts training off without changing one output value).
+    Tolerance: the gradients are sums of O(1) float32 products over at most a few hundred terms (atol 1e-4)."""
+    probe = _gradient_probe(name, args, kwargs, state, inputs)
+    ref_inputs, ref_params = probe(t.reference)
+    got_inputs, got_params = t.run(probe)
+    reached = {n for n, g in ref_params.items() if g is not None and bool(g.abs().sum() > 0)}
+    cut = sorted(n for n in reached if not isinstance(got_params.get(n), torch.Tensor)
+                 or not bool(got_params[n].abs().sum() > 0))
+    t.expect(not cut, f"{what}: after backward() no gradient reached {cut[:6]}: something on the way from these "
+             "parameters to the output is detached (or not computed from them), so training would never change them")
+    t.compare(probe, ref_inputs, f"{what}: gradient of a random projection of the output w.r.t. the input(s)",
+              atol=1e-4, rtol=1e-4, pick=lambda o: o[0])
+
+
 # ================================================================== 05.LayerNorm
 
 F051_STD = math.sqrt(128 / 127)  # 1.00393
@@ -239,6 +279,8 @@ def check_layernorm(t):
         expected = oracle(xx)
     t.compare(run(xx, None, 16, eps=1e-3), expected, "LayerNorm(16, eps=1e-3) vs nn.LayerNorm(16, eps=1e-3)",
               atol=1e-6, rtol=1e-5)
+    _check_gradients(t, "LayerNorm", (16,), {}, st, [_rand(3, 5, 16, seed=9) * 2 + 1],
+                     "LayerNorm(16) with random weight/bias")
     # the state_dict loads into nn.LayerNorm (interchangeable keys); sd is the fresh module's, returned above
     try:
         nn.LayerNorm(16).load_state_dict(sd)
@@ -273,6 +315,20 @@ def check_gelu(t):
                       atol=1e-6, rtol=1e-5)
         t.compare(call(x, approximate), F.gelu(x, approximate=approximate),
                   f"gelu(x, approximate={approximate!r}) in float32 vs F.gelu", atol=1e-5, rtol=1e-5)
+    for approximate in ("none", "tanh"):
+        xg = torch.linspace(-6, 6, 241, dtype=torch.float64)
+        xr = xg.clone().requires_grad_(True)
+        F.gelu(xr, approximate=approximate).sum().backward()
+
+        def grad_probe(impl, approximate=approximate, xg=xg):
+            with torch.enable_grad():
+                xx = xg.clone().requires_grad_(True)
+                with forbid((F, "gelu"), reason="write GELU with torch.erf / torch.tanh."):
+                    impl.gelu(xx, approximate=approximate).sum().backward()
+            return xx.grad
+
+        t.compare(grad_probe, xr.grad, f"d gelu(x, approximate={approximate!r}) / dx on [−6, 6] (float64) vs "
+                  "F.gelu's gradient (the function must stay differentiable: nothing detached)", atol=1e-6, rtol=1e-5)
     for other in ("erf", "Tanh", "sigmoid"):
         got = t.raised(call(x, other))
         t.expect(got == "ValueError", f"gelu(x, approximate={other!r}) must raise ValueError (only 'none' and "
@@ -341,6 +397,14 @@ def check_feedforward(t):
 
         t.compare(with_course_parts("FeedForward", probe), expected, f"FeedForward(8, 32, activation={activation!r}) "
                   "on a (3, 5, 8) batch (shared weights, train mode)", atol=1e-5, rtol=1e-5)
+
+    for activation in ("relu", "gelu_tanh"):
+        torch.manual_seed(8)
+        _check_gradients(t, "FeedForward", (8, 32, activation), {}, _state_dict(ref_cls(8, 32, activation)),
+                         [_rand(3, 5, 8, seed=10)], f"FeedForward(8, 32, activation={activation!r})")
+    got = t.raised(with_course_parts("FeedForward", lambda impl: impl.FeedForward(8, 32, "swish")))
+    t.expect(got == "ValueError", f"FeedForward(8, 32, activation='swish') must raise ValueError (the activations "
+             f"are 'relu', 'gelu' and 'gelu_tanh'); got {got}")
 
     # position-wise: permuting positions permutes outputs the same way
     torch.manual_seed(5)
@@ -553,6 +617,11 @@ def check_encoder_block(t):
 
     t.compare(with_course_parts("EncoderBlock", with_dropout), base, "EncoderBlock(dropout=0.5) in eval mode must "
               "equal the same block without dropout", atol=1e-5, rtol=1e-5)
+    for norm_first in (True, False):
+        torch.manual_seed(15)
+        _check_gradients(t, "EncoderBlock", (16, 4, 32), {"dropout": 0.0, "norm_first": norm_first},
+                         _state_dict(_randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first), 25)),
+                         [x, mask], f"EncoderBlock(16, 4, 32, norm_first={norm_first}) with a padding mask")
     _residual_dropout(t, "EncoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"), ("ffn.fc2", "feed-forward")],
                       (None,))
 
@@ -633,6 +702,11 @@ def check_decoder_block(t):
                                "source padding memory_mask")
 
     # train mode: residual dropout on all three sublayers, attention-weight dropout with the block's p
+    for norm_first in (True, False):
+        torch.manual_seed(16)
+        _check_gradients(t, "DecoderBlock", (16, 4, 32), {"dropout": 0.0, "norm_first": norm_first},
+                         _state_dict(_randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first), 26)),
+                         [tgt, mem, cm, mm], f"DecoderBlock(16, 4, 32, norm_first={norm_first}) (target and memory)")
     _residual_dropout(t, "DecoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"),
                                                     ("cross_attn.out_proj", "cross-attention"), ("ffn.fc2", "feed-forward")],
                       (_rand(8, 5, 16, seed=32), causal_mask(6), None))
@@ -672,6 +746,7 @@ def check_projection(t):
     with torch.no_grad():
         expected = F.linear(x, st["proj.weight"], st["proj.bias"])
     t.compare(probe, expected, "ProjectionLayer(16, 50) logits with shared weights", atol=1e-5, rtol=1e-5)
+    _check_gradients(t, "ProjectionLayer", (16, 50), {}, st, [x], "ProjectionLayer(16, 50)")
 
 
 # ================================================================== grading strength (grader/strength.py)
@@ -720,5 +795,6 @@ decision(f"{U}.DecoderBlock", "which of the two masks each attention of the deco
          forms=[r"cross_attn\([^)]*mask\s*=\s*memory_mask", r"self_attn\([^)]*mask\s*=\s*tgt_mask"],
          wrong=("B05.cross_causal",))
 decision(f"{U}.EncoderBlock", "where residual dropout acts in a sublayer (before the add, on the sublayer's output)",
-         forms=[r"x \+ (self\.)?dropout\(", r"dropout to the output of each sub-?layer"],
+         forms=[r"x \+ (self\.)?dropout\(", r"dropout to the output of each sub-?layer",
+                r"\\mathrm\{dropout\}\(f\b", r"dropout to the (FFN's|sublayer's) output"],
          wrong=("B05.dropout_on_sum", "B05.dropout_missing"))

@@ -445,8 +445,8 @@ print("permuting positions permutes the outputs: the FFN is position-wise")
 # Where the regularising dropout of the FFN sublayer goes is a design choice. PyTorch's own
 # `nn.TransformerEncoderLayer` (its `_ff_block`), the Annotated Transformer and tensor2tensor put a
 # dropout **between** `fc1` and `fc2` as well as the residual dropout after the sublayer; GPT-2 and this
-# course leave the inner one out: the FFN itself is deterministic and the block applies one residual
-# dropout to its output. The cell below measures both: PyTorch's FFN path is random in `train()`, the
+# course leave the inner one out: the FFN itself is deterministic and the block's residual dropout
+# does the regularising. The cell below measures both: PyTorch's FFN path is random in `train()`, the
 # course's is not. Exercise 3's contract is the course's design.
 
 # %%
@@ -498,8 +498,7 @@ self_check_ffn(FFNFixed)
 
 # %% jupyter={"source_hidden": true}
 # Reference (collapsed; the FFN is exercise 3, so here in words): no dropout between the two linear layers;
-# the block applies one dropout to the sublayer's output before the residual add. The library's
-# FeedForward passes the same self-check:
+# the block's residual dropout does the regularising. The library's FeedForward passes the same self-check:
 assert self_check_ffn(FeedForward)
 
 # %% [markdown]
@@ -510,8 +509,8 @@ assert self_check_ffn(FeedForward)
 #
 # | | formula | used by |
 # |---|---|---|
-# | **post-LN** | $x \leftarrow \mathrm{LN}(x + \mathrm{dropout}(f(x)))$ | the 2017 Transformer, BERT |
-# | **pre-LN** | $x \leftarrow x + \mathrm{dropout}(f(\mathrm{LN}(x)))$ | GPT-2 and nearly every model since |
+# | **post-LN** | $x \leftarrow \mathrm{LN}(x + f(x))$ | the 2017 Transformer, BERT |
+# | **pre-LN** | $x \leftarrow x + f(\mathrm{LN}(x))$ | GPT-2 and nearly every model since |
 #
 # In post-LN the residual stream is renormalised after every sublayer, so it never grows, but every
 # gradient on its way back to the first layers passes through all the norms. At initialisation the

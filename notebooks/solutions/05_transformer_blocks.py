@@ -136,7 +136,8 @@ print("visible tests passed")
 #
 # Two linear layers with biases, `fc1 = nn.Linear(d_model, d_ff)` and `fc2 = nn.Linear(d_ff, d_model)`,
 # with the activation in between: `"relu"` is `torch.relu`, `"gelu"` your exact `gelu`, `"gelu_tanh"`
-# your `gelu(·, "tanh")`. **No dropout inside** (a block applies dropout to the FFN's output).
+# your `gelu(·, "tanh")`; any other name raises `ValueError`. **No dropout inside** (the block that uses it does
+# the regularising).
 # `state_dict` keys: `fc1.weight (d_ff, d_model)`, `fc1.bias`, `fc2.weight (d_model, d_ff)`, `fc2.bias`.
 
 # %% tags=["solution:05.FeedForward"]
