@@ -398,7 +398,7 @@ def check_feedforward(t):
         t.compare(with_course_parts("FeedForward", probe), expected, f"FeedForward(8, 32, activation={activation!r}) "
                   "on a (3, 5, 8) batch (shared weights, train mode)", atol=1e-5, rtol=1e-5)
 
-    for activation in ("relu", "gelu_tanh"):
+    for activation in ("relu", "gelu", "gelu_tanh"):
         torch.manual_seed(8)
         _check_gradients(t, "FeedForward", (8, 32, activation), {}, _state_dict(ref_cls(8, 32, activation)),
                          [_rand(3, 5, 8, seed=10)], f"FeedForward(8, 32, activation={activation!r})")
