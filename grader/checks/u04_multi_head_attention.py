@@ -26,6 +26,7 @@ from torch import nn
 
 from ..core import CheckFailure, check, module_facts, run_learner, unwrap
 from ..dropout import weight_dropout_problem
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "04"
 T = torch.tensor
@@ -262,6 +263,10 @@ def check_wrapper(t):
 
     t.compare(shared, ref(xb), "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True) on a (3, 7, 6) batch "
               "(shared weights)", atol=1e-5)
+    check_gradients(t, gradient_probe(lambda impl: _load(impl.MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3,
+                                                                                       qkv_bias=True), st,
+                                                         "MultiHeadAttentionWrapper"), [xb]),
+                    "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True)")
 
     # train mode: the heads drop their attention weights with the wrapper's p (tokens x_j = e_j,
     # each head's W_value = [I; I], so each head's 12 columns are twice its dropout(weights))
@@ -392,6 +397,26 @@ def check_mha(t):
     long_ = t.run(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, extra, mask=keep10))
     t.expect(bool(torch.allclose(short, long_, atol=1e-5)),
              "appending 3 keys that the mask blocks changed the output: masked keys must get weight exactly 0")
+
+    # store_weights is off by default: a fresh module stores nothing, before and after a forward pass
+    def fresh_weights(impl):
+        mm = _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)
+        before = getattr(unwrap(mm), "last_weights", "missing")
+        mm(x)
+        return before, getattr(unwrap(mm), "last_weights", "missing"), getattr(unwrap(mm), "store_weights", "missing")
+
+    before, after, flag = t.run(fresh_weights)
+    t.expect(before is None and after is None and flag is False,
+             "a new MultiHeadAttention has store_weights = False and last_weights = None, and keeps last_weights None "
+             f"through a forward pass until store_weights is switched on; got store_weights={flag!r}, last_weights "
+             f"{'None' if before is None else 'set' if before != 'missing' else 'missing'} before and "
+             f"{'None' if after is None else 'set' if after != 'missing' else 'missing'} after a forward pass")
+
+    # backpropagation reaches every projection and the inputs (causal with a mask; cross-attention)
+    check_gradients(t, gradient_probe(_make(st_c, 8, 8, 2, causal=True, context_length=10), [x, None, keep6]),
+                    "causal MultiHeadAttention(8, 8, 2) with a key-padding mask")
+    check_gradients(t, gradient_probe(_make(st_x, 6, 8, 4, d_kv=5), [xq, xkv]),
+                    "cross-attention MultiHeadAttention(6, 8, 4, d_kv=5)")
 
     # last_weights with store_weights
     def weights(impl):
@@ -743,6 +768,26 @@ def check_mha_forward_sdpa(t):
                 return impl.mha_forward_sdpa(mha, xq_, xkv_, mask)
 
         t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
+
+    # backpropagation through mha_forward_sdpa reaches the module's projections and the inputs
+    spec_g = _spec(ref_c)
+
+    def sdpa_module(impl, spec=spec_g):
+        mha = _course_mha(spec)
+
+        class Call(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mha = mha
+
+            def forward(self, xq_, mask_):
+                with _no_module_forward():
+                    return impl.mha_forward_sdpa(self.mha, xq_, None, mask_)
+
+        return Call()
+
+    check_gradients(t, gradient_probe(sdpa_module, [x, keep]), "mha_forward_sdpa on a causal module with a "
+                    "key-padding mask")
 
     # the attention must come from F.scaled_dot_product_attention, called with attn_mask only: its output
     # carries a mark here, and a different one for is_causal=True. Square causal self-attention without a

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import _same, check, forbid, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "05"
 T = torch.tensor
@@ -141,41 +142,16 @@ def _randomised(module, seed):
 # ================================================================== gradients (every module)
 
 
-def _gradient_probe(name, args, kwargs, state, inputs, seed=17):
-    """Probe: gradients of a fixed random projection of ``name(*args, **kwargs)(*inputs)`` (eval mode, ``state``
-    loaded) w.r.t. every floating input and every parameter (``None`` where no gradient arrived)."""
-
-    def probe(impl):
-        m = getattr(impl, name)(*args, **kwargs)
-        if state is not None:
-            unwrap(m).load_state_dict(state)
-            unwrap(m).eval()
-        with torch.enable_grad():
-            xs = [a.clone().requires_grad_(True) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                  for a in inputs]
-            out = m(*xs)
-            w = torch.randn(tuple(out.shape), generator=torch.Generator().manual_seed(seed))
-            (out * w).sum().backward()
-        params = {n: p.grad for n, p in unwrap(m).named_parameters()} if isinstance(unwrap(m), nn.Module) else {}
-        return [a.grad for a in xs if isinstance(a, torch.Tensor) and a.is_floating_point()], params
-
-    return with_course_parts(name, probe)
-
-
 def _check_gradients(t, name, args, kwargs, state, inputs, what):
-    """Backpropagation must reach the inputs and every parameter the reference's reaches, with the reference's
-    input gradients (a detached intermediate cuts training off without changing one output value).
-    Tolerance: the gradients are sums of O(1) float32 products over at most a few hundred terms (atol 1e-4)."""
-    probe = _gradient_probe(name, args, kwargs, state, inputs)
-    ref_inputs, ref_params = probe(t.reference)
-    got_inputs, got_params = t.run(probe)
-    reached = {n for n, g in ref_params.items() if g is not None and bool(g.abs().sum() > 0)}
-    cut = sorted(n for n in reached if not isinstance(got_params.get(n), torch.Tensor)
-                 or not bool(got_params[n].abs().sum() > 0))
-    t.expect(not cut, f"{what}: after backward() no gradient reached {cut[:6]}: something on the way from these "
-             "parameters to the output is detached (or not computed from them), so training would never change them")
-    t.compare(probe, ref_inputs, f"{what}: gradient of a random projection of the output w.r.t. the input(s)",
-              atol=1e-4, rtol=1e-4, pick=lambda o: o[0])
+    """Backpropagation reaches the inputs and every parameter (``name(*args, **kwargs)``, ``state`` loaded, eval)."""
+
+    def build(impl):
+        m = getattr(impl, name)(*args, **kwargs)
+        unwrap(m).load_state_dict(state)
+        unwrap(m).eval()
+        return m
+
+    check_gradients(t, gradient_probe(build, inputs, wrap=lambda p: with_course_parts(name, p)), what)
 
 
 # ================================================================== 05.LayerNorm
