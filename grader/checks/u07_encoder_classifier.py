@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import check, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "07"
 T = torch.tensor
@@ -284,6 +285,9 @@ def check_encoder_classifier(t):
             if isinstance(layers, torch.nn.Module) else None
         return f.get("state_dict", {}).get("classifier.weight"), ps
 
+    n3 = t.run(lambda impl: sum(1 for k in module_facts(impl.EncoderClassifier(100, n_layers=3))["state_dict"]
+                                if k.startswith("layers.") and k.endswith(".norm1.weight")))
+    t.expect(n3 == 3, f"EncoderClassifier(100, n_layers=3) must hold 3 encoder blocks; its state_dict has {n3}")
     head, ps = t.run(head_and_dropouts)
     t.expect(head == (5, 64), f"EncoderClassifier(100, num_classes=5): the classifier must give 5 logits, "
              f"classifier.weight (5, 64); got {head}", bug="B07.num_classes_ignored")
@@ -348,6 +352,13 @@ def check_encoder_classifier(t):
             expected = ref(ids, mask)
         t.compare(logits(pooling, st, ids, mask), expected,
                   f'logits for a right-padded batch (lengths 9, 5, 3), pooling="{pooling}", shared weights')
+
+    # backpropagation reaches every parameter (both poolings)
+    for pooling in ("cls", "mean"):
+        _, st_g = _classifier_state(pooling)
+        ids_g, mask_g = _batch([9, 5, 3], 9, seed=6)
+        check_gradients(t, gradient_probe(build(pooling, st_g), [ids_g, mask_g]),
+                        f'EncoderClassifier(pooling="{pooling}") on a padded batch')
 
     # dropout: train mode is random, eval mode is deterministic
     ref, st = _classifier_state("cls")
