@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 from ..runner import also_blocked
 
 U = "06"
@@ -251,6 +252,36 @@ def check_transformer(t):
     t.compare(logits_pad5, logits_pad5(t.reference), "logits of Transformer(..., pad_id=5) on a batch padded with 5 "
               "(id 0 is an ordinary token there) vs the reference")
 
+    # every size argument at a non-default value: 2 heads, 3 encoder and 1 decoder blocks, max_len 40
+    other = dict(CFG, num_heads=2, n_enc=3, n_dec=1, max_len=40)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        ref_other = Ref(V_SRC, V_TGT, **other).eval()
+    st_other = {k: v.clone() for k, v in ref_other.state_dict().items()}
+    facts_other = t.run(lambda impl: module_facts(impl.Transformer(V_SRC, V_TGT, **other)))
+    t.expect(facts_other.get("buffers") == module_facts(ref_other)["buffers"]
+             and facts_other.get("state_dict") == module_facts(ref_other)["state_dict"],
+             "Transformer(..., num_heads=2, n_enc=3, n_dec=1, max_len=40): the state_dict and buffers must follow "
+             f"these arguments (n_enc, n_dec blocks; a positional table of max_len rows); got state_dict keys "
+             f"{len(facts_other.get('state_dict') or {})} (expected {len(st_other)}) and buffers "
+             f"{facts_other.get('buffers')}")
+
+    def logits_other(impl):
+        m = impl.Transformer(V_SRC, V_TGT, **other)
+        unwrap(m).load_state_dict(st_other)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(src, tgt)
+
+    with torch.no_grad():
+        expected_other = ref_other(src, tgt)
+    t.compare(logits_other, expected_other, "logits of Transformer(..., num_heads=2, n_enc=3, n_dec=1, max_len=40) "
+              "with the same weights")
+
+    # backpropagation reaches every parameter (embeddings, both stacks, the projection)
+    check_gradients(t, gradient_probe(lambda impl: _build(impl, states[True]), [src, tgt]),
+                    "Transformer forward(src, tgt_in)")
+
     # dropout: the argument reaches every dropout of the model; with dropout=0 train mode is deterministic
     def dropout_facts(impl):
         with torch.random.fork_rng():
@@ -414,11 +445,18 @@ def check_greedy_translate(t):
     t.compare(_greedy(dm, s2, 10), t.reference.greedy_translate(dm.eval(), s2, 10),
               "greedy translations of a random model with dropout 0.3 (eval mode)")
 
-    # the special ids are the caller's: SOS=5, EOS=6, PAD=7 (a source padded with 7)
+    # the special ids are the caller's: SOS=5, EOS=6, PAD=7 (a source padded with 7); the model is biased
+    # towards 6 and, less, towards 2 so that rows end, some of them after a 2 that is no EOS here
+    import copy
+
+    dm6 = copy.deepcopy(dm).eval()
+    with torch.no_grad():
+        dm6.projection.proj.bias[6] += 1.2
+        dm6.projection.proj.bias[2] += 1.0
     s7 = torch.where(s2 == PAD, 7, s2)
-    t.compare(lambda impl: impl.greedy_translate(dm.eval(), s7, 10, sos_id=5, eos_id=6, pad_id=7),
-              t.reference.greedy_translate(dm.eval(), s7, 10, sos_id=5, eos_id=6, pad_id=7),
-              "greedy_translate(model, src, 10, sos_id=5, eos_id=6, pad_id=7) on a source padded with 7")
+    t.compare(lambda impl: impl.greedy_translate(dm6.eval(), s7, 12, sos_id=5, eos_id=6, pad_id=7),
+              t.reference.greedy_translate(dm6.eval(), s7, 12, sos_id=5, eos_id=6, pad_id=7),
+              "greedy_translate(model, src, 12, sos_id=5, eos_id=6, pad_id=7) on a source padded with 7")
 
     # the source is encoded once: the encoder stack runs one time per call
     def encoder_calls(impl):
@@ -465,6 +503,11 @@ def check_chrf(t):
               "chrf must not depend on whitespace in the references", atol=1e-4, rtol=0)
     t.compare(lambda impl: float(impl.chrf(hyp, corpus, n=3, beta=1.0)), t.reference.chrf(hyp, corpus, n=3, beta=1.0),
               "chrf with n=3, beta=1", atol=1e-4, rtol=0)
+    # strings shorter than n: orders with k-grams on one side only count as 0, orders with none are skipped
+    for hyps, refs in ((["ab"], ["abcdefgh"]), (["abcdefgh"], ["ab"]), (["ab", "xyz"], ["abc", "xy"]),
+                       ([""], [""]), (["", "a"], ["", "a"])):
+        t.compare(lambda impl, h=hyps, r=refs: float(impl.chrf(h, r)), t.reference.chrf(hyps, refs),
+                  f"chrf({hyps}, {refs}) (strings shorter than n)", atol=1e-4, rtol=0)
     spaced = ["the\tcat\nsat", "a\u00a0dog  barks"]
     t.expect(abs(t.run(lambda impl: float(impl.chrf(spaced, ["the cat sat", "a dog barks"]))) - 100.0) < 1e-4,
              "chrf of hypotheses that differ from the references only by tabs, newlines and non-breaking spaces must "

@@ -340,7 +340,8 @@ print("visible tests passed")
 #    hypothesis k-grams and the number of reference k-grams.
 # 3. Skip orders where both counts are 0. Otherwise `P_k = matches / hyp_count` (0 if no hypothesis
 #    k-grams) and `R_k = matches / ref_count` (0 if none).
-# 4. `P`, `R` = the means of the `P_k` and `R_k`; `chrF = 100·(1+β²)·P·R / (β²·P + R)` (0 if `P + R = 0`).
+# 4. `P`, `R` = the means of the `P_k` and `R_k`; `chrF = 100·(1+β²)·P·R / (β²·P + R)` (0 if `P + R = 0`, and
+#    0 when every order was skipped: empty strings).
 #
 # Sum the statistics over the corpus **before** dividing; averaging sentence scores gives a different number.
 #
