@@ -73,6 +73,25 @@ class WrapperNoDropout(nn.Module):
 bug("B04.wrapper_dropout_missing", f"{U}.MultiHeadAttentionWrapper", "Pass `dropout` on to every head.",
     detect="detector", name="MultiHeadAttentionWrapper")(WrapperNoDropout)
 
+
+class WrapperNoBias(nn.Module):
+    """The heads are built without the wrapper's qkv_bias (always without biases)."""
+
+    def __init__(self, d_in, head_dim, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        from llmcourse.nn import CausalSelfAttention
+
+        self.heads = nn.ModuleList([CausalSelfAttention(d_in, head_dim, context_length, dropout)
+                                    for _ in range(num_heads)])
+
+    def forward(self, x):
+        return torch.cat([h(x) for h in self.heads], dim=-1)
+
+
+bug("B04.wrapper_qkv_bias_ignored", f"{U}.MultiHeadAttentionWrapper",
+    "Every argument of the constructor reaches the heads: `qkv_bias` decides whether their projections have biases.",
+    detect="detector", name="MultiHeadAttentionWrapper")(WrapperNoBias)
+
 # ---------------------------------------------------------------- MultiHeadAttention
 
 
@@ -118,16 +137,21 @@ class _MHABase(nn.Module):
         if self.causal:
             if t_k > self.context_length:
                 raise ValueError("sequence longer than context_length")
-            cm = self.causal_mask[t_k - t_q:t_k, :t_k]
-            full = cm if mask is None else cm & mask
+            cm = self.causal_mask[:t_q, :t_k] if self.variant == "causal_top_left" else \
+                self.causal_mask[t_k - t_q:t_k, :t_k]
+            full = cm if mask is None or self.variant == "causal_drops_mask" else cm & mask
         if full is not None:
             if self.variant == "mask_discarded":
                 scores.masked_fill(~full, float("-inf"))  # result thrown away: no mask at all
             else:
                 scores = scores.masked_fill(~full, float("-inf"))
         weights = torch.softmax(scores, dim=-1)
+        if self.variant == "last_weights_after_dropout":
+            weights = self.dropout(weights)
         if self.store_weights:
             self.last_weights = weights.detach()
+        if self.variant == "last_weights_after_dropout":
+            return self.out_proj((weights @ v).transpose(1, 2).contiguous().view(b, t_q, self.d_out))
         used = weights if self.variant in {"dropout_missing", "dropout_on_output"} else self.dropout(weights)
         context = used @ v
         if self.variant == "merge_no_transpose":
@@ -162,6 +186,48 @@ _register_mha("B04.dropout_not_on_weights", "dropout_on_output",
               "values.", "detector")
 _register_mha("B04.mask_discarded", "mask_discarded",
               "masked_fill is not in-place: assign the result or use masked_fill_.", "detector")
+_register_mha("B04.causal_top_left", "causal_top_left",
+              "With fewer queries than keys, the queries are the newest positions: query i sits at position "
+              "T_k − T_q + i.")
+_register_mha("B04.causal_drops_mask", "causal_drops_mask",
+              "A causal module still obeys the mask it is given: a key must be allowed by both.")
+_register_mha("B04.last_weights_after_dropout", "last_weights_after_dropout",
+              "last_weights is what the heads' softmax produced, a distribution per query, whatever the mode.",
+              "detector")
+
+# ---------------------------------------------------------------- mha_from_wrapper
+
+
+def _from_wrapper_variant(wrapper, variant):
+    heads = wrapper.heads
+    first = heads[0]
+    d_in, head_dim = first.W_query.in_features, first.W_query.out_features
+    qkv_bias = first.W_query.bias is not None
+    d_out = head_dim * len(heads)
+    mha = _ref().MultiHeadAttention(d_in, d_out, len(heads), dropout=first.dropout.p, qkv_bias=qkv_bias,
+                                    causal=variant != "not_causal", context_length=first.context_length)
+
+    def stack(ts):
+        if variant == "interleaved":  # row r of head h lands at row r·H + h
+            return torch.stack(ts, dim=1).reshape(-1, *ts[0].shape[1:])
+        return torch.cat(ts, dim=0)
+
+    with torch.no_grad():
+        for name in ("W_query", "W_key", "W_value"):
+            getattr(mha, name).weight.copy_(stack([getattr(h, name).weight for h in heads]))
+            if qkv_bias:
+                getattr(mha, name).bias.copy_(stack([getattr(h, name).bias for h in heads]))
+        mha.out_proj.weight.copy_(torch.eye(d_out))
+        mha.out_proj.bias.zero_()
+    return mha
+
+
+bug_group("B04.from_wrapper_interleaved", f"{U}.mha_from_wrapper",
+          "Head h of the fused module reads one contiguous block of head_dim projected features; which rows of "
+          "the big weight produce them?", {"mha_from_wrapper": lambda w: _from_wrapper_variant(w, "interleaved")})
+bug_group("B04.from_wrapper_not_causal", f"{U}.mha_from_wrapper",
+          "Every head of the wrapper is causal: the fused module must be too (with the heads' context_length).",
+          {"mha_from_wrapper": lambda w: _from_wrapper_variant(w, "not_causal")}, detect="detector")
 
 # ---------------------------------------------------------------- to_torch_mha
 
@@ -182,7 +248,19 @@ def _to_torch_mha_kqv(mha):
 bug_group("B04.torch_mask_polarity", f"{U}.to_torch_mha",
           "There, True means **blocked**: invert the mask.", {"to_torch_attn_mask": _mask_unchanged})
 bug_group("B04.in_proj_order", f"{U}.to_torch_mha",
-          "nn.MultiheadAttention packs the rows as query, key, value.", {"to_torch_mha": _to_torch_mha_kqv})
+          "Read nn.MultiheadAttention's forward: which third of in_proj_weight projects the query, the key, "
+          "the value?", {"to_torch_mha": _to_torch_mha_kqv})
+
+
+def _to_torch_mha_no_dropout(mha):
+    tm = _ref().to_torch_mha(mha)
+    tm.dropout = 0.0
+    return tm
+
+
+bug_group("B04.torch_mha_dropout_missing", f"{U}.to_torch_mha",
+          "The copy must behave like the course module in train mode too: give nn.MultiheadAttention the "
+          "module's dropout probability.", {"to_torch_mha": _to_torch_mha_no_dropout}, detect="detector")
 
 # ---------------------------------------------------------------- mha_forward_sdpa
 
@@ -217,6 +295,35 @@ def _sdpa_top_left(mha, x_q, x_kv=None, mask=None):
 def _sdpa_mask_and_causal(mha, x_q, x_kv=None, mask=None):
     return _sdpa_variant(mha, x_q, x_kv, mask, "mask_and_causal")
 
+
+def _sdpa_dropout_in_eval(mha, x_q, x_kv=None, mask=None):
+    x_kv = x_q if x_kv is None else x_kv
+    b, t_q, _ = x_q.shape
+    t_k = x_kv.shape[1]
+    h, hd = mha.num_heads, mha.head_dim
+
+    def split(y, t):
+        return y.view(b, t, h, hd).transpose(1, 2)
+
+    q, k, v = split(mha.W_query(x_q), t_q), split(mha.W_key(x_kv), t_k), split(mha.W_value(x_kv), t_k)
+    full = mask
+    if mha.causal:
+        cm = mha.causal_mask[t_k - t_q:t_k, :t_k]
+        full = cm if mask is None else cm & mask
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=full, dropout_p=mha.dropout.p)
+    return mha.out_proj(ctx.transpose(1, 2).contiguous().view(b, t_q, h * hd))
+
+
+def _sdpa_causal_drops_mask(mha, x_q, x_kv=None, mask=None):
+    return _sdpa_variant(mha, x_q, x_kv, None if mha.causal else mask, "plain")
+
+
+bug_group("B04.sdpa_dropout_in_eval", f"{U}.mha_forward_sdpa",
+          "F.scaled_dot_product_attention's dropout_p acts whatever the module's mode: a module in eval mode "
+          "drops nothing.", {"mha_forward_sdpa": _sdpa_dropout_in_eval}, detect="detector")
+bug_group("B04.sdpa_causal_drops_mask", f"{U}.mha_forward_sdpa",
+          "A causal module still obeys the mask it is given: a key must be allowed by both.",
+          {"mha_forward_sdpa": _sdpa_causal_drops_mask})
 
 # order matters: without a user mask both mutants give the top-left rows; the check probes the
 # masked case first, where only the second one is wrong

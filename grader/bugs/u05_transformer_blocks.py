@@ -34,7 +34,7 @@ class _LayerNormBase(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, x):
-        dims = {"axis_seq": -2, "axis_batch": 0}.get(self.variant, -1)
+        dims = {"axis_seq": -2, "axis_batch": 0, "axis_plane": (-2, -1)}.get(self.variant, -1)
         mean = x.mean(dim=dims, keepdim=True)
         if self.variant == "unbiased":
             var = x.var(dim=dims, keepdim=True)
@@ -84,6 +84,8 @@ bug_group("B05.ln_wrong_axis", f"{U}.LayerNorm", "Normalise each token over its 
           {"LayerNorm": _ln("axis_seq")})
 bug_group("B05.ln_wrong_axis", f"{U}.LayerNorm", "Normalise each token over its features (last dim).",
           {"LayerNorm": _ln("axis_batch")})
+bug_group("B05.ln_wrong_axis", f"{U}.LayerNorm", "Normalise each token over its features (last dim).",
+          {"LayerNorm": _ln("axis_plane")})
 bug_group("B05.ln_affine_swapped", f"{U}.LayerNorm", "weight (γ) scales, bias (β) shifts.",
           {"LayerNorm": _ln("affine_swapped")})
 bug_group("B05.ln_running_stats", f"{U}.LayerNorm",
@@ -101,6 +103,39 @@ def _gelu_exact_always(x, approximate="none"):
 
 bug_group("B05.gelu_exact_for_tanh", f"{U}.gelu", "GPT-2's GELU is the tanh approximation.",
           {"gelu": _gelu_exact_always})
+
+
+def _gelu_any_other_is_tanh(x, approximate="none"):
+    if approximate == "none":
+        return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+bug_group("B05.gelu_no_valueerror", f"{U}.gelu",
+          "A name that is neither form is a caller's mistake: say so with an error instead of picking a formula.",
+          {"gelu": _gelu_any_other_is_tanh}, detect="detector")
+
+# ---------------------------------------------------------------- FeedForward
+
+
+class _FFNInnerDropout(nn.Module):
+    """Dropout between the activation and fc2 (nn.TransformerEncoderLayer's _ff_block), which this FFN leaves out."""
+
+    def __init__(self, d_model, d_ff, activation="relu"):
+        super().__init__()
+        from llmcourse.nn.feedforward import gelu
+
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.act = {"relu": torch.relu, "gelu": gelu, "gelu_tanh": lambda z: gelu(z, approximate="tanh")}[activation]
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
+
+
+bug_group("B05.ffn_inner_dropout", f"{U}.FeedForward",
+          "This FeedForward is deterministic: the block that uses it drops the FFN's output (one dropout per "
+          "sublayer).", {"FeedForward": _FFNInnerDropout}, detect="detector")
 
 # ---------------------------------------------------------------- blocks
 
@@ -121,6 +156,7 @@ class _EncoderBase(nn.Module):
         LayerNorm, FeedForward, MultiHeadAttention = _parts()
         self.norm_first = norm_first
         attn_p = 0.0 if self.variant == "attn_dropout_missing" else dropout
+        qkv_bias = True if self.variant == "qkv_bias_ignored" else qkv_bias
         self.self_attn = MultiHeadAttention(d_model, d_model, num_heads, attn_p, qkv_bias)
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, activation)
@@ -154,6 +190,7 @@ class _DecoderBase(_EncoderBase):
         super().__init__(d_model, num_heads, d_ff, dropout, norm_first, activation, qkv_bias)
         LayerNorm, _, MultiHeadAttention = _parts()
         attn_p = 0.0 if self.variant == "attn_dropout_missing" else dropout
+        qkv_bias = True if self.variant == "qkv_bias_ignored" else qkv_bias
         self.cross_attn = MultiHeadAttention(d_model, d_model, num_heads, attn_p, qkv_bias)
         self.norm3 = LayerNorm(d_model)
 
@@ -195,10 +232,12 @@ _HINTS = {
     "post_for_pre": "Pre-LN: `x + f(norm(x))`; post-LN: `norm(x + f(x))`.",
     "residual_from_normed": "The residual adds the **un-normalised** input.",
     "no_residual": "Each sublayer output is added to its input.",
+    "qkv_bias_ignored": "Pass `qkv_bias` on to the attention layers: it decides whether their query, key and value "
+                        "projections have biases.",
 }
 for _name, _detect in (("post_for_pre", "detector"), ("residual_from_normed", "mutant"), ("no_residual", "mutant"),
                       ("dropout_missing", "detector"), ("dropout_on_sum", "detector"),
-                      ("attn_dropout_missing", "detector")):
+                      ("attn_dropout_missing", "detector"), ("qkv_bias_ignored", "detector")):
     bug_group(f"B05.{_name}", f"{U}.EncoderBlock", _HINTS[_name], {"EncoderBlock": _enc(_name)}, detect=_detect)
     bug_group(f"B05.{_name}", f"{U}.DecoderBlock", _HINTS[_name], {"DecoderBlock": _dec(_name)}, detect=_detect)
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..core import CheckFailure, check, module_facts, run_learner, unwrap
 from ..dropout import weight_dropout_problem
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "04"
 T = torch.tensor
@@ -209,6 +210,12 @@ def check_wrapper(t):
     want = {f"heads.{h}.W_{n}.weight": (2, 3) for h in range(2) for n in ("query", "key", "value")}
     t.expect(shapes == want, f"state_dict keys/shapes of MultiHeadAttentionWrapper(d_in=3, head_dim=2, "
              f"context_length=6, dropout=0.0, num_heads=2) must be {want}; got {shapes}")
+    biased = t.run(lambda impl: module_facts(impl.MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2, qkv_bias=True)))
+    want_b = {f"heads.{h}.W_{n}.{w}": (2, 3) if w == "weight" else (2,)
+              for h in range(2) for n in ("query", "key", "value") for w in ("weight", "bias")}
+    got_b = biased["state_dict"]
+    t.expect(got_b == want_b, f"MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2, qkv_bias=True): every head's query, key "
+             f"and value projections must have a bias; state_dict {got_b}", bug="B04.wrapper_qkv_bias_ignored")
 
     # independent heads: perturbing head 1 changes only its own columns
     x = _rand(2, 5, 4, seed=3)
@@ -256,6 +263,10 @@ def check_wrapper(t):
 
     t.compare(shared, ref(xb), "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True) on a (3, 7, 6) batch "
               "(shared weights)", atol=1e-5)
+    check_gradients(t, gradient_probe(lambda impl: _load(impl.MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3,
+                                                                                       qkv_bias=True), st,
+                                                         "MultiHeadAttentionWrapper"), [xb]),
+                    "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True)")
 
     # train mode: the heads drop their attention weights with the wrapper's p (tokens x_j = e_j,
     # each head's W_value = [I; I], so each head's 12 columns are twice its dropout(weights))
@@ -372,6 +383,13 @@ def check_mha(t):
               "causal module, x_q (2, 2, 8) after x_kv (2, 6, 8): the 2 queries are the last positions "
               "(bottom-right causal mask), vs a per-head loop", atol=1e-5)
 
+    # a causal module given a mask obeys both: causal & key padding, square self-attention
+    keep6 = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, None, :]
+    t.compare(lambda impl: _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)(x, mask=keep6),
+              per_head_loop(ref_c, x, mask=keep6),
+              "causal MultiHeadAttention(8, 8, 2) given a (B, 1, 1, T) key-padding mask (a key must be allowed by "
+              "both the causal mask and the given one) vs a per-head loop", atol=1e-5)
+
     # padding invariance: appending masked-out keys changes nothing
     extra = torch.cat([xkv, _rand(2, 3, 5, seed=12) * 5], dim=1)
     keep10 = torch.cat([torch.ones(2, 7, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool)], 1)[:, None, None, :]
@@ -379,6 +397,26 @@ def check_mha(t):
     long_ = t.run(lambda impl: _make(st_x, 6, 8, 4, d_kv=5)(impl)(xq, extra, mask=keep10))
     t.expect(bool(torch.allclose(short, long_, atol=1e-5)),
              "appending 3 keys that the mask blocks changed the output: masked keys must get weight exactly 0")
+
+    # store_weights is off by default: a fresh module stores nothing, before and after a forward pass
+    def fresh_weights(impl):
+        mm = _make(st_c, 8, 8, 2, causal=True, context_length=10)(impl)
+        before = getattr(unwrap(mm), "last_weights", "missing")
+        mm(x)
+        return before, getattr(unwrap(mm), "last_weights", "missing"), getattr(unwrap(mm), "store_weights", "missing")
+
+    before, after, flag = t.run(fresh_weights)
+    t.expect(before is None and after is None and flag is False,
+             "a new MultiHeadAttention has store_weights = False and last_weights = None, and keeps last_weights None "
+             f"through a forward pass until store_weights is switched on; got store_weights={flag!r}, last_weights "
+             f"{'None' if before is None else 'set' if before != 'missing' else 'missing'} before and "
+             f"{'None' if after is None else 'set' if after != 'missing' else 'missing'} after a forward pass")
+
+    # backpropagation reaches every projection and the inputs (causal with a mask; cross-attention)
+    check_gradients(t, gradient_probe(_make(st_c, 8, 8, 2, causal=True, context_length=10), [x, None, keep6]),
+                    "causal MultiHeadAttention(8, 8, 2) with a key-padding mask")
+    check_gradients(t, gradient_probe(_make(st_x, 6, 8, 4, d_kv=5), [xq, xkv]),
+                    "cross-attention MultiHeadAttention(6, 8, 4, d_kv=5)")
 
     # last_weights with store_weights
     def weights(impl):
@@ -395,6 +433,25 @@ def check_mha(t):
     t.expect(bool(torch.allclose(w.sum(-1), torch.ones(2, 2, 6), atol=1e-5)), "rows of last_weights must sum to 1")
     t.expect(bool((w.triu(1) == 0).all()), "causal module: last_weights must be exactly 0 above the diagonal")
     t.expect(not w_requires_grad, "last_weights must be detached")
+
+    # in train mode too, last_weights is the softmax's output: rows that sum to 1, equal to the eval weights
+    def weights_train(impl):
+        mm = _make(st_c, 8, 8, 2, dropout=0.5, causal=True, context_length=10)(impl)
+        mm.store_weights = True
+        unwrap(mm).train()
+        torch.manual_seed(3)
+        mm(x)
+        return getattr(unwrap(mm), "last_weights", None)
+
+    wt = t.run(weights_train)
+    sums = wt.sum(-1) if isinstance(wt, torch.Tensor) else None
+    t.expect(isinstance(wt, torch.Tensor) and tuple(wt.shape) == (2, 2, 6, 6)
+             and bool(torch.allclose(wt, w, atol=1e-5)),
+             "MultiHeadAttention(8, 8, 2, dropout=0.5, causal=True) in train mode with store_weights = True: "
+             "last_weights must be the attention distribution of each query (rows summing to 1, the same as in "
+             "eval mode); its row sums are "
+             f"{[round(v, 3) for v in sums.flatten()[:6].tolist()] if sums is not None else wt} …",
+             bug="B04.last_weights_after_dropout")
 
     # the head count matters: 4 heads of 2 are not 1 head of 8
     ref4 = _ref_mha(8, 8, 4, seed=13)
@@ -443,6 +500,9 @@ def check_mha_from_wrapper(t):
                                 if _path(mha, a) is None]
             for key in ("W_query.weight", "W_key.weight", "out_proj.weight", "out_proj.bias", "dropout.p"):
                 facts[key] = _path(mha, key)
+            facts["causal"] = _path(mha, "causal")
+            cm = _path(mha, "causal_mask")
+            facts["causal_mask"] = tuple(cm.shape) if isinstance(cm, torch.Tensor) else None
             return facts
 
         facts = t.run(structure)
@@ -458,10 +518,17 @@ def check_mha_from_wrapper(t):
         ow, ob = facts["out_proj.weight"], facts["out_proj.bias"]
         t.expect(isinstance(ow, torch.Tensor) and isinstance(ob, torch.Tensor) and bool(torch.equal(ow, eye))
                  and bool((ob == 0).all()), f"{what}: out_proj must be the identity (weight = I, bias = 0)")
+        t.expect(facts["causal"] is True and facts["causal_mask"] == (ctx, ctx),
+                 f"{what}: every head of the wrapper is causal with context_length={ctx}; the returned module must be "
+                 f"too (causal={facts['causal']!r}, causal_mask {facts['causal_mask']})",
+                 bug="B04.from_wrapper_not_causal")
         stacked = torch.cat([hh.W_key.weight for hh in wrapper.heads], 0).detach()
-        wk = facts["W_key.weight"]
-        t.expect(isinstance(wk, torch.Tensor) and wk.shape == stacked.shape and bool(torch.equal(wk, stacked)),
-                 f"{what}: W_key.weight must stack the heads' W_key weights row-wise, head 0 first")
+
+        def key_weight(impl, spec=spec):
+            return _path(unwrap(impl.mha_from_wrapper(_course_wrapper(spec))), "W_key.weight")
+
+        t.compare(key_weight, stacked, f"{what}: the returned W_key.weight (head h must compute exactly what "
+                  "wrapper.heads[h] computes)", atol=0, rtol=0)
         t.expect(facts["dropout.p"] == 0.1, f"{what}: the dropout probability must be copied (0.1)")
 
         def run(impl, spec=spec, x=x):
@@ -538,6 +605,34 @@ def check_to_torch_mha(t):
 
     t.compare(weights, expected_w, "need_weights=True, average_attn_weights=True: weights vs mha.last_weights.mean(1)",
               atol=1e-5)
+    # train mode: the copy drops its attention weights like the course module (p = 0.5): every returned
+    # weight is 0 or w/(1-p), about half of them 0
+    ref_d = _ref_mha(8, 8, 2, dropout=0.5, seed=27)
+    spec_d = _spec(ref_d)
+    xd = _rand(16, 6, 8, seed=28)
+    ref_d.store_weights = True
+    ref_d(xd, mask=torch.ones(6, 6, dtype=torch.bool).tril())
+    clean = ref_d.last_weights
+    ref_d.store_weights = False
+
+    def train_weights(impl):
+        torch_mha = unwrap(impl.to_torch_mha(_course_mha(spec_d))).train()
+        torch.manual_seed(5)
+        cm6 = torch.ones(6, 6, dtype=torch.bool).tril()
+        return run_learner(torch_mha, "the nn.MultiheadAttention returned by to_torch_mha", (xd, xd, xd),
+                           {"attn_mask": impl.to_torch_attn_mask(cm6), "need_weights": True,
+                            "average_attn_weights": False})[1]
+
+    wd = t.run(train_weights)
+    if isinstance(wd, torch.Tensor) and wd.shape == clean.shape:
+        problem = weight_dropout_problem(wd, wd, clean, 0.5)
+        if problem is not None:
+            t.fail(f"to_torch_mha of a module with dropout p=0.5, in train mode (weights returned by "
+                   f"need_weights=True, average_attn_weights=False): {problem[1]}",
+                   bug="B04.torch_mha_dropout_missing" if problem[0] == "missing" else None)
+    else:
+        t.fail(f"need_weights=True, average_attn_weights=False must return (B, H, T, T) = {tuple(clean.shape)} "
+               f"weights; got {getattr(wd, 'shape', wd)}")
     got = t.raised(lambda impl: impl.to_torch_mha(_ref_mha(6, 8, 2, seed=26)))
     t.expect(got == "ValueError", f"to_torch_mha on a module with d_in=6 != d_out=8 must raise ValueError; got {got}")
 
@@ -646,6 +741,23 @@ def check_mha_forward_sdpa(t):
         ("cross-attention, T_q=3, T_k=7, d_kv=5, with a key-padding mask", ref_x, xq, xkv, pad),
         ("non-causal self-attention with a random (B, H, T, T) mask", ref_s, x, None, rmask),
     ]
+    # a module in eval mode drops nothing, whatever its p: two calls agree, and equal the forward
+    ref_p = _ref_mha(8, 8, 2, dropout=0.5, causal=True, context_length=10, seed=38)
+    spec_p = _spec(ref_p)
+
+    def eval_twice(impl):
+        mha = _course_mha(spec_p)
+        with _no_module_forward():
+            torch.manual_seed(1)
+            a = impl.mha_forward_sdpa(mha, x)
+            torch.manual_seed(2)
+            return a, impl.mha_forward_sdpa(mha, x)
+
+    a, b = t.run(eval_twice)
+    t.expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+             and bool(torch.allclose(a, b, atol=1e-6)),
+             "mha_forward_sdpa on a module with dropout p=0.5 in eval mode gave two different results for the same "
+             "input: something random (dropout) acts in eval mode", bug="B04.sdpa_dropout_in_eval")
     for what, module, xq_, xkv_, mask in cases:
         expected = module(xq_, xkv_, mask=mask)
         spec_m = _spec(module)
@@ -656,6 +768,26 @@ def check_mha_forward_sdpa(t):
                 return impl.mha_forward_sdpa(mha, xq_, xkv_, mask)
 
         t.compare(run, expected, f"mha_forward_sdpa vs mha.forward: {what}", atol=1e-5)
+
+    # backpropagation through mha_forward_sdpa reaches the module's projections and the inputs
+    spec_g = _spec(ref_c)
+
+    def sdpa_module(impl, spec=spec_g):
+        mha = _course_mha(spec)
+
+        class Call(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.mha = mha
+
+            def forward(self, xq_, mask_):
+                with _no_module_forward():
+                    return impl.mha_forward_sdpa(self.mha, xq_, None, mask_)
+
+        return Call()
+
+    check_gradients(t, gradient_probe(sdpa_module, [x, keep]), "mha_forward_sdpa on a causal module with a "
+                    "key-padding mask")
 
     # the attention must come from F.scaled_dot_product_attention, called with attn_mask only: its output
     # carries a mark here, and a different one for is_causal=True. Square causal self-attention without a
@@ -685,3 +817,51 @@ def check_mha_forward_sdpa(t):
                "pass the combined boolean mask as attn_mask, never is_causal=True", bug=DELEGATES)
     t.fail("mha_forward_sdpa must compute the attention with F.scaled_dot_product_attention (it was never called, "
            "or its output was not used)")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.MultiHeadAttentionWrapper",
+    "multi-head attention as num_heads independent causal heads whose outputs sit side by side: head h owns output "
+    "columns h·head_dim … (h+1)·head_dim − 1 and nothing else",
+    probe="perturbs head 1's W_value inside the learner's module and records which output columns move; compares "
+          "with the reference under shared weights (qkv_bias both ways) and reads each head's dropped weights off "
+          "a train-mode output built from one-hot tokens")
+defining_property(
+    f"{U}.MultiHeadAttention",
+    "one projection per Q/K/V split into heads: head h attends with feature slice h of the projections, scaled by "
+    "1/√head_dim, under a bottom-right causal mask AND the given mask, dropout on the weights only",
+    probe="per-head loop and nn.MultiheadAttention oracles with the learner's module loaded with the same weights "
+          "(square, T_q < T_k, cross-attention, causal + padding masks); future-perturbation and appended-key "
+          "invariance measured on outputs; train-mode weights read off duplicated value channels; last_weights "
+          "recorded in eval and train mode")
+defining_property(
+    f"{U}.mha_from_wrapper",
+    "the split module and the list of heads are the same function: head h of the fused module reads exactly the "
+    "rows of the stacked projections that wrapper.heads[h] owns, and out_proj is the identity",
+    probe="calls the learner's function on a course wrapper rebuilt in the worker (three shapes, qkv_bias both "
+          "ways), returns the fused module's weights, causal buffer and its output on a fresh batch, compared "
+          "with the wrapper's output")
+defining_property(
+    f"{U}.to_torch_mha",
+    "PyTorch's nn.MultiheadAttention is the course module with packed in_proj rows and the opposite mask polarity, "
+    "in train mode as in eval mode",
+    probe="runs the returned nn.MultiheadAttention on shared inputs with the converted masks (eval: outputs and "
+          "averaged weights vs the course module; train: per-head weights judged as dropped weights with p=0.5)")
+defining_property(
+    f"{U}.mha_forward_sdpa",
+    "the fused kernel computes the same attention only when given the combined bottom-right boolean mask, never "
+    "is_causal, and with no dropout in eval mode",
+    probe="the module's own forward is disabled and F.scaled_dot_product_attention marks its output while the "
+          "learner's function runs; outputs compared with mha.forward on five mask/shape cases; two eval-mode calls "
+          "of a p=0.5 module must agree")
+
+decision(f"{U}.mha_from_wrapper", "how the heads' projection weights are assembled into one (d_out, d_in) matrix",
+         forms=[r"row-?wise", r"cat\([^)]*\bdim\s*=\s*0\)\s*(for|#)[^\n]{0,40}head"],
+         wrong=("B04.from_wrapper_interleaved",))
+decision(f"{U}.MultiHeadAttention", "which block of the stored causal mask a module with T_q < T_k queries uses",
+         forms=[r"t_k\s*-\s*t_q\s*:\s*t_k", r"diagonal\s*=\s*t_k\s*-\s*t_q", r"causal_mask\[\s*:\s*t_q"],
+         wrong=("B04.causal_top_left",))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import _same, check, forbid, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "05"
 T = torch.tensor
@@ -138,6 +139,21 @@ def _randomised(module, seed):
     return module.eval()
 
 
+# ================================================================== gradients (every module)
+
+
+def _check_gradients(t, name, args, kwargs, state, inputs, what):
+    """Backpropagation reaches the inputs and every parameter (``name(*args, **kwargs)``, ``state`` loaded, eval)."""
+
+    def build(impl):
+        m = getattr(impl, name)(*args, **kwargs)
+        unwrap(m).load_state_dict(state)
+        unwrap(m).eval()
+        return m
+
+    check_gradients(t, gradient_probe(build, inputs, wrap=lambda p: with_course_parts(name, p)), what)
+
+
 # ================================================================== 05.LayerNorm
 
 F051_STD = math.sqrt(128 / 127)  # 1.00393
@@ -206,6 +222,17 @@ def check_layernorm(t):
               "std of LayerNorm(16)(x) over all 128 elements for x of shape (2, 4, 16) (√(128/127) = 1.00393)",
               atol=1e-4, rtol=0.0, pick=lambda y: y.std().reshape(1) if isinstance(y, torch.Tensor) else y)
 
+    # each token is normalised on its own: changing token 0 of sequence 0 changes no other token's output
+    x_tok = x.clone()
+    x_tok[0, 0] = x_tok[0, 0] * 3.0 - 2.0
+    y_tok = t.run(run(x_tok, st))
+    others = torch.ones(2, 4, dtype=torch.bool)
+    others[0, 0] = False
+    t.expect(isinstance(y_tok, torch.Tensor) and y_tok.shape == x.shape
+             and bool(torch.allclose(y_tok[others], y_eval[others], atol=1e-6)),
+             "changing one token of the input changed the outputs of other tokens: LayerNorm's statistics are each "
+             "token's own (over its features only)", bug="B05.ln_wrong_axis")
+
     # oracle: nn.LayerNorm with the same state_dict, several shapes and scales
     cases = [
         ("a (3, 5, 16) batch", _rand(3, 5, 16, seed=4), 16),
@@ -228,6 +255,8 @@ def check_layernorm(t):
         expected = oracle(xx)
     t.compare(run(xx, None, 16, eps=1e-3), expected, "LayerNorm(16, eps=1e-3) vs nn.LayerNorm(16, eps=1e-3)",
               atol=1e-6, rtol=1e-5)
+    _check_gradients(t, "LayerNorm", (16,), {}, st, [_rand(3, 5, 16, seed=9) * 2 + 1],
+                     "LayerNorm(16) with random weight/bias")
     # the state_dict loads into nn.LayerNorm (interchangeable keys); sd is the fresh module's, returned above
     try:
         nn.LayerNorm(16).load_state_dict(sd)
@@ -262,6 +291,24 @@ def check_gelu(t):
                       atol=1e-6, rtol=1e-5)
         t.compare(call(x, approximate), F.gelu(x, approximate=approximate),
                   f"gelu(x, approximate={approximate!r}) in float32 vs F.gelu", atol=1e-5, rtol=1e-5)
+    for approximate in ("none", "tanh"):
+        xg = torch.linspace(-6, 6, 241, dtype=torch.float64)
+        xr = xg.clone().requires_grad_(True)
+        F.gelu(xr, approximate=approximate).sum().backward()
+
+        def grad_probe(impl, approximate=approximate, xg=xg):
+            with torch.enable_grad():
+                xx = xg.clone().requires_grad_(True)
+                with forbid((F, "gelu"), reason="write GELU with torch.erf / torch.tanh."):
+                    impl.gelu(xx, approximate=approximate).sum().backward()
+            return xx.grad
+
+        t.compare(grad_probe, xr.grad, f"d gelu(x, approximate={approximate!r}) / dx on [−6, 6] (float64) vs "
+                  "F.gelu's gradient (the function must stay differentiable: nothing detached)", atol=1e-6, rtol=1e-5)
+    for other in ("erf", "Tanh", "sigmoid"):
+        got = t.raised(call(x, other))
+        t.expect(got == "ValueError", f"gelu(x, approximate={other!r}) must raise ValueError (only 'none' and "
+                 f"'tanh' are GELUs); got {got}", bug="B05.gelu_no_valueerror")
     exact, approx = t.run(call(x)), t.run(call(x, "tanh"))
     diff = (exact - approx).abs()
     t.expect(abs(diff.max().item() - 4.74e-4) < 5e-6,
@@ -288,6 +335,26 @@ def check_feedforward(t):
     t.expect(n == 2_099_712, f"FeedForward(512, 2048) must have 2,099,712 parameters; got {_count(n)}")
 
     ref_cls = t.reference.FeedForward
+    # deterministic in train mode: the FFN has no dropout inside (the block drops its output)
+    torch.manual_seed(6)
+    st_d = _state_dict(ref_cls(8, 32, "relu"))
+    x_d = _rand(4, 6, 8, seed=7)
+
+    def train_twice(impl):
+        mm = impl.FeedForward(8, 32, "relu")
+        unwrap(mm).load_state_dict(st_d)
+        unwrap(mm).train()
+        torch.manual_seed(1)
+        a = mm(x_d)
+        torch.manual_seed(2)
+        return a, mm(x_d)
+
+    a, b = t.run(with_course_parts("FeedForward", train_twice))
+    t.expect(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+             and bool(torch.allclose(a, b, atol=1e-6)),
+             "FeedForward(8, 32) in train mode gave two different outputs for the same input: something random "
+             "acts inside it, and this FFN has no dropout inside", bug="B05.ffn_inner_dropout")
+
     for activation, oracle_act in (("relu", F.relu), ("gelu", lambda z: F.gelu(z)),
                                    ("gelu_tanh", lambda z: F.gelu(z, approximate="tanh"))):
         torch.manual_seed(3)
@@ -306,6 +373,14 @@ def check_feedforward(t):
 
         t.compare(with_course_parts("FeedForward", probe), expected, f"FeedForward(8, 32, activation={activation!r}) "
                   "on a (3, 5, 8) batch (shared weights, train mode)", atol=1e-5, rtol=1e-5)
+
+    for activation in ("relu", "gelu", "gelu_tanh"):
+        torch.manual_seed(8)
+        _check_gradients(t, "FeedForward", (8, 32, activation), {}, _state_dict(ref_cls(8, 32, activation)),
+                         [_rand(3, 5, 8, seed=10)], f"FeedForward(8, 32, activation={activation!r})")
+    got = t.raised(with_course_parts("FeedForward", lambda impl: impl.FeedForward(8, 32, "swish")))
+    t.expect(got == "ValueError", f"FeedForward(8, 32, activation='swish') must raise ValueError (the activations "
+             f"are 'relu', 'gelu' and 'gelu_tanh'); got {got}")
 
     # position-wise: permuting positions permutes outputs the same way
     torch.manual_seed(5)
@@ -367,7 +442,17 @@ def _check_block_structure(t, name, want, n_big, args_big, what_big):
     facts = t.run(_structure(name, 16, 4, 32))
     t.expect(facts["is_module"], f"{name} must be an nn.Module subclass")
     got = facts["state_dict"]
-    t.expect(got == want, f"state_dict keys/shapes of {name}(16, 4, 32) must be {want}; got {got}")
+    qkv = {k for k in want if k.endswith((".W_query.bias", ".W_key.bias", ".W_value.bias"))}
+    t.expect(got == want, f"state_dict keys/shapes of {name}(16, 4, 32) must be {want}; got {got}",
+             bug="B05.qkv_bias_ignored" if isinstance(got, dict) and set(want) - set(got) and set(want) - set(got) <= qkv
+             else None)
+    nb = t.run(_structure(name, 16, 4, 32, qkv_bias=False))
+    got_nb = nb.get("state_dict")
+    want_nb = {k: v for k, v in want.items() if k not in qkv}
+    t.expect(got_nb == want_nb, f"{name}(16, 4, 32, qkv_bias=False): the attention layers' query, key and value "
+             f"projections have no bias; state_dict keys {sorted(got_nb) if isinstance(got_nb, dict) else got_nb}",
+             bug="B05.qkv_bias_ignored" if isinstance(got_nb, dict) and set(got_nb) - set(want_nb) and set(got_nb) - set(want_nb) <= qkv
+             else None)
     n = t.run(_param_count(name, *args_big))
     t.expect(n == n_big, f"{name}(512, 8, 2048) must have {n_big:,} parameters ({what_big}); got {_count(n)}")
 
@@ -508,6 +593,11 @@ def check_encoder_block(t):
 
     t.compare(with_course_parts("EncoderBlock", with_dropout), base, "EncoderBlock(dropout=0.5) in eval mode must "
               "equal the same block without dropout", atol=1e-5, rtol=1e-5)
+    for norm_first in (True, False):
+        torch.manual_seed(15)
+        _check_gradients(t, "EncoderBlock", (16, 4, 32), {"dropout": 0.0, "norm_first": norm_first},
+                         _state_dict(_randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first), 25)),
+                         [x, mask], f"EncoderBlock(16, 4, 32, norm_first={norm_first}) with a padding mask")
     _residual_dropout(t, "EncoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"), ("ffn.fc2", "feed-forward")],
                       (None,))
 
@@ -588,6 +678,11 @@ def check_decoder_block(t):
                                "source padding memory_mask")
 
     # train mode: residual dropout on all three sublayers, attention-weight dropout with the block's p
+    for norm_first in (True, False):
+        torch.manual_seed(16)
+        _check_gradients(t, "DecoderBlock", (16, 4, 32), {"dropout": 0.0, "norm_first": norm_first},
+                         _state_dict(_randomised(ref_cls(16, 4, 32, dropout=0.0, norm_first=norm_first), 26)),
+                         [tgt, mem, cm, mm], f"DecoderBlock(16, 4, 32, norm_first={norm_first}) (target and memory)")
     _residual_dropout(t, "DecoderBlock", ref_cls, [("self_attn.out_proj", "self-attention"),
                                                     ("cross_attn.out_proj", "cross-attention"), ("ffn.fc2", "feed-forward")],
                       (_rand(8, 5, 16, seed=32), causal_mask(6), None))
@@ -627,3 +722,55 @@ def check_projection(t):
     with torch.no_grad():
         expected = F.linear(x, st["proj.weight"], st["proj.bias"])
     t.compare(probe, expected, "ProjectionLayer(16, 50) logits with shared weights", atol=1e-5, rtol=1e-5)
+    _check_gradients(t, "ProjectionLayer", (16, 50), {}, st, [x], "ProjectionLayer(16, 50)")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.LayerNorm",
+    "each token is normalised by its own statistics over its features (biased variance, eps inside the root), "
+    "identically in train and eval mode, then scaled and shifted",
+    probe="the learner's module, loaded with random weight/bias, against nn.LayerNorm on four shapes and a "
+          "small-variance input where eps matters; changing one token must move no other token's output; train "
+          "and eval outputs compared; F.layer_norm forbidden while it runs")
+defining_property(
+    f"{U}.gelu",
+    "GELU is x·Φ(x), exactly (erf) or by GPT-2's tanh approximation, and nothing else",
+    probe="both forms against F.gelu in float32 and float64 on [−8, 8] and random tensors, F.gelu forbidden; the "
+          "gap between the two forms measured; three other names must raise ValueError")
+defining_property(
+    f"{U}.FeedForward",
+    "a deterministic position-wise map fc2(act(fc1(x))) with the chosen activation",
+    probe="the learner's module with shared weights against F.linear/F.gelu for each activation, in train mode; "
+          "two train-mode calls under different seeds must agree; a permutation of positions must permute the "
+          "outputs")
+defining_property(
+    f"{U}.EncoderBlock",
+    "a residual block: x plus a dropped-out sublayer of the (pre- or post-) normalised stream, the sublayers being "
+    "masked self-attention and the FFN",
+    probe="nn.TransformerEncoderLayer loaded with the block's weights in both norm placements and activations, with "
+          "a padding mask; appended padded positions; train-mode residual dropout read off constant sublayers of "
+          "distinct levels; qkv_bias both ways in the state_dict")
+defining_property(
+    f"{U}.DecoderBlock",
+    "the decoder block listens to the encoder memory through cross-attention (keys/values from memory, source "
+    "padding hidden) after causal self-attention, each sublayer residual with its own dropout",
+    probe="nn.TransformerDecoderLayer oracle in both placements and three T_tgt/T_src shapes; memory perturbed at "
+          "visible and at masked positions; future target perturbation; train-mode residual dropout of three "
+          "sublayers read off constant levels")
+defining_property(
+    f"{U}.ProjectionLayer",
+    "the output layer returns logits (an affine map), leaving the log-softmax to the loss",
+    probe="the learner's module with shared weights against F.linear; row sums of the output and of its exp "
+          "inspected")
+
+decision(f"{U}.DecoderBlock", "which of the two masks each attention of the decoder block takes",
+         forms=[r"cross_attn\([^)]*mask\s*=\s*memory_mask", r"self_attn\([^)]*mask\s*=\s*tgt_mask"],
+         wrong=("B05.cross_causal",))
+decision(f"{U}.EncoderBlock", "where residual dropout acts in a sublayer (before the add, on the sublayer's output)",
+         forms=[r"x \+ (self\.)?dropout\(", r"dropout to the output of each sub-?layer",
+                r"\\mathrm\{dropout\}\(f\b", r"dropout to the (FFN's|sublayer's) output"],
+         wrong=("B05.dropout_on_sum", "B05.dropout_missing"))

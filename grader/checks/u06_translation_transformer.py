@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..core import check, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 from ..runner import also_blocked
 
 U = "06"
@@ -82,8 +83,11 @@ def check_make_masks(t):
               "make_src_mask([[5, 6, 7, 0, 0]]) (expected shape (B, 1, 1, S))")
     src = _padded_ids([6, 3, 1, 5], 30, seed=1)
     t.compare(lambda impl: impl.make_src_mask(src), (src != PAD)[:, None, None, :], "make_src_mask on a (4, 6) batch")
-    t.compare(lambda impl: impl.make_src_mask(src + 1, pad_id=4), (src + 1 != 4)[:, None, None, :],
-              "make_src_mask with pad_id=4")
+    # pad_id: padding is the given id, and 0 is then an ordinary token
+    src_p = torch.where(src == PAD, 3, src)
+    src_p[0, 0] = 0
+    t.compare(lambda impl: impl.make_src_mask(src_p, pad_id=3), (src_p != 3)[:, None, None, :],
+              "make_src_mask with pad_id=3 (id 0 is then an ordinary token)")
 
     out = t.run(lambda impl: impl.make_tgt_mask(F061_TGT))
     t.expect(isinstance(out, torch.Tensor) and out.dtype == torch.bool,
@@ -93,11 +97,16 @@ def check_make_masks(t):
     tgt = _padded_ids([5, 2, 7], 30, seed=2)
     tgt[:, 0] = SOS
     expected = (tgt != PAD)[:, None, None, :] & _causal(tgt.shape[1])
-    out = t.compare(lambda impl: impl.make_tgt_mask(tgt), expected,
-                    "make_tgt_mask on a (3, 7) batch: key padding (B, 1, 1, T) & causal_mask(T)")
-    t.expect(bool(out.any(-1).all()), "every query row of the target mask must keep at least one key (else NaN)")
-    t.compare(lambda impl: impl.make_tgt_mask(tgt + 1, pad_id=1), (tgt + 1 != 1)[:, None, None, :] & _causal(7),
-              "make_tgt_mask with pad_id=1")
+    out = t.run(lambda impl: impl.make_tgt_mask(tgt))
+    t.expect(not isinstance(out, torch.Tensor) or out.shape != expected.shape or bool(out.any(-1).all()),
+             "a query row of the target mask keeps no key at all (a PAD query): its softmax has nothing to normalise "
+             "and gives NaN", bug="B06.tgt_mask_empty_rows")
+    t.compare(lambda impl: impl.make_tgt_mask(tgt), expected,
+              "make_tgt_mask on a (3, 7) batch: key padding (B, 1, 1, T) & causal_mask(T)")
+    tgt_p = torch.where(tgt == PAD, 3, tgt)
+    tgt_p[1, 1] = 0
+    t.compare(lambda impl: impl.make_tgt_mask(tgt_p, pad_id=3), (tgt_p != 3)[:, None, None, :] & _causal(7),
+              "make_tgt_mask with pad_id=3 (id 0 is then an ordinary token)")
 
 
 # ================================================================== 06.make_translation_batch
@@ -227,6 +236,71 @@ def check_transformer(t):
     t.compare(lambda impl: logits(impl, s=wide), base, "logits after appending 4 PAD columns to src (source padding "
               "must be masked in the encoder and in the cross-attention)")
 
+    # pad_id: a model built with pad_id=5 pads with 5 (and 0 is an ordinary token)
+    src5, tgt5 = torch.where(src == PAD, 5, src), torch.where(tgt == PAD, 5, tgt)
+    src5[0, 1], tgt5[0, 2] = 0, 0
+
+    def logits_pad5(impl):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            m = impl.Transformer(V_SRC, V_TGT, **CFG, pad_id=5)
+        unwrap(m).load_state_dict(states[True])
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(src5, tgt5)
+
+    t.compare(logits_pad5, logits_pad5(t.reference), "logits of Transformer(..., pad_id=5) on a batch padded with 5 "
+              "(id 0 is an ordinary token there) vs the reference")
+
+    # every size argument at a non-default value: 2 heads, 3 encoder and 1 decoder blocks, max_len 40
+    other = dict(CFG, num_heads=2, n_enc=3, n_dec=1, max_len=40)
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        ref_other = Ref(V_SRC, V_TGT, **other).eval()
+    st_other = {k: v.clone() for k, v in ref_other.state_dict().items()}
+    facts_other = t.run(lambda impl: module_facts(impl.Transformer(V_SRC, V_TGT, **other)))
+    t.expect(facts_other.get("buffers") == module_facts(ref_other)["buffers"]
+             and facts_other.get("state_dict") == module_facts(ref_other)["state_dict"],
+             "Transformer(..., num_heads=2, n_enc=3, n_dec=1, max_len=40): the state_dict and buffers must follow "
+             f"these arguments (n_enc, n_dec blocks; a positional table of max_len rows); got state_dict keys "
+             f"{len(facts_other.get('state_dict') or {})} (expected {len(st_other)}) and buffers "
+             f"{facts_other.get('buffers')}")
+
+    def logits_other(impl):
+        m = impl.Transformer(V_SRC, V_TGT, **other)
+        unwrap(m).load_state_dict(st_other)
+        unwrap(m).eval()
+        with torch.no_grad():
+            return m(src, tgt)
+
+    with torch.no_grad():
+        expected_other = ref_other(src, tgt)
+    t.compare(logits_other, expected_other, "logits of Transformer(..., num_heads=2, n_enc=3, n_dec=1, max_len=40) "
+              "with the same weights")
+
+    # backpropagation reaches every parameter (embeddings, both stacks, the projection)
+    check_gradients(t, gradient_probe(lambda impl: _build(impl, states[True]), [src, tgt]),
+                    "Transformer forward(src, tgt_in)")
+
+    # dropout: the argument reaches every dropout of the model; with dropout=0 train mode is deterministic
+    def dropout_facts(impl):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            cfg = dict(CFG, dropout=0.3)
+            m = unwrap(impl.Transformer(V_SRC, V_TGT, **cfg))
+        ps = sorted({round(float(d.p), 6) for d in m.modules() if isinstance(d, torch.nn.Dropout)})
+        m0 = _make(impl)
+        unwrap(m0).load_state_dict(states[True])
+        unwrap(m0).train()
+        with torch.no_grad():
+            return ps, m0(src, tgt)
+
+    ps, train0 = t.run(dropout_facts)
+    t.expect(ps == [0.3], f"Transformer(..., dropout=0.3): every dropout of the model must use p=0.3; the model's "
+             f"nn.Dropout probabilities are {ps}", bug="B06.dropout_ignored")
+    t.compare(lambda impl: dropout_facts(impl)[1], ref_logits, "Transformer(..., dropout=0.0) in train mode (no "
+              "dropout anywhere: the same logits as in eval mode)")
+
 
 # ================================================================== 06.greedy_translate
 
@@ -316,15 +390,15 @@ def check_greedy_translate(t):
                                                   "generated after SOS", bug="B06.greedy_includes_sos")
     t.expect(out.shape[0] == src.shape[0] and out.shape[1] <= 20,
              f"expected shape (B={src.shape[0]}, L ≤ max_len=20), got {tuple(out.shape)}")
-    ref = t.reference.greedy_translate(model.eval(), src, 20)
-    t.compare(_greedy(model, src, 20), ref, "greedy translations of six sentences with the shipped tiny model "
-              "(max_len=20)")
     for b in range(out.shape[0]):
         row = out[b].tolist()
         if EOS in row:
             first = row.index(EOS)
             t.expect(all(x == PAD for x in row[first + 1:]), f"row {b} continues after its first EOS at position "
                      f"{first}: {row}", bug="B06.greedy_no_eos_stop")
+    ref = t.reference.greedy_translate(model.eval(), src, 20)
+    t.compare(_greedy(model, src, 20), ref, "greedy translations of six sentences with the shipped tiny model "
+              "(max_len=20)")
     # each emitted token is the argmax given its prefix
     from llmcourse.data.translation import make_src_mask, make_tgt_mask
 
@@ -362,12 +436,41 @@ def check_greedy_translate(t):
              "repeated calls on a model with dropout 0.3 gave different translations: dropout was active",
              bug="B06.greedy_train_mode")
     t.expect(_same_numbers(results[0][1], left_in_train),
-             "the model was in train mode before greedy_translate and must be again afterwards")
+             "the model was in train mode before greedy_translate and must be again afterwards",
+             bug="B06.greedy_mode_not_restored")
     _, after = t.run(seeded(0, mode="eval"))
     t.expect(_same_numbers(after, left_in_eval),
-             "the model was in eval mode before greedy_translate and must stay in eval mode")
+             "the model was in eval mode before greedy_translate and must stay in eval mode",
+             bug="B06.greedy_mode_not_restored")
     t.compare(_greedy(dm, s2, 10), t.reference.greedy_translate(dm.eval(), s2, 10),
               "greedy translations of a random model with dropout 0.3 (eval mode)")
+
+    # the special ids are the caller's: SOS=5, EOS=6, PAD=7 (a source padded with 7); the model is biased
+    # towards 6 and, less, towards 2 so that rows end, some of them after a 2 that is no EOS here
+    import copy
+
+    dm6 = copy.deepcopy(dm).eval()
+    with torch.no_grad():
+        dm6.projection.proj.bias[6] += 1.2
+        dm6.projection.proj.bias[2] += 1.0
+    s7 = torch.where(s2 == PAD, 7, s2)
+    t.compare(lambda impl: impl.greedy_translate(dm6.eval(), s7, 12, sos_id=5, eos_id=6, pad_id=7),
+              t.reference.greedy_translate(dm6.eval(), s7, 12, sos_id=5, eos_id=6, pad_id=7),
+              "greedy_translate(model, src, 12, sos_id=5, eos_id=6, pad_id=7) on a source padded with 7")
+
+    # the source is encoded once: the encoder stack runs one time per call
+    def encoder_calls(impl):
+        calls = []
+        hook = dm.encoder.register_forward_hook(lambda *a: calls.append(1))
+        try:
+            impl.greedy_translate(dm.eval(), s2, 10)
+        finally:
+            hook.remove()
+        return len(calls)
+
+    n_enc = t.run(encoder_calls)
+    t.expect(n_enc == 1, f"greedy_translate ran the encoder {n_enc} times for one call of 10 steps: the source "
+             "is encoded once, its memory reused at every step", bug="B06.greedy_reencodes")
 
 
 # ================================================================== 06.chrf
@@ -400,6 +503,15 @@ def check_chrf(t):
               "chrf must not depend on whitespace in the references", atol=1e-4, rtol=0)
     t.compare(lambda impl: float(impl.chrf(hyp, corpus, n=3, beta=1.0)), t.reference.chrf(hyp, corpus, n=3, beta=1.0),
               "chrf with n=3, beta=1", atol=1e-4, rtol=0)
+    # strings shorter than n: orders with k-grams on one side only count as 0, orders with none are skipped
+    for hyps, refs in ((["ab"], ["abcdefgh"]), (["abcdefgh"], ["ab"]), (["ab", "xyz"], ["abc", "xy"]),
+                       ([""], [""]), (["", "a"], ["", "a"])):
+        t.compare(lambda impl, h=hyps, r=refs: float(impl.chrf(h, r)), t.reference.chrf(hyps, refs),
+                  f"chrf({hyps}, {refs}) (strings shorter than n)", atol=1e-4, rtol=0)
+    spaced = ["the\tcat\nsat", "a\u00a0dog  barks"]
+    t.expect(abs(t.run(lambda impl: float(impl.chrf(spaced, ["the cat sat", "a dog barks"]))) - 100.0) < 1e-4,
+             "chrf of hypotheses that differ from the references only by tabs, newlines and non-breaking spaces must "
+             "be 100: remove all whitespace, not only spaces", bug="B06.chrf_whitespace")
 
 
 # ================================================================== siblings
@@ -407,3 +519,47 @@ def check_chrf(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # chrf: the per-order n-gram matches and counts chrf is computed from (the F-score is the rest)
 also_blocked(f"{U}.chrf", "llmcourse.train.metrics:chrf_statistics", "llmcourse.train.metrics:_ngrams")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.make_masks",
+    "the source mask hides padded keys for every head and query; the target mask also hides the future, and "
+    "padding is whatever pad_id says",
+    probe="the learner's masks on fixed and random padded batches, with pad_id=3 where id 0 is a real token; "
+          "shapes, dtypes and every row keeping a key checked on the returned tensors")
+defining_property(
+    f"{U}.make_translation_batch",
+    "teacher forcing: the decoder reads SOS + target and predicts target + EOS, one step ahead, right-padded",
+    probe="the returned tensors for fixed pairs, truncation, non-default special ids, and the shift measured "
+          "between tgt_in and tgt_out")
+defining_property(
+    f"{U}.Transformer",
+    "the encoder–decoder Transformer: source padding hidden in the encoder and in cross-attention, the decoder "
+    "causal, with the pad id and dropout the caller chose",
+    probe="logits of the learner's model loaded with the reference's weights (both norm placements, pad_id=5) and "
+          "decode() against torch.nn.Transformer; future-target and appended-PAD perturbations; the model's dropout "
+          "probabilities and a dropout-0 train-mode pass")
+defining_property(
+    f"{U}.greedy_translate",
+    "greedy decoding: each token the argmax given the source (encoded once) and the prefix, rows ending at the "
+    "caller's EOS, deterministic, the caller's model left as it was",
+    probe="translations of the shipped model and of a random dropout model compared with the reference, each token "
+          "re-derived as the argmax here; encoder forward passes counted by a hook; the mode after the call read "
+          "from a seeded forward pass; non-default special ids")
+defining_property(
+    f"{U}.chrf",
+    "corpus chrF: clipped character n-gram statistics summed over the corpus, whitespace removed, before the "
+    "F-beta of the mean precision and recall",
+    probe="hand-computed fixtures (clipping, empty orders, corpus vs sentence mean, Hindi), whitespace of several "
+          "kinds, n and beta at non-default values")
+
+decision(f"{U}.greedy_translate", "how decoding leaves the caller's model in the mode it found it in",
+         forms=[r"was_training", r"\.train\(\s*(previous|was_training|prev|mode|training|before)\s*\)"],
+         wrong=("B06.greedy_mode_not_restored", "B06.greedy_train_mode"))
+decision(f"{U}.Transformer", "which mask the decoder's cross-attention takes",
+         forms=[r"memory_mask\s*=\s*src_mask"],
+         wrong=("B06.memory_mask_missing",))

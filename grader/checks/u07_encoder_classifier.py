@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import check, module_facts, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 
 U = "07"
 T = torch.tensor
@@ -59,6 +60,9 @@ def check_build_compact_vocab(t):
     lists = [GREAT_IDS, BAD_IDS]
     out = t.run(lambda impl: impl.build_compact_vocab(lists))
     t.expect(isinstance(out, dict), f"build_compact_vocab must return a dict {{gpt2_id: new_id}}, got {type(out).__name__}")
+    a, b = t.run(lambda impl: (impl.build_compact_vocab([[9, 5, 5]]), impl.build_compact_vocab([[9, 9, 5]])))
+    t.expect(not (isinstance(a, dict) and isinstance(b, dict) and set(a) == set(b)) or a == b, f"build_compact_vocab([[9, 5, 5]]) gave {a} and build_compact_vocab([[9, 9, 5]]) gave {b}: the "
+             "same ids, counted differently, must get the same new ids", bug="B07.vocab_by_frequency")
     t.compare(lambda impl: impl.build_compact_vocab(lists), F071_VOCAB,
               'vocabulary of "Great phone!" and "Bad battery."')
     # a larger random corpus: values exactly 4 … 4+n−1, in increasing GPT-2-id order
@@ -81,6 +85,9 @@ def check_build_compact_vocab(t):
     for ids in corpus:
         for i in ids:
             counts[i] = counts.get(i, 0) + 1
+    t.compare(lambda impl: impl.build_compact_vocab([[7, 7, 9], [9, 5], [3, 3, 3]], min_freq=2), {3: 4, 7: 5, 9: 6},
+              "build_compact_vocab([[7, 7, 9], [9, 5], [3, 3, 3]], min_freq=2): every occurrence counts, repeats "
+              "inside one list included; an id seen exactly min_freq times is kept")
     for min_freq in (2, 3):
         kept = sorted(i for i, c in counts.items() if c >= min_freq)
         t.compare(lambda impl, m=min_freq: impl.build_compact_vocab(corpus, min_freq=m),
@@ -195,6 +202,12 @@ def check_bert_embeddings(t):
         return probe
 
     with torch.no_grad():
+        full0 = torch.randint(0, V, (2, L), generator=torch.Generator().manual_seed(4))
+        one = t.run(run(full0[:, :1]))
+        if not (isinstance(one, torch.Tensor) and tuple(one.shape) == (2, 1, D)
+                and bool(torch.allclose(one[:, 0], ref(full0)[:, 0], atol=1e-5))):
+            t.fail("a length-1 input must use position 0 (positions are 0 … L−1): its vector must equal the first "
+                   "vector of a longer input with the same first token", bug=t.diagnose(run(full0[:, :1]), one))
         t.compare(run(ids), ref(ids), "BertEmbeddings(ids) in eval mode with shared weights (segments default 0)")
         t.compare(run(ids, seg), ref(ids, seg), "BertEmbeddings(ids, segment_ids) in eval mode with shared weights")
         full = torch.randint(0, V, (2, L), generator=g)
@@ -208,11 +221,16 @@ def check_bert_embeddings(t):
         clean = ref(big)
         noisy = t.run(run(big, mode="train"))
         zero_frac = float((noisy == 0).float().mean())
-        t.expect(0.35 < zero_frac < 0.65, f"in train mode with dropout=0.5 about half of the outputs must be 0 "
-                 f"(dropout on the normalised sum); got a zero fraction of {zero_frac:.2f}")
         kept = noisy != 0
-        t.expect(bool(torch.allclose(noisy[kept], 2 * clean[kept], atol=1e-5)),
-                 "dropout must come after the LayerNorm: survivors must equal 2 × the eval output (p = 0.5)")
+        after_norm = 0.35 < zero_frac < 0.65 and bool(torch.allclose(noisy[kept], 2 * clean[kept], atol=1e-5))
+        moved = not bool(torch.allclose(noisy, clean, atol=1e-5))
+        t.expect(after_norm or zero_frac > 0.02 or not moved, f"in train mode with dropout=0.5 no output is 0 (zero fraction "
+                 f"{zero_frac:.2f}): the dropout acts before the LayerNorm, which mixes every feature of a token",
+                 bug="B07.dropout_before_norm")
+        t.expect(0.35 < zero_frac < 0.65, f"in train mode with dropout=0.5 about half of the outputs must be 0; got a "
+                 f"zero fraction of {zero_frac:.2f}")
+        t.expect(after_norm, "in train mode with dropout=0.5 every output that is not 0 must be exactly 2 × the eval "
+                 "output")
 
 
 # ================================================================== 07.EncoderClassifier
@@ -258,6 +276,24 @@ def check_encoder_classifier(t):
     n_params = sum(math.prod(got[n]) for n in facts["parameters"] if n in got)
     t.expect(n_params == 64 * 100 + 104_578, f"EncoderClassifier(100) must have 64·V + 104,578 = 110,978 parameters; "
              f"got {n_params:,}")
+
+    def head_and_dropouts(impl):
+        mm = unwrap(impl.EncoderClassifier(100, num_classes=5, dropout=0.3))
+        f = module_facts(mm)
+        layers = getattr(mm, "layers", None)
+        ps = sorted({round(float(d.p), 6) for d in layers.modules() if isinstance(d, torch.nn.Dropout)}) \
+            if isinstance(layers, torch.nn.Module) else None
+        return f.get("state_dict", {}).get("classifier.weight"), ps
+
+    n3 = t.run(lambda impl: sum(1 for k in module_facts(impl.EncoderClassifier(100, n_layers=3))["state_dict"]
+                                if k.startswith("layers.") and k.endswith(".norm1.weight")))
+    t.expect(n3 == 3, f"EncoderClassifier(100, n_layers=3) must hold 3 encoder blocks; its state_dict has {n3}")
+    head, ps = t.run(head_and_dropouts)
+    t.expect(head == (5, 64), f"EncoderClassifier(100, num_classes=5): the classifier must give 5 logits, "
+             f"classifier.weight (5, 64); got {head}", bug="B07.num_classes_ignored")
+    t.expect(ps == [0.3], f"EncoderClassifier(100, dropout=0.3): the encoder blocks must drop with p=0.3 too "
+             f"(attention weights and sublayer outputs); their dropout probabilities are {ps}",
+             bug="B07.block_dropout_missing")
 
     def build(pooling, st):
         def make(impl):
@@ -316,6 +352,13 @@ def check_encoder_classifier(t):
             expected = ref(ids, mask)
         t.compare(logits(pooling, st, ids, mask), expected,
                   f'logits for a right-padded batch (lengths 9, 5, 3), pooling="{pooling}", shared weights')
+
+    # backpropagation reaches every parameter (both poolings)
+    for pooling in ("cls", "mean"):
+        _, st_g = _classifier_state(pooling)
+        ids_g, mask_g = _batch([9, 5, 3], 9, seed=6)
+        check_gradients(t, gradient_probe(build(pooling, st_g), [ids_g, mask_g]),
+                        f'EncoderClassifier(pooling="{pooling}") on a padded batch')
 
     # dropout: train mode is random, eval mode is deterministic
     ref, st = _classifier_state("cls")
@@ -464,3 +507,81 @@ def check_evaluate(t):
               pick=lambda o: torch.as_tensor(o[0]["confusion"]).long())
     r1, _, after = t.run(call("eval"))
     t.expect(_same_numbers(after, left_in_eval), "evaluate must leave a model that was in eval mode in eval mode")
+
+    # the number of classes comes from the model: a 3-class model gets a (3, 3) confusion matrix
+    from llmcourse.models.encoder_classifier import EncoderClassifier
+
+    torch.manual_seed(22)
+    m3 = EncoderClassifier(23, d_model=16, num_heads=2, d_ff=32, n_layers=1, max_len=12, num_classes=3,
+                           dropout=0.0).eval()
+    with torch.no_grad():
+        m3.classifier.bias.copy_(torch.tensor([0.0, 0.0, 3.0]))  # class 2 is predicted
+    loader3 = [(ids, mask, torch.randint(0, 3, (len(ids),), generator=torch.Generator().manual_seed(9)))
+               for ids, mask, _ in loader]
+    with torch.no_grad():
+        logits3 = torch.cat([m3(ids, mask) for ids, mask, _ in loader3])
+    labels3 = torch.cat([y for *_, y in loader3])
+    cm3 = torch.zeros(3, 3, dtype=torch.long)
+    for i, j in zip(labels3.tolist(), logits3.argmax(-1).tolist()):
+        cm3[i, j] += 1
+
+    def three(impl):
+        return impl.evaluate(m3, loader3)["confusion"]
+
+    err = t.raised_error(three)
+    if err is not None and err[0] in ("IndexError", "ValueError", "RuntimeError"):
+        t.fail(f"evaluate on a model with 3 classes (logits (B, 3)) raised {err[0]} ({err[1]}): the confusion matrix "
+               "must have one row and column per class of the model", bug="B07.eval_two_classes")
+    got3 = t.run(three)
+    t.expect(isinstance(got3, torch.Tensor) and tuple(got3.shape) == (3, 3),
+             f"a model with 3 classes (logits (B, 3)) must get a (3, 3) confusion matrix; got "
+             f"{tuple(getattr(got3, 'shape', ())) or type(got3).__name__}", bug="B07.eval_two_classes")
+    t.compare(lambda impl: torch.as_tensor(three(impl)).long(), cm3,
+              "confusion matrix of a 3-class model over the 10 examples")
+
+
+# ================================================================== grading strength (grader/strength.py)
+
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(
+    f"{U}.build_compact_vocab",
+    "a compact vocabulary is a function of the set of kept ids only: numbered 4, 5, … in GPT-2-id order, kept by "
+    "their total count",
+    probe="the returned dict for fixed lists, a random corpus, its reversal, equal id sets with different counts, "
+          "and min_freq thresholds met exactly")
+defining_property(
+    f"{U}.encode_batch",
+    "a framed, right-padded batch: [CLS] content [SEP] with the end of the content cut, and a bool mask of the real "
+    "tokens",
+    probe="ids and mask for fixed sentences and four max_len values: [SEP] count and position, shapes, dtypes, "
+          "compared with the reference")
+defining_property(
+    f"{U}.BertEmbeddings",
+    "BERT's input layer: dropout(LayerNorm(token + position + segment)), positions from 0, [PAD] row frozen",
+    probe="the learner's module with shared weights in eval mode (segments default and given), a length-1 input, "
+          "gradients of the token table through PAD ids, and train-mode outputs (zero fraction, survivors 2x)")
+defining_property(
+    f"{U}.EncoderClassifier",
+    "classification from pre-LN encoder states in which padding changes nothing: key-padding mask in every block, "
+    "final norm, [CLS] or masked-mean pooling, num_classes logits",
+    probe="logits with shared weights for both poolings; appended PAD columns, changed PAD ids and rows alone must "
+          "leave them unchanged; the classifier's shape for num_classes=5; the blocks' dropout probabilities")
+defining_property(
+    f"{U}.confusion_matrix",
+    "counts of (true, predicted) pairs, rows = true labels, every class present, and accuracy = trace / N",
+    probe="the returned matrices against hand counts (asymmetric 3-class, absent classes) and the float accuracy")
+defining_property(
+    f"{U}.evaluate",
+    "evaluation is a per-example average in eval mode that leaves the model as it was and sizes its confusion "
+    "matrix by the model's classes",
+    probe="loss, accuracy and confusion vs F.cross_entropy over unequal batches; two calls on a dropout-0.5 model; "
+          "the mode after the call read from a seeded forward pass; a 3-class model")
+
+decision(f"{U}.BertEmbeddings", "the order of LayerNorm and dropout in BERT's embedding layer",
+         forms=[r"Dropout\}?\\?(big)?\(\\?(text\{)?LayerNorm", r"dropout\(\s*(self\.)?norm\(",
+                r"dropout acts on (that|the) normali[sz]ed", r"LayerNorm, then dropout"],
+         wrong=("B07.dropout_before_norm",))
+decision(f"{U}.EncoderClassifier", "the shape of the mask the blocks receive (a key mask over heads and queries)",
+         forms=[r"attention_mask\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]", r"\(B, 1, 1, L\)"],
+         wrong=("B07.pad_not_masked", "B07.mask_polarity"))

@@ -459,17 +459,16 @@ print("output", tuple(out8.shape), "weights", tuple(mha.last_weights.shape))
 assert torch.allclose(mha.last_weights.sum(-1), torch.ones(2, 2, 6))
 
 # %% [markdown]
-# ### Spot the bug: a mask that is never applied
+# ### Spot the bug: row 0 moves
 #
-# `masked_fill` returns a **new** tensor; it does not change `scores` in place. A widely copied
-# efficient `MultiHeadAttention` calls `attn_scores.masked_fill(mask, -inf)` on its own line and throws
-# the result away, so the layer is silently **not causal**. The future-perturbation probe from unit 03
-# catches it: change only the last token and see whether row 0 moves.
+# A widely copied efficient `MultiHeadAttention` computes its causal weights as in the cell below. Apply
+# unit 03's future-perturbation probe to it: change only the **last** token's key and value and measure
+# how far output row 0 (the first token, which may see only itself) moves. It must not move at all.
 
 # %%
 def causal_scores_buggy(q, k, mask):
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    scores.masked_fill(~mask, float("-inf"))          # result discarded!
+    scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
 
 
@@ -497,7 +496,7 @@ assert row0_moves(causal_scores_buggy) > 0
 
 # %%
 def causal_scores(q, k, mask):
-    # TODO: make the mask take effect
+    # TODO: row 0 must not depend on any later token
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1)
@@ -535,8 +534,9 @@ assert self_check_causal_scores()
 # the same computation as "project with head `h`'s small matrix". Everything after the split is per
 # head. So if we
 #
-# * stack the heads' `W_query.weight` matrices **row-wise** (head 0 first), and the same for `W_key`
-#   and `W_value`, and
+# * place every head's `W_query.weight` in the big matrix exactly where head `h`'s slice of features
+#   comes out (which part of a `(d_out, d_in)` weight produces features `h·hd … (h+1)·hd − 1`?), and
+#   the same for `W_key` and `W_value`, and
 # * set `out_proj` to the identity (the wrapper has no output projection),
 #
 # the fused module must reproduce the wrapper exactly. `mha_from_wrapper` does precisely this:
@@ -890,8 +890,8 @@ assert crossover == 2 * d_model
 #
 # * Multi-head attention runs `H` attentions on `H` slices of width `head_dim = d_out / H`; the scale
 #   is `1/√head_dim`; an output projection mixes the heads.
-# * The list of heads and the split module are the same function once the per-head weights are
-#   stacked row-wise and `out_proj = I`.
+# * The list of heads and the split module are the same function once each head's weights sit where
+#   its feature slice comes out and `out_proj = I`.
 # * Split with `view(B, T, H, hd).transpose(1, 2)`; merge with `transpose(1, 2).contiguous().view(B, T, d_out)`.
 #   Transpose the **last two** axes for `Kᵀ`. Assign the result of `masked_fill`.
 # * One mask convention (`True` = attend) for our module and SDPA; invert it for `nn.MultiheadAttention`;

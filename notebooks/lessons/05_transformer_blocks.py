@@ -191,16 +191,15 @@ print(f"sqrt(128/127) = {math.sqrt(128 / 127):.5f}")
 # %% [markdown]
 # ### Spot the bug: LayerNorm as some write-ups print it
 #
-# Two versions in circulation: one writes the formula with PyTorch's default (unbiased) variance, the
-# other puts $\varepsilon$ next to the standard deviation, outside the root. Each is "almost right".
-# The parity check against `F.layer_norm` tells them apart from the real thing; the effect of
-# $\varepsilon$ only shows on tokens whose features barely vary. (The correct formula is the first
-# exercise; here the library's `LayerNorm`, with γ = 1 and β = 0, plays the fixed version.)
+# The version below circulates in write-ups and looks like the formula above, line by line. Run the
+# parity check against `F.layer_norm` on typical tokens and on tokens whose features barely vary, and
+# find what differs from the formula. (The correct formula is the first exercise; here the library's
+# `LayerNorm`, with γ = 1 and β = 0, plays the fixed version.)
 
 # %%
 def layer_norm_buggy(x, eps=1e-5):
     mean = x.mean(-1, keepdim=True)
-    return (x - mean) / (x.std(-1, keepdim=True) + eps)      # unbiased std, eps outside the root
+    return (x - mean) / (x.std(-1, keepdim=True) + eps)
 
 
 def layer_norm_library(x, eps=1e-5):
@@ -226,7 +225,7 @@ assert parity(layer_norm_library, x_typical) < 1e-5 and parity(layer_norm_librar
 
 # %%
 def layer_norm_mine(x, eps=1e-5):
-    # TODO: which variance, and where does eps go?
+    # TODO: agree with F.layer_norm on typical and on nearly constant tokens
     mean = x.mean(-1, keepdim=True)
     return (x - mean) / (x.std(-1, keepdim=True) + eps)
 
@@ -441,12 +440,14 @@ assert torch.allclose(small(x)[:, perm], small(x[:, perm]), atol=1e-6)
 print("permuting positions permutes the outputs: the FFN is position-wise")
 
 # %% [markdown]
-# ### Spot the bug: dropout inside the FFN *and* after it
+# ### Two designs: a dropout inside the FFN, or not
 #
-# Some write-ups put a dropout between `fc1` and `fc2` **and** another after the sublayer. In the
-# course (and in GPT-2) the FFN itself is deterministic; the block applies one residual dropout to the
-# FFN's output before adding it to the stream. A quick property distinguishes the two: in `train()`
-# mode our FFN gives the same output twice.
+# Where the regularising dropout of the FFN sublayer goes is a design choice. PyTorch's own
+# `nn.TransformerEncoderLayer` (its `_ff_block`), the Annotated Transformer and tensor2tensor put a
+# dropout **between** `fc1` and `fc2` as well as the residual dropout after the sublayer; GPT-2 and this
+# course leave the inner one out: the FFN itself is deterministic and the block's residual dropout
+# does the regularising. The cell below measures both: PyTorch's FFN path is random in `train()`, the
+# course's is not. Exercise 3's contract is the course's design.
 
 # %%
 class FFNWithInnerDropout(nn.Module):
@@ -455,7 +456,7 @@ class FFNWithInnerDropout(nn.Module):
         self.fc1, self.fc2, self.drop = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model), nn.Dropout(p)
 
     def forward(self, x):
-        return self.fc2(self.drop(torch.relu(self.fc1(x))))   # <- dropout inside the FFN
+        return self.fc2(self.drop(torch.relu(self.fc1(x))))
 
 
 def deterministic_in_train(module, x):
@@ -464,6 +465,12 @@ def deterministic_in_train(module, x):
 
 
 x = torch.randn(2, 6, 8)
+torch_layer = nn.TransformerEncoderLayer(8, 2, 32, dropout=0.1, batch_first=True).train()
+torch_ffn_random = not torch.equal(torch_layer._ff_block(x), torch_layer._ff_block(x))
+print("nn.TransformerEncoderLayer's dropouts:",
+      [name for name, m in torch_layer.named_modules() if isinstance(m, nn.Dropout)],
+      "| its FFN path random in train()?", torch_ffn_random)
+assert torch_ffn_random
 print("FFN with inner dropout deterministic in train()?", deterministic_in_train(FFNWithInnerDropout(8, 32), x))
 print("course FeedForward deterministic in train()?    ", deterministic_in_train(FeedForward(8, 32), x))
 assert not deterministic_in_train(FFNWithInnerDropout(8, 32), x) and deterministic_in_train(FeedForward(8, 32), x)
@@ -475,7 +482,7 @@ assert not deterministic_in_train(FFNWithInnerDropout(8, 32), x) and determinist
 # %%
 class FFNFixed(FFNWithInnerDropout):
     def forward(self, x):
-        # TODO: where does the dropout of this sublayer belong?
+        # TODO: the course's design: deterministic in train() and equal to eval()
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
 
 
@@ -491,8 +498,7 @@ self_check_ffn(FFNFixed)
 
 # %% jupyter={"source_hidden": true}
 # Reference (collapsed; the FFN is exercise 3, so here in words): no dropout between the two linear layers;
-# the block applies one dropout to the sublayer's output before the residual add. The library's
-# FeedForward passes the same self-check:
+# the block's residual dropout does the regularising. The library's FeedForward passes the same self-check:
 assert self_check_ffn(FeedForward)
 
 # %% [markdown]
@@ -503,8 +509,8 @@ assert self_check_ffn(FeedForward)
 #
 # | | formula | used by |
 # |---|---|---|
-# | **post-LN** | $x \leftarrow \mathrm{LN}(x + \mathrm{dropout}(f(x)))$ | the 2017 Transformer, BERT |
-# | **pre-LN** | $x \leftarrow x + \mathrm{dropout}(f(\mathrm{LN}(x)))$ | GPT-2 and nearly every model since |
+# | **post-LN** | $x \leftarrow \mathrm{LN}(x + f(x))$ | the 2017 Transformer, BERT |
+# | **pre-LN** | $x \leftarrow x + f(\mathrm{LN}(x))$ | GPT-2 and nearly every model since |
 #
 # In post-LN the residual stream is renormalised after every sublayer, so it never grows, but every
 # gradient on its way back to the first layers passes through all the norms. At initialisation the
@@ -691,8 +697,8 @@ assert abs(rms(with_final) - 1) < 1e-3 and abs(rms(without) - 1) > 0.05
 # hides padding tokens `(B, 1, 1, T)`. With pre-LN:
 #
 # ```
-# x = x + dropout(self_attn(norm1(x), mask=mask))
-# x = x + dropout(ffn(norm2(x)))
+# x = x + self_attn(norm1(x), mask=mask)     (+ residual dropout: where exactly is exercise 4)
+# x = x + ffn(norm2(x))
 # ```
 #
 # The course's `EncoderBlock(d_model, num_heads, d_ff, dropout=0.1, norm_first=True, activation="relu",
@@ -835,16 +841,16 @@ assert self_check_pre_ln(EncoderBlock)
 #    sees positions $\le t$ (the mask arrives in `tgt_mask`, usually `causal_mask(T) & padding`);
 # 2. **cross-attention**: the queries come from the decoder stream, the keys and values from the
 #    encoder's output (`memory`, shape `(B, T_src, D)`). `T_src` may differ from the target length, so
-#    the weights are `(B, H, T_tgt, T_src)`; only source padding is masked (`memory_mask`, `(B, 1, 1, T_src)`).
+#    the weights are `(B, H, T_tgt, T_src)`; only source padding is masked.
 #    It is **not** causal: the whole source sentence is known;
 # 3. the FFN.
 #
 # Pre-LN:
 #
 # ```
-# x = x + dropout(self_attn(norm1(x), mask=tgt_mask))
-# x = x + dropout(cross_attn(norm2(x), memory, mask=memory_mask))
-# x = x + dropout(ffn(norm3(x)))
+# x = x + self_attn(norm1(x), mask=…)             (each line with its residual dropout)
+# x = x + cross_attn(norm2(x), memory, mask=…)
+# x = x + ffn(norm3(x))
 # ```
 #
 # `norm2` normalises the *queries* only. The memory was already normalised by the encoder stack's final

@@ -315,7 +315,9 @@ assert bool(((long_ids == 2).sum(1) == 1).all()) and int(long_mask[0].sum()) == 
 #
 # BERT adds three learned tables (Devlin et al., 2019, Fig. 2) and normalises the sum:
 #
-# $$e_t = \text{Dropout}\big(\text{LayerNorm}(E_\text{tok}[x_t] + E_\text{pos}[t] + E_\text{seg}[s_t])\big)$$
+# $$e_t = \text{LayerNorm}(E_\text{tok}[x_t] + E_\text{pos}[t] + E_\text{seg}[s_t])$$
+#
+# with a dropout in the layer as well (where it acts is exercise 3's question; BERT's code answers it);
 #
 # * positions are **learned** (`nn.Embedding(max_len, D)`, positions `0 … L−1`), as in GPT-2;
 # * the segment table tells sentence A from sentence B in pair tasks; with single sentences every
@@ -348,8 +350,8 @@ assert same and not list(emb.norm.buffers())
 #
 # `EncoderClassifier` = `BertEmbeddings` → `n_layers` pre-LN `EncoderBlock`s (unit 05, GELU) → a
 # **final LayerNorm** (a pre-LN stack never normalises its residual stream otherwise) → pooling →
-# `nn.Linear(D, num_classes)`. The only mask is the key-padding mask `attention_mask[:, None, None, :]`,
-# shape `(B, 1, 1, L)`, passed to every block.
+# `nn.Linear(D, num_classes)`. The only mask is a key-padding mask built from `attention_mask` and passed to
+# every block: real tokens may attend to real tokens only (its exact shape is exercise 4's to find).
 #
 # Two ways to turn `L` vectors into one:
 #
@@ -523,12 +525,11 @@ print(f"{n_small:,} parameters vs {n_train_tokens:,} training tokens ({n_small /
 assert best["epoch"] == viz.best_epoch(history) or history["val_accuracy"][viz.best_epoch(history)] == best["accuracy"]
 
 # %% [markdown]
-# ### Spot the bug: a best checkpoint that keeps training
+# ### Spot the bug: the best checkpoint
 #
-# `fit` keeps the best epoch's weights with `copy.deepcopy(model.state_dict())`. A common shortcut
-# stores `model.state_dict()` itself. Its tensors are the model's own parameters (the same storage, not
-# a copy), so every later optimizer step rewrites the "best" checkpoint too. Watch it on a copy of the
-# model, with one more training step after the checkpoint is taken:
+# `fit` keeps the weights of the best epoch so that training can go on and the best model still be
+# restored at the end. A common shortcut takes the checkpoint as below. Take it from a copy of the model,
+# train one more step, and measure how far the stored "best" weights moved (they must not move):
 
 # %%
 def one_more_step(net):
@@ -564,7 +565,7 @@ assert checkpoint_moves(checkpoint_shortcut) > 0
 
 # %%
 def take_checkpoint(net):
-    # TODO: the checkpoint must not share storage with the model
+    # TODO: the stored weights must stay those of the moment the checkpoint was taken
     return net.state_dict()
 
 
@@ -584,7 +585,9 @@ def self_check_checkpoint(take):
 self_check_checkpoint(take_checkpoint)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (folded): copy every tensor (detach().clone()); copy.deepcopy(net.state_dict()) works too.
+# Reference fix (folded): state_dict() returns the model's own tensors (the same storage, not a copy), so
+# every optimizer step rewrote them; copy every tensor (detach().clone()); copy.deepcopy(net.state_dict())
+# works too.
 def take_checkpoint_reference(net):
     return {name: tensor.detach().clone() for name, tensor in net.state_dict().items()}
 
@@ -774,9 +777,24 @@ print("most positive words:", [enc.decode([itos[int(i)]]) for i in top.flip(0)[:
 # zero, which is what we just did.
 #
 # A tiny MLM step on our own training sentences shows the mechanics: one extra id `[MASK]` = V, an
-# output layer that reuses the token table (logits = states · tokᵀ, as BERT does; with BERT's small
-# initialisation of the tables, std 0.02, the logits start near zero), and a loss on the masked positions
-# only. Before training, the loss sits near ln(V + 1), chance level.
+# output layer that reuses the token table (logits = states · tokᵀ; with BERT's small initialisation of
+# the tables, std 0.02, the logits start near zero), and a loss on the masked positions only. Before
+# training, the loss sits near ln(V + 1), chance level. BERT's own MLM head does more than this sketch:
+# a transform (a D × D dense layer, GELU, LayerNorm) before the tied output layer, and an output bias
+# per token. The next cell lists it from `transformers`' `BertForMaskedLM` (a tiny configuration).
+
+# %%
+from transformers import BertConfig, BertForMaskedLM  # noqa: E402
+
+tiny_bert = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=32))
+head = tiny_bert.cls.predictions
+head_parts = [(name, type(m).__name__) for name, m in head.named_modules() if name and "." not in name]
+head_parts += [(name, type(m).__name__) for name, m in head.transform.named_children()]
+print("BERT's MLM head:", head_parts, "| output bias:", tuple(head.bias.shape))
+print("output layer tied to the token table:",
+      head.decoder.weight.data_ptr() == tiny_bert.bert.embeddings.word_embeddings.weight.data_ptr())
+assert {"dense", "LayerNorm"} <= {n for n, _ in head_parts} and head.bias.shape == (50,)
 
 # %%
 MASK_ID = V

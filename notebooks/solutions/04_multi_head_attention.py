@@ -206,7 +206,7 @@ print("visible tests passed")
 
 # %% tags=["solution:04.mha_from_wrapper"]
 def mha_from_wrapper(wrapper):
-    """A causal MultiHeadAttention with the wrapper's heads stacked row-wise and out_proj = identity."""
+    """A causal MultiHeadAttention computing what the wrapper computes (head h = wrapper.heads[h]), out_proj = I."""
     ### BEGIN SOLUTION
     heads = wrapper.heads
     first = heads[0]
@@ -252,7 +252,7 @@ print("visible tests passed")
 # - `to_torch_mha(mha)`: raise `ValueError` unless `d_in == d_kv == d_out`; create
 #   `nn.MultiheadAttention(d_out, num_heads, dropout=mha.dropout.p, bias=True, batch_first=True)` and
 #   copy the weights: `in_proj_weight` `(3·d, d)` packs `W_query.weight`, `W_key.weight`,
-#   `W_value.weight` row-wise **in that order**; `in_proj_bias` the three biases in the same order, or
+#   `W_value.weight` one after the other **in that order**; `in_proj_bias` the three biases in the same order, or
 #   zeros when the course module has no qkv bias; `out_proj.weight` and `out_proj.bias` copied.
 #
 # Then `torch_mha(x, x, x, attn_mask=to_torch_attn_mask(m), need_weights=False)[0]` equals `mha(x, mask=m)`.

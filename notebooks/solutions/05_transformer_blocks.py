@@ -136,7 +136,8 @@ print("visible tests passed")
 #
 # Two linear layers with biases, `fc1 = nn.Linear(d_model, d_ff)` and `fc2 = nn.Linear(d_ff, d_model)`,
 # with the activation in between: `"relu"` is `torch.relu`, `"gelu"` your exact `gelu`, `"gelu_tanh"`
-# your `gelu(·, "tanh")`. **No dropout inside** (a block applies dropout to the FFN's output).
+# your `gelu(·, "tanh")`; any other name raises `ValueError`. **No dropout inside** (the block that uses it does
+# the regularising).
 # `state_dict` keys: `fc1.weight (d_ff, d_model)`, `fc1.bias`, `fc2.weight (d_model, d_ff)`, `fc2.bias`.
 
 # %% tags=["solution:05.FeedForward"]
@@ -195,10 +196,13 @@ print("visible tests passed")
 # `norm1`, `norm2` = `LayerNorm(d_model)`, `ffn = FeedForward(d_model, d_ff, activation)`,
 # `dropout = nn.Dropout(dropout)`.
 #
-# - pre-LN (`norm_first=True`): `x = x + dropout(self_attn(norm1(x), mask=mask))`, then
-#   `x = x + dropout(ffn(norm2(x)))`.
-# - post-LN (`norm_first=False`): `x = norm1(x + dropout(self_attn(x, mask=mask)))`, then
-#   `x = norm2(x + dropout(ffn(x)))`.
+# Two sublayers, `f1(h) = self_attn(h, mask=mask)` then `f2(h) = ffn(h)`:
+# - pre-LN (`norm_first=True`): each updates the stream as `x ← x + f_i(norm_i(x))`;
+# - post-LN (`norm_first=False`): each as `x ← norm_i(x + f_i(x))`.
+#
+# Both with **residual dropout** (`self.dropout`, active in `train()` only), as in the original
+# Transformer (Vaswani et al., 2017, §5.4 "Residual Dropout"): one dropout per sublayer. Where it acts
+# in the update is yours to decide from the paper; the grader reads it off a train-mode output.
 
 # %% tags=["solution:05.EncoderBlock"]
 class EncoderBlock(nn.Module):
@@ -255,18 +259,17 @@ print("visible tests passed")
 # ```
 #
 # Submodules: `self_attn` and `cross_attn` (two `MultiHeadAttention(d_model, d_model, num_heads, dropout,
-# qkv_bias)`), `norm1`, `norm2`, `norm3`, `ffn`, `dropout`. The causal mask is **not** built in: it
-# arrives in `tgt_mask`. Pre-LN:
+# qkv_bias)`), `norm1`, `norm2`, `norm3`, `ffn`, `dropout`. Three sublayers, each updating the stream
+# like the encoder block's (same norm placement with `norm1`, `norm2`, `norm3`, same residual dropout):
 #
-# ```
-# x = x + dropout(self_attn(norm1(x), mask=tgt_mask))
-# x = x + dropout(cross_attn(norm2(x), memory, mask=memory_mask))   # queries from x; keys/values from memory
-# x = x + dropout(ffn(norm3(x)))
-# ```
+# 1. self-attention: queries, keys and values from the decoder stream;
+# 2. cross-attention: queries from the decoder stream, keys and values from `memory`;
+# 3. the FFN.
 #
-# Post-LN: the same three sublayers, each as `x = norm_i(x + dropout(sublayer(x)))`. `memory`
-# `(B, T_src, D)` is the encoder's output and is used as it is (not normalised again); `T_src` may
-# differ from the target length.
+# The causal mask is **not** built in. The block receives two masks, `tgt_mask` (broadcastable to
+# `(B, H, T_tgt, T_tgt)`) and `memory_mask` (`(B, 1, 1, T_src)`, the source's padding); which attention
+# takes which is yours to decide. `memory` `(B, T_src, D)` is the encoder's output and is used as it is
+# (not normalised again); `T_src` may differ from the target length.
 
 # %% tags=["solution:05.DecoderBlock"]
 class DecoderBlock(nn.Module):

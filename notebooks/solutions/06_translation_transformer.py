@@ -166,7 +166,8 @@ print("visible tests passed")
 # - `encode(src, src_mask)`: `pos(src_embed(src))` through the encoder blocks (each gets `src_mask`),
 #   then `encoder.norm` → memory `(B, S, D)`.
 # - `decode(tgt_in, memory, src_mask, tgt_mask)`: `pos(tgt_embed(tgt_in))` through the decoder blocks
-#   (`block(x, memory, tgt_mask=tgt_mask, memory_mask=src_mask)`), then `decoder.norm` → `(B, T, D)`.
+#   (unit 05's `DecoderBlock(x, memory, tgt_mask=..., memory_mask=...)`: which mask goes where is yours to
+#   decide), then `decoder.norm` → `(B, T, D)`.
 # - `forward(src, tgt_in)`: build both masks with your exercise-1 functions and `self.pad_id`, encode,
 #   decode, project → logits `(B, T, tgt_vocab)`.
 #
@@ -339,7 +340,8 @@ print("visible tests passed")
 #    hypothesis k-grams and the number of reference k-grams.
 # 3. Skip orders where both counts are 0. Otherwise `P_k = matches / hyp_count` (0 if no hypothesis
 #    k-grams) and `R_k = matches / ref_count` (0 if none).
-# 4. `P`, `R` = the means of the `P_k` and `R_k`; `chrF = 100·(1+β²)·P·R / (β²·P + R)` (0 if `P + R = 0`).
+# 4. `P`, `R` = the means of the `P_k` and `R_k`; `chrF = 100·(1+β²)·P·R / (β²·P + R)` (0 if `P + R = 0`, and
+#    0 when every order was skipped: empty strings).
 #
 # Sum the statistics over the corpus **before** dividing; averaging sentence scores gives a different number.
 #

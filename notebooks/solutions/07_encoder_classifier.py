@@ -125,7 +125,7 @@ print("visible tests passed")
 # %% [markdown]
 # ## Exercise 3 — `BertEmbeddings` (3 points)
 #
-# BERT's input layer: the sum of three learned embeddings, then LayerNorm, then dropout.
+# BERT's input layer: three learned embeddings summed and normalised, with a dropout.
 #
 # ```python
 # BertEmbeddings(vocab_size, d_model, max_len, type_vocab_size=2, dropout=0.1)
@@ -137,10 +137,10 @@ print("visible tests passed")
 #   `self.norm = LayerNorm(d_model)` (imported above; `nn.LayerNorm` has the same keys),
 #   `self.dropout = nn.Dropout(dropout)`.
 # - Positions are `0, 1, …, L−1`; `segment_ids=None` means segment 0 everywhere.
-# - The output is BERT's input embedding of the lesson's section 5, built from these five modules: in
-#   eval mode each output vector is normalised over its features, and the check compares it with its own
-#   computation after loading the same `state_dict` into your module; in train mode dropout acts on that
-#   normalised output (with `dropout=0.5` the survivors are exactly twice the eval output).
+# - The output is BERT's input embedding (Devlin et al., 2019; the lesson's section 5), built from these five
+#   modules. Where the dropout acts is yours to decide: BERT's code answers it (`BertEmbeddings.forward`, in
+#   Google's release or in `transformers`). The check compares the eval-mode output with its own computation
+#   after loading the same `state_dict` into your module, and reads a train-mode output with `dropout=0.5`.
 
 # %% tags=["solution:07.BertEmbeddings"]
 class BertEmbeddings(nn.Module):
