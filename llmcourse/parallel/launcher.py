@@ -62,6 +62,9 @@ class RankResult:
         output: what the rank printed to ``sys.stdout``/``sys.stderr``.
         calls: the collectives it called, in order, e.g. ``["all_reduce(float32 (4, 8), op=SUM)"]``.
         pending: the collective it was inside when it failed or was killed (``None`` when none).
+        traffic: with ``backend="gloo_recorded"``, what the rank's process groups carried (one dict per call:
+            operation, elements, peer; :mod:`llmcourse.parallel.traffic`), else ``[]``. A group of another
+            backend that ``fn`` made adds ``{"op": "unrecorded_group", ...}``.
     """
 
     rank: int
@@ -71,6 +74,7 @@ class RankResult:
     output: str = ""
     calls: list[str] = field(default_factory=list)
     pending: str | None = None
+    traffic: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -178,6 +182,12 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         import torch.distributed as dist
 
         torch.set_num_threads(max(1, threads))
+        recording = backend == "gloo_recorded"
+        if recording:
+            from . import traffic
+
+            traffic.register()
+            traffic.reset()
         barrier = dist.barrier                    # the launcher's own barrier is not one of fn's calls
         _install_recorder(result.calls, board, rank)
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
@@ -194,6 +204,8 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         result.pending = _board_read(board, rank)
         result.value = None
     result.output = buffer.getvalue()
+    if joined and recording:
+        result.traffic = _traffic_of_rank()
     try:
         blob = pickle.dumps(result)
     except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
@@ -205,6 +217,20 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
             if finished:
                 barrier()
             dist.destroy_process_group()
+
+
+def _traffic_of_rank() -> list[dict]:
+    """The recording groups' log, plus one entry per process group of another backend (its traffic is unseen)."""
+    import torch.distributed as dist
+
+    from . import traffic
+
+    out = list(traffic.TRAFFIC)
+    for pg in list(dist.distributed_c10d._world.pg_map):
+        if not isinstance(pg, traffic.RecordingProcessGroup):
+            out.append({"op": "unrecorded_group", "numel": 0, "dtype": None, "peer": None,
+                        "backend": type(pg).__name__})
+    return out
 
 
 def _set_parent_death_signal() -> None:
