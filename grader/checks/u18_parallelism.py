@@ -404,10 +404,10 @@ def _z_expected():
 
 def held_state(opt, params) -> int:
     """Elements of the tensors reachable from the optimizer object ``opt`` (its attributes, containers, nested
-    objects, its class's attributes, and attributes set on the parameters), each storage counted once, the
-    parameters' and gradients' own storages excluded. Runs inside a rank, on the learner's object."""
-    import types
-
+    objects of its own classes and modules, torch optimizers' ``state`` and ``param_groups``, its class's attributes, and
+    attributes set on the parameters), each storage counted once, the parameters' and gradients' own storages
+    excluded. Library objects other than torch optimizers are not entered (their internals are not state this
+    answer keeps). Runs inside a rank, on the learner's object."""
     skip_storage = set()
     for q in params:
         skip_storage.add(q.untyped_storage().data_ptr())
@@ -416,11 +416,9 @@ def held_state(opt, params) -> int:
     storages: dict[int, int] = {}
     seen: set[int] = set()
     stack = [opt, {k: v for k, v in vars(type(opt)).items() if not k.startswith("__")}, *params]
-    leaves = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-              types.CodeType, str, bytes, int, float, complex, bool, type(None))
-    while stack:
+    while stack and len(seen) < 100_000:
         o = stack.pop()
-        if id(o) in seen or isinstance(o, leaves):
+        if id(o) in seen:
             continue
         seen.add(id(o))
         if isinstance(o, torch.Tensor):
@@ -429,13 +427,17 @@ def held_state(opt, params) -> int:
                 if key not in skip_storage and o.untyped_storage().nbytes():
                     storages[key] = max(storages.get(key, 0), o.untyped_storage().nbytes() // o.element_size())
             stack.extend(getattr(o, "__dict__", {}).values())
-            continue
-        if isinstance(o, dict):
+        elif isinstance(o, dict):
             stack.extend(o.keys())
             stack.extend(o.values())
         elif isinstance(o, (list, tuple, set, frozenset)):
             stack.extend(o)
-        else:
+        elif isinstance(o, torch.optim.Optimizer):
+            stack.extend([o.state, o.param_groups])
+        elif isinstance(o, nn.Module):
+            stack.extend(vars(o).values())
+        elif type(o).__module__.split(".")[0] not in ("torch", "builtins", "numpy", "functools", "collections",
+                                                       "types", "typing", "abc", "weakref"):
             stack.extend(getattr(o, "__dict__", {}).values())
             for slot in getattr(type(o), "__slots__", ()):
                 if hasattr(o, slot):

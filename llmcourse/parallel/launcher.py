@@ -290,13 +290,18 @@ def launch(fn: Callable, world_size: int = 2, *args, backend: str = "gloo", time
 
     host = "127.0.0.1"
     deadline = time.monotonic() + timeout_s
-    # the caller holds the rendezvous store on a port the OS picked: no race for a "free port"
-    store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
+
+    def make_store():
+        # the caller holds the rendezvous store on a port the OS picked: no race for a "free port"
+        return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=timeout_s))
+
+    if start_method == "fork":
+        # the store is made after the forks: its server thread must not exist when a rank is forked (a fork copies
+        # whatever lock that thread holds at that instant, and the rank would wait on it forever)
+        return _launch_fork(fn, world_size, args, kwargs, host, make_store, backend, timeout_s, threads, deadline)
+    store = make_store()
     try:
-        if start_method == "fork":
-            return _launch_fork(fn, world_size, args, kwargs, host, store.port, backend, timeout_s, threads,
-                                deadline)
         return _launch_spawn(fn, world_size, args, kwargs, host, store.port, backend, timeout_s, threads, deadline)
     finally:
         del store
@@ -329,24 +334,35 @@ def _finish(blobs: dict[int, bytes], world_size: int, board, exitcodes: dict[int
     return results
 
 
-def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, threads, deadline):
+def _launch_fork(fn, world_size, args, kwargs, host, make_store, backend, timeout_s, threads, deadline):
     import mmap
 
     board = mmap.mmap(-1, _BOARD_SLOT * world_size)      # anonymous, shared with the forked ranks
-    pids, fds = {}, {}
+    pids, fds, port_fds = {}, {}, {}
+    store = None
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         for rank in range(world_size):
             r, w = os.pipe()
+            port_r, port_w = os.pipe()       # the store's port, sent once the store exists
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the rank (coverage does not follow forks)
                 code = 0
                 try:
                     os.close(r)
-                    for other in fds.values():
+                    os.close(port_w)
+                    for other in (*fds.values(), *port_fds.values()):
                         os.close(other)
                     _set_parent_death_signal()
+                    got = b""
+                    while len(got) < 8:
+                        part = os.read(port_r, 8 - len(got))
+                        if not part:
+                            raise RuntimeError("the launcher closed before sending the store's port")
+                        got += part
+                    os.close(port_r)
+                    port = int.from_bytes(got, "little")
                     import faulthandler
 
                     faulthandler.disable()    # a rank that aborts is reported as killed by SIGABRT, not with a dump
@@ -364,7 +380,13 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                 finally:
                     os._exit(code)
             os.close(w)
-            pids[rank], fds[rank] = pid, r
+            os.close(port_r)
+            pids[rank], fds[rank], port_fds[rank] = pid, r, port_w
+        store = make_store()
+        for rank, fd in list(port_fds.items()):
+            os.write(fd, store.port.to_bytes(8, "little"))
+            os.close(fd)
+            del port_fds[rank]
         chunks: dict[int, bytearray] = {rank: bytearray() for rank in fds}
         open_fds = dict(fds)
         while open_fds:
@@ -395,10 +417,11 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                 if os.waitpid(pid, os.WNOHANG) == (0, 0):
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
-        for fd in fds.values():
+        for fd in (*fds.values(), *port_fds.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)
         board.close()
+        del store
 
 
 def _reap(pid: int, wait_s: float) -> int | None:

@@ -382,7 +382,7 @@ for stage, what in enumerate(["plain data parallel", "ZeRO-1: optimizer state", 
 # - **column-parallel**: rank `r` holds a block of output features (rows of `W`); each rank computes its slice of
 #   `Y` from the full `X`, with no communication;
 # - **row-parallel**: rank `r` holds a block of input features; each computes a partial `Y` from its slice of `X`,
-#   and one **all-reduce** sums them. A bias must be added once, after the sum.
+#   and one **all-reduce** sums them (where a bias goes is for you to work out in the exercises).
 #
 # In unit 11's SwiGLU block `down(silu(gate(x)) ⊙ up(x))`, `gate` and `up` are column-parallel, so each rank holds a
 # slice of the hidden features, `silu` and `⊙` act element by element on the slice, and `down` is row-parallel:
