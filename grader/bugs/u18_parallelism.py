@@ -94,7 +94,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
     def step(self):
         import torch.distributed as dist
 
-        grad_shard = torch.empty(self.stop - self.start, dtype=torch.float32)
+        grad_shard = torch.empty(self.stop - self.start, dtype=self.dtype, device=self.device)
         dist.reduce_scatter_single(grad_shard, self._flat([q.grad for q in self.params]))
         param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
         self.step_count += 1
@@ -104,7 +104,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
         self.exp_avg_sq.mul_(beta2).addcmul_(grad_shard, grad_shard, value=1 - beta2)
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.step_count)).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1 ** self.step_count))
-        full = torch.empty(self.world_size * param_shard.numel())
+        full = torch.empty(self.world_size * param_shard.numel(), dtype=self.dtype, device=self.device)
         dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:
@@ -301,7 +301,7 @@ class _AllReduceShardAdamW(ZeRO1AdamW):
         self.exp_avg_sq.mul_(beta2).addcmul_(grad_shard, grad_shard, value=1 - beta2)
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.step_count)).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1 ** self.step_count))
-        full = torch.empty(self.world_size * param_shard.numel())
+        full = torch.empty(self.world_size * param_shard.numel(), dtype=self.dtype, device=self.device)
         dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:

@@ -140,7 +140,7 @@ def ring_all_reduce(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.float32) -> dict:
+def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> dict:
     """Time ``dist.all_reduce`` of ``numel`` elements on the current group (call on every rank).
 
     Returns:
@@ -150,7 +150,9 @@ def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.
     import torch.distributed as dist
 
     p = dist.get_world_size()
-    t = torch.ones(numel, dtype=dtype)
+    if device is None:   # NCCL moves GPU tensors only: this rank's current GPU (set from LOCAL_RANK by the launchers)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.ones(numel, dtype=dtype, device=device)
     dist.all_reduce(t)
     best = float("inf")
     for _ in range(repeats):

@@ -191,6 +191,9 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         barrier = dist.barrier                    # the launcher's own barrier is not one of fn's calls
         _install_recorder(result.calls, board, rank)
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            if backend == "nccl":
+                # one GPU per rank, chosen before the group exists (torchrun's LOCAL_RANK when set)
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
@@ -518,10 +521,10 @@ def run_torchrun_entry(fn: Callable, *args, backend: str | None = None, **kwargs
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))     # before the group: NCCL binds to it
     dist.init_process_group(backend)
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return fn(dist.get_rank(), dist.get_world_size(), *args, **kwargs)
     finally:
         dist.destroy_process_group()
