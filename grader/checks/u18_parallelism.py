@@ -379,7 +379,8 @@ Z_WORLD = 4           # 4 ranks: a share is a quarter, so sharded state (≤ 1.5
 #                       (2Ψ) are far apart
 # eps = 1e-2 (not 1e-8): with a tiny eps Adam's update barely depends on the gradient's scale, and a gradient
 # shard summed instead of averaged would go unnoticed
-Z_KW = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-2}
+# betas not the defaults: an answer that ignores them is seen
+Z_KW = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-2, "betas": (0.8, 0.99)}
 
 
 def _z_model():
@@ -502,6 +503,14 @@ def check_sharded_adamw(t):
                  f"two AdamW moments of its share only, 2·⌈Ψ/p⌉ = {2 * shard} for Ψ = {psi} parameters on {p} ranks, "
                  f"where plain AdamW keeps 2Ψ = {2 * psi}", bug="B18.zero_full_state")
     for rec in records:
+        t.expect(rec["state"] <= rec["held"],
+                 f"rank {rec['rank']}'s state_numel() says {rec['state']} elements, but the tensors its optimizer "
+                 f"holds have {rec['held']}: state_numel() counts the moment elements this rank really keeps")
+    total = sum(rec["state"] for rec in records)
+    t.expect(total >= 2 * psi,
+             f"state_numel() summed over the {p} ranks is {total}, below 2Ψ = {2 * psi}: between them the ranks keep "
+             "both AdamW moments of every parameter (each rank those of its share), and state_numel() counts them")
+    for rec in records:
         t.expect(rec["state"] <= 2 * shard,
                  f"rank {rec['rank']} reports {rec['state']} elements of optimizer state; ZeRO-1 keeps the two AdamW "
                  f"moments of its shard only: at most 2·⌈Ψ/p⌉ = {2 * shard} for Ψ = {psi} parameters on {p} ranks "
@@ -523,6 +532,7 @@ def check_sharded_adamw(t):
 # ------------------------------------------------------------------------------------------------ 18.row_parallel_linear
 
 ROW_X = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1804))
+ROW_G = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1808))    # the loss's weights: sum(G ⊙ y)
 
 
 def _row_linear():
@@ -536,10 +546,12 @@ def _row_linear():
 defining_property(
     "18.row_parallel_linear",
     "Megatron's row-parallel layer: rank r multiplies only its slice of the input features by the matching "
-    "columns of the weight, the partial outputs are summed by one all-reduce, and the bias is added once",
+    "columns of the weight, the partial outputs are summed by one all-reduce, and the bias is added once; "
+    "backward gives each rank the full layer's gradients for its slice (input features, weight columns) and the bias",
     probe="in each rank the weight columns and input features outside its slice are NaN (a rank that touches them "
           "returns NaN); the recording process group lists the collectives each rank's group carried (exactly one "
-          "all-reduce); the output against the full nn.Linear in one process")
+          "all-reduce); the output, and the gradients of sum(G ⊙ y) for the rank's input features, weight columns and "
+          "bias, against the full nn.Linear in one process")
 
 
 @check("18.row_parallel_linear", ["row_parallel_linear"], _ref_row)
@@ -551,14 +563,22 @@ def check_row_parallel_linear(t):
             lin = nn.Linear(8, 5)
             lin.load_state_dict(state)
             k = 8 // world_size
+            own = slice(rank * k, (rank + 1) * k)
             xr = x.clone()
             with torch.no_grad():                      # what this rank does not own is not here: NaN
                 for c in range(8):
                     if c // k != rank:
                         lin.weight[:, c] = float("nan")
                         xr[..., c] = float("nan")
+            xr.requires_grad_(True)
             out = impl.row_parallel_linear(xr, lin, rank, world_size)
-            return {"out": out.detach().clone()}
+            grads = None
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.shape == ROW_G.shape:
+                (out * ROW_G).sum().backward()
+                grads = [g.detach().clone() if g is not None else None
+                         for g in (xr.grad[..., own] if xr.grad is not None else None,
+                                   lin.weight.grad[:, own] if lin.weight.grad is not None else None, lin.bias.grad)]
+            return {"out": out.detach().clone(), "grads": grads}
         return on_ranks(body)
 
     records = run_on_ranks(t, probe)
@@ -571,6 +591,18 @@ def check_row_parallel_linear(t):
                               "only and the all-reduce brings in the rest", bug="B18.row_full_product")
     compare_ranks(t, probe, records, expected, "row-parallel output against the full nn.Linear(8, 5)",
                   key=lambda r: r["out"], atol=1e-5)
+    dense = _row_linear()
+    xd = ROW_X.clone().requires_grad_(True)
+    (dense(xd) * ROW_G).sum().backward()
+    for rec in records:
+        r, k = rec["rank"], 8 // WORLD
+        own = slice(r * k, (r + 1) * k)
+        t.expect(rec["grads"] is not None and all(g is not None for g in rec["grads"]),
+                 f"rank {r}: no gradient flows back through the output to the input slice, the weight columns and the "
+                 "bias; a row-parallel layer is trained: its output must be differentiable like linear(x)")
+        want = [xd.grad[..., own], dense.weight.grad[:, own], dense.bias.grad]
+        compare_ranks(t, probe, [rec], want, f"rank {r}'s gradients (its input features, its weight columns, the "
+                      "bias) against the full layer's, for the loss sum(G ⊙ y)", key=lambda rc: rc["grads"], atol=1e-5)
     for rec in records:
         ops = [e["op"] for e in rec["traffic"]]
         t.expect(ops == ["allreduce"],
@@ -580,7 +612,7 @@ def check_row_parallel_linear(t):
 
 # ------------------------------------------------------------------------------------------------ 18.expert_parallel_moe
 
-EP_SHAPE = (2, 4, 8)     # each rank's tokens (B, T, D)
+EP_SHAPE = (2, 3, 8)     # each rank's tokens (B, T, D): B·T ≠ D, so (tokens, D) and (D, tokens) differ
 EP_SEED = 1806
 EP_EXPERTS = 4
 

@@ -172,14 +172,17 @@ def row_parallel_linear(x: Tensor, linear: nn.Linear, rank: int, world_size: int
         x: ``(…, in)`` (the same on every rank); linear: the full layer (the same on every rank).
 
     Returns:
-        ``(…, out)`` on every rank, equal to ``linear(x)`` up to float rounding.
+        ``(…, out)`` on every rank, equal to ``linear(x)`` up to float rounding; differentiable: backward gives this
+        rank the full layer's gradients for its input slice, its weight columns and the bias (the all-reduce's
+        backward is the identity, Megatron's ``g``).
 
     Raises:
         ValueError: ``in_features`` not divisible by ``world_size``.
     """
-    layer = RowParallelLinear.from_linear(linear, rank, world_size)
-    cols = slice(rank * layer.local_in, (rank + 1) * layer.local_in)
-    return layer(x[..., cols])
+    width = _split(linear.in_features, world_size, "in_features")
+    cols = slice(rank * width, (rank + 1) * width)
+    y = reduce_from_tensor_parallel(F.linear(x[..., cols], linear.weight[:, cols]))
+    return y + linear.bias if linear.bias is not None else y
 
 
 class TensorParallelSwiGLU(nn.Module):

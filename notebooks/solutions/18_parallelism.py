@@ -278,7 +278,9 @@ print("visible tests passed")
 # `linear(x)` `(…, out_features)`, computed Megatron's row-parallel way: rank `r` uses only its slice
 # `r·in/p … (r+1)·in/p − 1` of the input features (and the matching part of the weight), and the ranks combine their
 # partial results with exactly **one** collective. `in_features` is divisible by `world_size`. The grader makes the
-# weight columns and input features outside rank `r`'s slice NaN in rank `r`. Where does the bias go?
+# weight columns and input features outside rank `r`'s slice NaN in rank `r`. The layer is trained, so the output
+# must be differentiable: a backward through it gives each rank the full layer's gradients for its input features,
+# its weight columns and the bias. Where does the bias go?
 
 # %% tags=["solution:18.row_parallel_linear"]
 def row_parallel_linear(x, linear, rank, world_size):
