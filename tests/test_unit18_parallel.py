@@ -396,3 +396,81 @@ def test_run_torchrun_entry_reads_the_environment_torchrun_sets(monkeypatch):
     out = run_torchrun_entry(lambda rank, world_size: (rank, world_size, dist.is_initialized()), backend="gloo")
     assert out == (0, 1, True)
     assert not dist.is_initialized()
+
+
+# ------------------------------------------------------------------------------------------ device and dtype (issue 40)
+# The library runs unchanged under torchrun + NCCL only if every buffer it makes follows the tensors it is given:
+# NCCL moves GPU tensors only. No GPU here: float64 inputs (a dtype nothing would produce by default) and the
+# 'meta' device stand in for "not the default", on CPU.
+
+
+def _zero64_rank(rank, world_size):
+    torch.manual_seed(11)
+    model = nn.Linear(5, 3).double()
+    opt = ZeRO1AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    x = BATCH[rank * 4:(rank + 1) * 4, :5].double()
+    for _ in range(2):
+        opt.zero_grad()
+        F.mse_loss(model(x), TARGET[rank * 4:(rank + 1) * 4, :3].double()).backward()
+        opt.step()
+    return {"weights": [p.detach() for p in model.parameters()], "dtypes": {opt.exp_avg.dtype, opt.exp_avg_sq.dtype},
+            "devices": {opt.exp_avg.device.type, opt.exp_avg_sq.device.type}}
+
+
+def test_zero1_state_follows_the_parameters_dtype_and_device():
+    results = run_ranks(_zero64_rank, 2, timeout_s=TIMEOUT)
+    torch.manual_seed(11)
+    model = nn.Linear(5, 3).double()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for _ in range(2):
+        opt.zero_grad()
+        F.mse_loss(model(BATCH[:, :5].double()), TARGET[:, :3].double()).backward()
+        opt.step()
+    for r in results:
+        assert r["dtypes"] == {torch.float64} and r["devices"] == {"cpu"}
+        for a, b in zip(r["weights"], model.parameters(), strict=True):
+            assert a.dtype == torch.float64
+            torch.testing.assert_close(a, b.detach(), atol=1e-12, rtol=1e-12)   # float64 all the way through
+
+
+def _ep64_rank(rank, world_size):
+    torch.manual_seed(12)
+    moe = DeepSeekMoE(8, 8, n_routed_experts=4, n_shared_experts=1, top_k=2).double()
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(20 + rank), dtype=torch.float64)
+    with torch.no_grad():
+        return {"y": ExpertParallelMoE.from_moe(moe, rank, world_size)(x), "x": x}
+
+
+def test_expert_parallel_buffers_follow_the_input_dtype():
+    results = run_ranks(_ep64_rank, 2, timeout_s=TIMEOUT)
+    torch.manual_seed(12)
+    moe = DeepSeekMoE(8, 8, n_routed_experts=4, n_shared_experts=1, top_k=2).double()
+    for r in results:
+        assert r["y"].dtype == torch.float64
+        with torch.no_grad():
+            torch.testing.assert_close(r["y"], moe(r["x"]), atol=1e-12, rtol=1e-12)
+
+
+def test_tensor_parallel_shards_take_the_full_layers_device_and_dtype():
+    full = nn.Linear(8, 6, device="meta", dtype=torch.float64)
+    for layer in (ColumnParallelLinear.from_linear(full, 1, 2), RowParallelLinear.from_linear(full, 1, 2)):
+        assert {(p.device.type, p.dtype) for p in layer.parameters()} == {("meta", torch.float64)}
+    col = ColumnParallelLinear(8, 6, 0, 2, device="meta", dtype=torch.float16)
+    assert (col.weight.device.type, col.weight.dtype, tuple(col.weight.shape)) == ("meta", torch.float16, (3, 8))
+
+
+def test_no_tensor_factory_in_the_library_ignores_the_device():
+    """Every torch.zeros/empty/ones/full in llmcourse/parallel names a device (or takes one through **kw): a buffer
+    made on the default device breaks NCCL, where every tensor a collective touches must be on this rank's GPU."""
+    import inspect
+    import re
+
+    import llmcourse.parallel as par
+
+    bad = []
+    for mod in (par.collectives, par.data_parallel, par.zero, par.tensor_parallel, par.expert_parallel):
+        for n, line in enumerate(inspect.getsource(mod).splitlines(), 1):
+            if re.search(r"torch\.(zeros|empty|ones|full|arange|rand|randn)\(", line) and not re.search(
+                    r"device|\*\*kw|torch\.empty\(0\)", line):
+                bad.append(f"{mod.__name__}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)

@@ -94,7 +94,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
     def step(self):
         import torch.distributed as dist
 
-        grad_shard = torch.empty(self.stop - self.start, dtype=torch.float32)
+        grad_shard = torch.empty(self.stop - self.start, dtype=self.dtype, device=self.device)
         dist.reduce_scatter_single(grad_shard, self._flat([q.grad for q in self.params]))
         param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
         self.step_count += 1
@@ -104,7 +104,7 @@ class _SummedShardAdamW(ZeRO1AdamW):
         self.exp_avg_sq.mul_(beta2).addcmul_(grad_shard, grad_shard, value=1 - beta2)
         denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.step_count)).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1 ** self.step_count))
-        full = torch.empty(self.world_size * param_shard.numel())
+        full = torch.empty(self.world_size * param_shard.numel(), dtype=self.dtype, device=self.device)
         dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:
@@ -174,3 +174,186 @@ bug_group("B18.a2a_split_sizes", f"{U}.expert_parallel_moe", "The all-to-all's s
           "receive from each peer exactly what that peer sends it. Exchange the per-rank counts first (an "
           "all-to-all of p integers) and use them as the output split sizes.",
           {"expert_parallel_moe": _symmetric_splits}, detect="detector")
+
+
+# ---------------------------------------------------------------- issue 40: the shortcuts that skip each idea
+
+
+def _ring_whole_tensor(tensor):
+    """The whole tensor passed around the ring p−1 times: right sum, (p−1)·n elements sent per rank."""
+    import torch.distributed as dist
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    acc, buf, got = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for _ in range(p - 1):
+        ops = [dist.P2POp(dist.isend, buf, (r + 1) % p), dist.P2POp(dist.irecv, got, (r - 1) % p)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        buf = got.clone()
+        acc += buf
+    tensor.copy_(acc)
+    return tensor
+
+
+def _ring_star(tensor):
+    """Every rank sends to rank 0, which sums and sends the result back: a star, not a ring."""
+    import torch.distributed as dist
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        buf = torch.empty_like(tensor)
+        for src in range(1, p):
+            dist.recv(buf, src)
+            tensor += buf
+        for dst in range(1, p):
+            dist.send(tensor, dst)
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+    return tensor
+
+
+RING = f"{U}.ring_all_reduce"
+bug_group("B18.ring_whole_tensor", RING, "Each rank sends far more than a ring all-reduce needs: passing whole "
+          "tensors around costs (p−1)·n per rank. Cut the tensor into p chunks: p−1 steps that each send one chunk "
+          "and add the one received (reduce-scatter), then p−1 steps that pass the finished chunks on (all-gather).",
+          {"ring_all_reduce": _ring_whole_tensor}, detect="detector")
+bug_group("B18.ring_not_neighbours", RING, "A rank exchanges messages with ranks that are not its neighbours (a star "
+          "through one rank, or every rank to every other): in a ring, rank r sends only to r+1 and receives only "
+          "from r−1 (mod p), so every link carries the same load and no rank is a bottleneck.",
+          {"ring_all_reduce": _ring_star}, detect="detector")
+
+
+def _seed_ignored(module, seed):
+    import torch.distributed as dist
+
+    broadcast_parameters(module)
+    p = dist.get_world_size()
+    for q in module.parameters():
+        if q.requires_grad:
+            def hook(param):
+                dist.all_reduce(param.grad)
+                param.grad.div_(p)
+            q.register_post_accumulate_grad_hook(hook)
+
+
+def _averaged_twice(module, seed):
+    import torch.distributed as dist
+
+    broadcast_parameters(module)
+    torch.manual_seed(seed + dist.get_rank())
+    p = dist.get_world_size()
+    for q in module.parameters():
+        if q.requires_grad:
+            def hook(param):
+                param.grad.div_(p)
+                dist.all_reduce(param.grad)
+                param.grad.div_(p)
+            q.register_post_accumulate_grad_hook(hook)
+
+
+bug_group("B18.seed_ignored", DP, "The random draws after the call do not depend on `seed`: each rank's stream must be "
+          "a function of the seed it is given (and of its rank), so that a run can be repeated.",
+          {"attach_data_parallel": _seed_ignored}, detect="detector")
+bug_group("B18.grads_averaged_twice", DP, "The gradients are divided by the number of ranks twice (p² in all): the "
+          "mean over ranks is the sum divided by p once.",
+          {"attach_data_parallel": _averaged_twice})
+
+
+class _FullStateAdamW:
+    """All-reduce the gradients, a full torch.optim.AdamW on every rank; state_numel reports the share."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = list(params)
+        self.inner = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.numel = sum(q.numel() for q in self.params)
+
+    def state_numel(self):
+        import torch.distributed as dist
+
+        return 2 * math.ceil(self.numel / dist.get_world_size())
+
+    @torch.no_grad()
+    def step(self):
+        import torch.distributed as dist
+
+        for q in self.params:
+            dist.all_reduce(q.grad)
+            q.grad.div_(dist.get_world_size())
+        self.inner.step()
+
+
+class _AllReduceShardAdamW(ZeRO1AdamW):
+    """Sharded moments, but the whole flat gradient all-reduced (then sliced) instead of reduce-scattered."""
+
+    @torch.no_grad()
+    def step(self):
+        import torch.distributed as dist
+
+        flat = self._flat([q.grad for q in self.params])
+        dist.all_reduce(flat)
+        grad_shard = flat[self.start:self.stop] / self.world_size
+        param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
+        self.step_count += 1
+        beta1, beta2 = self.betas
+        param_shard.mul_(1 - self.lr * self.weight_decay)
+        self.exp_avg.lerp_(grad_shard, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad_shard, grad_shard, value=1 - beta2)
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.step_count)).add_(self.eps)
+        param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / (1 - beta1 ** self.step_count))
+        full = torch.empty(self.world_size * param_shard.numel(), dtype=self.dtype, device=self.device)
+        dist.all_gather_single(full, param_shard)
+        offset = 0
+        for q in self.params:
+            q.copy_(full[offset:offset + q.numel()].view_as(q))
+            offset += q.numel()
+
+
+bug_group("B18.zero_full_state", f"{U}.ShardedAdamW", "This rank still holds optimizer state for every parameter, "
+          "whatever state_numel() reports: ZeRO-1's saving is that each rank keeps the AdamW moments of its own "
+          "share only, and updates only that share.",
+          {"ShardedAdamW": _FullStateAdamW}, detect="detector")
+bug_group("B18.zero_all_reduce", f"{U}.ShardedAdamW", "A step sends more than data parallelism would: each rank "
+          "needs only its share of the averaged gradient, so bringing everyone the whole averaged gradient costs "
+          "1.5 times the traffic. The lesson's table of collective volumes shows which one delivers just a share.",
+          {"ShardedAdamW": _AllReduceShardAdamW}, detect="detector")
+
+
+def _row_full_product(x, linear, rank, world_size):
+    import torch.distributed as dist
+
+    y = x @ linear.weight.T / world_size
+    dist.all_reduce(y)
+    return y + linear.bias
+
+
+bug_group("B18.row_full_product", f"{U}.row_parallel_linear", "Each rank computes with the whole weight (or the "
+          "whole input) instead of its slice of the input features: nothing is split, the all-reduce only "
+          "averages copies. Rank r owns input features r·in/p … (r+1)·in/p − 1 and the matching weight columns.",
+          {"row_parallel_linear": _row_full_product}, detect="detector")
+
+
+def _ep_no_all_to_all(x, moe, rank, world_size):
+    import torch.distributed as dist
+
+    d = moe.d_model
+    flat = x.reshape(-1, d)
+    parts = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(parts, flat)
+    everything = torch.cat(parts)
+    _, w, idx = moe.gate(everything)
+    per = moe.n_routed_experts // world_size
+    out = torch.zeros_like(everything)
+    for e in range(rank * per, (rank + 1) * per):
+        tok, slot = torch.where(idx == e)
+        if len(tok):
+            out.index_add_(0, tok, moe.experts[e](everything[tok]) * w[tok, slot, None])
+    dist.all_reduce(out)
+    n = flat.shape[0]
+    return out[rank * n:(rank + 1) * n].view_as(x) + moe.shared_experts(x)
+
+
+bug_group("B18.ep_no_all_to_all", f"{U}.expert_parallel_moe", "Every rank's tokens are sent to every rank (gathered, "
+          "then the outputs all-reduced): the traffic grows with all tokens times all ranks. Expert parallelism "
+          "moves each token only to the ranks that own its chosen experts, and back, with an all-to-all.",
+          {"expert_parallel_moe": _ep_no_all_to_all}, detect="detector")

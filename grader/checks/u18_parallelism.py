@@ -21,6 +21,7 @@ from torch import nn
 
 from ..core import CheckFailure, NotAttempted, check
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "18"
 RANK_TIMEOUT_S = 15.0   # per launch; a check is stopped at 30 s (grader.core.CHECK_TIME_LIMIT_S)
@@ -64,9 +65,14 @@ def _ref_ep():
 
 def on_ranks(body, world_size: int = WORLD, timeout_s: float = RANK_TIMEOUT_S) -> list[dict]:
     """Run ``body(rank, world_size)`` on ``world_size`` gloo ranks (call inside a probe). One plain record per rank:
-    ``{"rank", "ok", "value", "status", "message", "error", "pending", "calls"}``. A learner's exception inside
-    a rank (already turned into a readable message by the learner guard) becomes ``status``/``message``."""
+    ``{"rank", "ok", "value", "status", "message", "error", "pending", "calls", "traffic"}``. A learner's exception
+    inside a rank (already turned into a readable message by the learner guard) becomes ``status``/``message``.
+
+    The ranks' default group is :class:`llmcourse.parallel.traffic.RecordingProcessGroup`: ``traffic`` lists what
+    each rank's group really carried (operation, elements, peer), whichever route the code took to it."""
     from llmcourse.parallel import launch
+
+    _warm_up()
 
     def guarded(rank, world_size):
         try:
@@ -75,9 +81,9 @@ def on_ranks(body, world_size: int = WORLD, timeout_s: float = RANK_TIMEOUT_S) -
             return {"ok": False, "status": exc.status, "message": exc.message}
 
     records = []
-    for r in launch(guarded, world_size, timeout_s=timeout_s):
+    for r in launch(guarded, world_size, timeout_s=timeout_s, backend="gloo_recorded"):
         rec = {"rank": r.rank, "calls": list(r.calls), "pending": r.pending, "error": r.error,
-               "ok": False, "value": None, "status": "failed", "message": ""}
+               "ok": False, "value": None, "status": "failed", "message": "", "traffic": list(r.traffic)}
         if r.ok and isinstance(r.value, dict):
             if r.value["ok"] and isinstance(r.value["value"], dict):
                 rec.update(r.value["value"], ok=True)      # the body's own keys ("out", "grads", ...)
@@ -87,6 +93,15 @@ def on_ranks(body, world_size: int = WORLD, timeout_s: float = RANK_TIMEOUT_S) -
     if any(rec.get("status") == "not_attempted" for rec in records):
         raise NotAttempted()
     return records
+
+
+def _warm_up() -> None:
+    """One AdamW step on one number, in the process that forks the ranks: the first optimizer step of a process
+    imports torch's compiler stack (seconds); done here (cheap after the first time), the forked ranks inherit it
+    instead of each paying it on a loaded machine (where 4 ranks doing so outlasted the launch's deadline)."""
+    w = torch.zeros(1, requires_grad=True)
+    w.grad = torch.ones(1)
+    torch.optim.AdamW([w]).step()
 
 
 def rank_problem(records: list[dict]) -> str | None:
@@ -115,7 +130,28 @@ def run_on_ranks(t, probe) -> list[dict]:
     problem = rank_problem(records)
     if problem:
         t.fail(problem)
+    expect_observed(t, records)
     return records
+
+
+def expect_observed(t, records) -> None:
+    """Every message went through the ranks' own default group (where the grader sees it)."""
+    for rec in records:
+        other = [e.get("backend", "?") for e in rec["traffic"] if e["op"] == "unrecorded_group"]
+        t.expect(not other, f"rank {rec['rank']} made a process group of its own ({other[0] if other else ''}); "
+                 "use the default group that every rank already joined (dist.new_group() without a backend works)")
+
+
+_P2P = ("send", "recv")
+
+
+def traffic_collectives(rec) -> list[str]:
+    """The collectives (not point-to-point messages, not barriers) a rank's group carried, in order, deduplicated."""
+    seen = []
+    for e in rec["traffic"]:
+        if e["op"] not in _P2P and e["op"] != "unrecorded_group" and e["op"] not in seen:
+            seen.append(e["op"])
+    return seen
 
 
 def compare_ranks(t, probe, records, expected, what: str, key, atol=1e-5, rtol=1e-5):
@@ -128,6 +164,12 @@ def compare_ranks(t, probe, records, expected, what: str, key, atol=1e-5, rtol=1
             pick = functools.partial(_pick_rank, rank=rec["rank"], key=key)
             bug_id = t.diagnose(probe, got, atol=max(atol, 1e-12), rtol=max(rtol, 1e-6), pick=pick)
             t.fail(f"rank {rec['rank']}, {what}: {describe_difference(got, expected, atol, rtol)}", bug=bug_id)
+
+
+def nan_probe_failure(message: str, bug: str | None = None):
+    """Fail a probe whose NaN is the evidence (weights a rank must not touch are NaN there): the message says what
+    the NaN means, instead of the generic report on a non-finite result (``Tester.fail``)."""
+    raise CheckFailure(message, bug_id=bug)
 
 
 def _pick_rank(records, rank, key):
@@ -144,36 +186,72 @@ def _used_collectives(records) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ 18.ring_all_reduce
 
-RING_WORLD = 3
-RING_N = 12
+RING_WORLD = 4        # 4 ranks: a rank has a neighbour on each side and one rank that is not a neighbour
+RING_SHAPE = (3, 8)   # 24 elements, 6 per chunk
+RING_SEED = 1800
 
 
-def _ring_inputs():
-    g = torch.Generator().manual_seed(1800)
-    return torch.randn(RING_WORLD, RING_N, generator=g)
+def _ring_input(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s tensor, made inside that rank (no rank holds another's input)."""
+    return torch.randn(RING_SHAPE, generator=torch.Generator().manual_seed(RING_SEED + rank))
+
+
+def ring_volume(rec) -> tuple[int, dict[int, int], dict[int, int]]:
+    """``(elements sent, {dst: elements}, {src: elements})`` of one rank's point-to-point traffic."""
+    sent, got = {}, {}
+    for e in rec["traffic"]:
+        if e["op"] == "send":
+            sent[e["peer"]] = sent.get(e["peer"], 0) + e["numel"]
+        elif e["op"] == "recv":
+            got[e["peer"]] = got.get(e["peer"], 0) + e["numel"]
+    return sum(sent.values()), sent, got
+
+
+defining_property(
+    "18.ring_all_reduce",
+    "a ring all-reduce: each rank exchanges messages only with its two neighbours (r±1 mod p), point to point, "
+    "and sends 2(p−1)/p·n elements in all (reduce-scatter then all-gather of n/p chunks), never the whole tensor",
+    probe="the ranks' default process group is a recording wrapper of gloo: every send/recv is counted per peer "
+          "(any route: dist.isend, batch_isend_irecv, send, the group object) on 4 ranks, each holding only its "
+          "own input; any collective it carried fails the check")
 
 
 @check("18.ring_all_reduce", ["ring_all_reduce"], _ref_ring)
 def check_ring_all_reduce(t):
-    xs = _ring_inputs()
-
     def probe(impl):
         def body(rank, world_size):
-            x = xs[rank].clone()
+            x = _ring_input(rank)
             out = impl.ring_all_reduce(x)
             return {"out": out.clone() if isinstance(out, torch.Tensor) else None, "x": x.clone(),
                     "same_object": out is x}
         return on_ranks(body, RING_WORLD)
 
     records = run_on_ranks(t, probe)
-    used = _used_collectives(records)
-    t.expect(not used, f"your ring calls {', '.join('dist.' + u for u in used)}; build it from point-to-point "
+    used = sorted({c for rec in records for c in traffic_collectives(rec)} | set(_used_collectives(records)))
+    t.expect(not used, f"your ring calls the collective {', '.join(used)}; build it from point-to-point "
              "messages only (dist.isend/irecv, dist.batch_isend_irecv or send/recv)")
     t.expect(all(r["out"] is not None for r in records), "ring_all_reduce must return the tensor it was given")
-    compare_ranks(t, probe, records, xs.sum(0), "the tensor after the ring (3 ranks, 12 elements)",
-                  key=lambda r: r["x"], atol=1e-5)
+    expected = torch.stack([_ring_input(r) for r in range(RING_WORLD)]).sum(0)
+    compare_ranks(t, probe, records, expected, f"the tensor after the ring ({RING_WORLD} ranks, "
+                  f"{expected.numel()} elements)", key=lambda r: r["x"], atol=1e-5)
     t.expect(all(r["same_object"] for r in records), "the sum must be written into the given tensor (in place) and "
              "that same tensor returned, as dist.all_reduce does")
+    p, n = RING_WORLD, expected.numel()
+    budget = 2 * (p - 1) * n // p
+    for rec in records:
+        r = rec["rank"]
+        total, sent, got = ring_volume(rec)
+        neighbours = {(r - 1) % p, (r + 1) % p}
+        far = sorted(set(sent) - neighbours)
+        far_in = sorted(set(got) - neighbours)
+        t.expect(not far and not far_in,
+                 f"rank {r} of {p} exchanged messages with rank {(far or far_in)[0] if far or far_in else ''} "
+                 f"(sent to {sorted(sent)}, received from {sorted(got)}); in a ring each rank talks only to its "
+                 f"two neighbours, ranks {(r - 1) % p} and {(r + 1) % p}", bug="B18.ring_not_neighbours")
+        t.expect(total <= budget,
+                 f"rank {r} sent {total} elements for a tensor of n = {n} on p = {p} ranks; a ring all-reduce "
+                 f"sends 2(p−1)/p·n = {budget}: p−1 steps of one n/p chunk to reduce, p−1 to gather",
+                 bug="B18.ring_whole_tensor")
 
 
 # ------------------------------------------------------------------------------------------------ 18.attach_data_parallel
@@ -181,10 +259,23 @@ def check_ring_all_reduce(t):
 DP_BATCH = torch.randn(8, 6, generator=torch.Generator().manual_seed(1801))
 DP_TARGET = torch.randn(8, 3, generator=torch.Generator().manual_seed(1802))
 DP_STEPS, DP_LR, DP_SEED = 2, 0.1, 1234
+DP_AMBIENT = 4321        # every rank's global RNG state just before the call: the same on all ranks
+
+
+class _DPNet(nn.Module):
+    """A small MLP with a random buffer (a fixed feature scale): replicas that sync only parameters differ."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1, self.lin2 = nn.Linear(6, 10), nn.Linear(10, 3)
+        self.register_buffer("scale", torch.rand(10) + 0.5)
+
+    def forward(self, x):
+        return self.lin2(torch.tanh(self.lin1(x)) * self.scale)
 
 
 def _dp_model():
-    return nn.Sequential(nn.Linear(6, 10), nn.Tanh(), nn.Linear(10, 3))
+    return _DPNet()
 
 
 def _dp_train(model, x, y):
@@ -206,8 +297,32 @@ def _dp_train(model, x, y):
 def _dp_expected():
     torch.manual_seed(100)                 # rank 0's initialisation
     model = _dp_model()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
     grads, weights = _dp_train(model, DP_BATCH, DP_TARGET)
-    return grads, weights
+    return state, grads, weights
+
+
+def _dp_attached(impl, rank, seed, ambient):
+    """A replica initialised as rank ``rank`` would, attached with ``seed`` from the global RNG state ``ambient``;
+    returns it, its state right after the call and 16 draws of torch.rand after the call."""
+    torch.manual_seed(100 + rank)          # each rank initialises its replica differently
+    model = _dp_model()
+    torch.manual_seed(ambient)             # ...but the global RNG state before the call is the same on all ranks
+    impl.attach_data_parallel(model, seed)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model, state, torch.rand(16)
+
+
+defining_property(
+    "18.attach_data_parallel",
+    "data parallelism without a wrapper: replicas start from rank 0's parameters and buffers, every .grad is the "
+    "mean over ranks as soon as backward produced it (hooks), and random draws after the call differ between "
+    "ranks and are a function of `seed` (not of the RNG state the rank happened to have)",
+    probe="on 2 ranks whose replicas were initialised differently and whose global RNG state is made identical "
+          "just before the call: the state dict right after the call against rank 0's; draws after the call "
+          "compared across ranks, across two calls with the same seed from different RNG states, and against a "
+          "call with another seed; gradients of two backwards and weights after two SGD steps against one process "
+          "on the whole batch")
 
 
 @check("18.attach_data_parallel", ["attach_data_parallel"], _ref_dp)
@@ -216,21 +331,39 @@ def check_attach_data_parallel(t):
 
     def probe(impl):
         def body(rank, world_size):
-            torch.manual_seed(100 + rank)     # each rank initialises its replica differently
-            model = _dp_model()
-            impl.attach_data_parallel(model, DP_SEED)
-            draws = torch.rand(16)
+            _, _, again = _dp_attached(impl, rank, DP_SEED, ambient=DP_AMBIENT + 1)   # same seed, other RNG state
+            _, _, other = _dp_attached(impl, rank, DP_SEED + 1, ambient=DP_AMBIENT)   # another seed
+            model, state, draws = _dp_attached(impl, rank, DP_SEED, ambient=DP_AMBIENT)
             n = batch.shape[0] // world_size
             grads, weights = _dp_train(model, batch[rank * n:(rank + 1) * n], target[rank * n:(rank + 1) * n])
-            return {"grads": grads, "weights": weights, "draws": draws}
+            return {"grads": grads, "weights": weights, "draws": draws, "again": again, "other": other,
+                    "state": state}
         return on_ranks(body)
 
     records = run_on_ranks(t, probe)
-    grads, weights = _dp_expected()
+    state0, grads, weights = _dp_expected()
+    for rec in records:
+        for name, want in sorted(state0.items(), key=lambda kv: kv[0] == "scale"):     # parameters first
+            got = rec["state"].get(name)
+            same = got is not None and got.shape == want.shape and torch.equal(got, want)
+            if not same:
+                kind = "buffer" if name == "scale" else "parameter"
+                t.fail(f"rank {rec['rank']}: right after attach_data_parallel its {kind} {name!r} differs from rank "
+                       f"0's; every replica must start from rank 0's parameters and buffers",
+                       bug="B18.unsynced_init" if kind == "parameter" else None)
+    for rec in records:
+        t.expect(not torch.equal(rec["draws"], rec["other"]),
+                 f"rank {rec['rank']} draws the same random numbers after attach_data_parallel(model, seed={DP_SEED}) "
+                 f"and after seed={DP_SEED + 1}: its random draws do not depend on `seed`",
+                 bug="B18.seed_ignored")
     t.expect(not torch.equal(records[0]["draws"], records[1]["draws"]),
              "after attach_data_parallel both ranks draw the same random numbers, so their dropout masks are equal; "
              "each rank needs its own seed derived from `seed` (the weights are made equal another way)",
              bug="B18.same_dropout_seed")
+    for rec in records:
+        t.expect(torch.equal(rec["draws"], rec["again"]),
+                 f"rank {rec['rank']}: two calls with the same seed={DP_SEED}, made from different random states, are "
+                 "followed by different draws: they must be reproducible from `seed` alone")
     compare_ranks(t, probe, records, grads[0], "gradients of the first backward (model on 2 ranks with 4 examples "
                   "each, against one process with all 8)", key=lambda r: r["grads"][0], atol=1e-6, rtol=1e-5)
     compare_ranks(t, probe, records, grads[1], "gradients of the second backward", key=lambda r: r["grads"][1],
@@ -242,9 +375,12 @@ def check_attach_data_parallel(t):
 # ------------------------------------------------------------------------------------------------ 18.ShardedAdamW
 
 Z_STEPS = 3
+Z_WORLD = 4           # 4 ranks: a share is a quarter, so sharded state (≤ 1.5Ψ with one full buffer) and full moments
+#                       (2Ψ) are far apart
 # eps = 1e-2 (not 1e-8): with a tiny eps Adam's update barely depends on the gradient's scale, and a gradient
 # shard summed instead of averaged would go unnoticed
-Z_KW = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-2}
+# betas not the defaults: an answer that ignores them is seen
+Z_KW = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-2, "betas": (0.8, 0.99)}
 
 
 def _z_model():
@@ -267,6 +403,72 @@ def _z_expected():
     return [p.detach().clone() for p in model.parameters()]
 
 
+def held_state(opt, params) -> int:
+    """Elements of the tensors reachable from the optimizer object ``opt`` (its attributes, containers, nested
+    objects of its own classes and modules, torch optimizers' ``state`` and ``param_groups``, its class's attributes, and
+    attributes set on the parameters), each storage counted once, the parameters' and gradients' own storages
+    excluded. Library objects other than torch optimizers are not entered (their internals are not state this
+    answer keeps). Runs inside a rank, on the learner's object."""
+    skip_storage = set()
+    for q in params:
+        skip_storage.add(q.untyped_storage().data_ptr())
+        if q.grad is not None:
+            skip_storage.add(q.grad.untyped_storage().data_ptr())
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = [opt, {k: v for k, v in vars(type(opt)).items() if not k.startswith("__")}, *params]
+    while stack and len(seen) < 100_000:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            if o.device.type != "meta":
+                key = o.untyped_storage().data_ptr()
+                if key not in skip_storage and o.untyped_storage().nbytes():
+                    storages[key] = max(storages.get(key, 0), o.untyped_storage().nbytes() // o.element_size())
+            stack.extend(getattr(o, "__dict__", {}).values())
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif isinstance(o, torch.optim.Optimizer):
+            stack.extend([o.state, o.param_groups])
+        elif isinstance(o, nn.Module):
+            stack.extend(vars(o).values())
+        elif type(o).__module__.split(".")[0] not in ("torch", "builtins", "numpy", "functools", "collections",
+                                                       "types", "typing", "abc", "weakref"):
+            stack.extend(getattr(o, "__dict__", {}).values())
+            for slot in getattr(type(o), "__slots__", ()):
+                if hasattr(o, slot):
+                    stack.append(getattr(o, slot))
+    return sum(storages.values())
+
+
+def zero_traffic(rec, p: int) -> float:
+    """Elements one rank sends in its collectives under the bandwidth-optimal algorithms (reduce-scatter of n:
+    (p−1)/p·n; all-gather of a share s: (p−1)·s; all-reduce of n: 2(p−1)/p·n; broadcast of n: n from the root
+    (charged to every rank: the bound is per rank); point-to-point sends: their size)."""
+    total = 0.0
+    for e in rec["traffic"]:
+        n = e["numel"]
+        total += {"reduce_scatter": (p - 1) / p * n, "allgather": (p - 1) * n, "allreduce": 2 * (p - 1) / p * n,
+                  "broadcast": n, "reduce": (p - 1) / p * n, "all_to_all": (p - 1) / p * n,
+                  "all_to_all_single": (p - 1) / p * n, "send": n, "scatter": n, "gather": n}.get(e["op"], 0.0)
+    return total
+
+
+defining_property(
+    "18.ShardedAdamW",
+    "ZeRO stage 1: each rank holds AdamW's two moments only for its ~Ψ/p share of the parameters, and a step "
+    "communicates no more than data parallelism's all-reduce of the gradients (2(p−1)/p·Ψ per rank)",
+    probe="inside each of 4 ranks, after 3 steps, the elements of every tensor reachable from the optimizer object "
+          "(attributes, containers, nested objects, class attributes, attributes set on the parameters; parameter "
+          "and gradient storages excluded) are counted, never the answer's state_numel(); the recording process "
+          "group sums each rank's collective traffic per step; weights against torch.optim.AdamW in one process")
+
+
 @check("18.ShardedAdamW", ["ShardedAdamW"], _ref_zero)
 def check_sharded_adamw(t):
     batch, target = DP_BATCH[:, :5].clone(), DP_TARGET[:, :1].clone()
@@ -282,25 +484,55 @@ def check_sharded_adamw(t):
                     p.grad = None
                 F.mse_loss(model(x), y).backward()
                 opt.step()
-            return {"weights": [p.detach().clone() for p in model.parameters()], "state": int(opt.state_numel())}
-        return on_ranks(body)
+            params = list(model.parameters())
+            return {"weights": [p.detach().clone() for p in params], "state": int(opt.state_numel()),
+                    "held": held_state(opt, params)}
+        return on_ranks(body, Z_WORLD)
 
     records = run_on_ranks(t, probe)
-    psi = _z_numel()
-    shard = -(-psi // WORLD)
+    psi, p = _z_numel(), Z_WORLD
+    shard = -(-psi // p)
+    n_params = len(list(_z_model().parameters()))
+    # the moments of one share, plus one full flat buffer of the padded parameters (stage 1 keeps full gradients)
+    # and a few scalars (step counts)
+    allowed = 2 * shard + p * shard + n_params + 8
+    for rec in records:
+        t.expect(rec["held"] <= allowed,
+                 f"rank {rec['rank']}'s optimizer holds {rec['held']} elements in tensors (counted from the optimizer "
+                 f"object: its attributes and what they contain, parameters and gradients excluded); ZeRO-1 keeps the "
+                 f"two AdamW moments of its share only, 2·⌈Ψ/p⌉ = {2 * shard} for Ψ = {psi} parameters on {p} ranks, "
+                 f"where plain AdamW keeps 2Ψ = {2 * psi}", bug="B18.zero_full_state")
+    for rec in records:
+        t.expect(rec["state"] <= rec["held"],
+                 f"rank {rec['rank']}'s state_numel() says {rec['state']} elements, but the tensors its optimizer "
+                 f"holds have {rec['held']}: state_numel() counts the moment elements this rank really keeps")
+    total = sum(rec["state"] for rec in records)
+    t.expect(total >= 2 * psi,
+             f"state_numel() summed over the {p} ranks is {total}, below 2Ψ = {2 * psi}: between them the ranks keep "
+             "both AdamW moments of every parameter (each rank those of its share), and state_numel() counts them")
     for rec in records:
         t.expect(rec["state"] <= 2 * shard,
-                 f"rank {rec['rank']} holds {rec['state']} elements of optimizer state; ZeRO-1 keeps the two AdamW "
-                 f"moments of its shard only: at most 2·⌈Ψ/p⌉ = {2 * shard} for Ψ = {psi} parameters on {WORLD} ranks "
+                 f"rank {rec['rank']} reports {rec['state']} elements of optimizer state; ZeRO-1 keeps the two AdamW "
+                 f"moments of its shard only: at most 2·⌈Ψ/p⌉ = {2 * shard} for Ψ = {psi} parameters on {p} ranks "
                  f"(plain AdamW: 2Ψ = {2 * psi})")
-    compare_ranks(t, probe, records, _z_expected(), f"weights after {Z_STEPS} steps (each rank 4 of the 8 examples, "
+    compare_ranks(t, probe, records, _z_expected(), f"weights after {Z_STEPS} steps (each rank 2 of the 8 examples, "
                   "against torch.optim.AdamW on all 8 in one process)", key=lambda r: r["weights"], atol=1e-6,
                   rtol=1e-5)
+    budget = 2 * (p - 1) / p * (p * shard)
+    for rec in records:
+        sent = zero_traffic(rec, p) / Z_STEPS
+        t.expect(sent <= budget + 1e-9,
+                 f"rank {rec['rank']} sends {sent:g} elements per step in its collectives (as each would run "
+                 f"bandwidth-optimally); ZeRO-1 costs what data parallelism costs, one all-reduce's "
+                 f"2(p−1)/p·Ψ = {budget:g} for Ψ = {p * shard} (padded) on {p} ranks: each rank needs only its "
+                 "share of the averaged gradient, and everyone needs the updated parameters",
+                 bug="B18.zero_all_reduce")
 
 
 # ------------------------------------------------------------------------------------------------ 18.row_parallel_linear
 
 ROW_X = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1804))
+ROW_G = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1808))    # the loss's weights: sum(G ⊙ y)
 
 
 def _row_linear():
@@ -311,6 +543,17 @@ def _row_linear():
     return lin
 
 
+defining_property(
+    "18.row_parallel_linear",
+    "Megatron's row-parallel layer: rank r multiplies only its slice of the input features by the matching "
+    "columns of the weight, the partial outputs are summed by one all-reduce, and the bias is added once; "
+    "backward gives each rank the full layer's gradients for its slice (input features, weight columns) and the bias",
+    probe="in each rank the weight columns and input features outside its slice are NaN (a rank that touches them "
+          "returns NaN); the recording process group lists the collectives each rank's group carried (exactly one "
+          "all-reduce); the output, and the gradients of sum(G ⊙ y) for the rank's input features, weight columns and "
+          "bias, against the full nn.Linear in one process")
+
+
 @check("18.row_parallel_linear", ["row_parallel_linear"], _ref_row)
 def check_row_parallel_linear(t):
     x, state = ROW_X.clone(), _row_linear().state_dict()
@@ -319,33 +562,71 @@ def check_row_parallel_linear(t):
         def body(rank, world_size):
             lin = nn.Linear(8, 5)
             lin.load_state_dict(state)
-            out = impl.row_parallel_linear(x.clone(), lin, rank, world_size)
-            return {"out": out.detach().clone()}
+            k = 8 // world_size
+            own = slice(rank * k, (rank + 1) * k)
+            xr = x.clone()
+            with torch.no_grad():                      # what this rank does not own is not here: NaN
+                for c in range(8):
+                    if c // k != rank:
+                        lin.weight[:, c] = float("nan")
+                        xr[..., c] = float("nan")
+            xr.requires_grad_(True)
+            out = impl.row_parallel_linear(xr, lin, rank, world_size)
+            grads = None
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.shape == ROW_G.shape:
+                (out * ROW_G).sum().backward()
+                grads = [g.detach().clone() if g is not None else None
+                         for g in (xr.grad[..., own] if xr.grad is not None else None,
+                                   lin.weight.grad[:, own] if lin.weight.grad is not None else None, lin.bias.grad)]
+            return {"out": out.detach().clone(), "grads": grads}
         return on_ranks(body)
 
     records = run_on_ranks(t, probe)
     with torch.no_grad():
         expected = _row_linear()(ROW_X)
+    for rec in records:
+        if not bool(torch.isfinite(rec["out"]).all()):
+            nan_probe_failure(f"rank {rec['rank']}'s output has NaN: it used weight columns or input features outside "
+                              "its slice (here they are NaN); rank r computes with features r·in/p … (r+1)·in/p − 1 "
+                              "only and the all-reduce brings in the rest", bug="B18.row_full_product")
     compare_ranks(t, probe, records, expected, "row-parallel output against the full nn.Linear(8, 5)",
                   key=lambda r: r["out"], atol=1e-5)
+    dense = _row_linear()
+    xd = ROW_X.clone().requires_grad_(True)
+    (dense(xd) * ROW_G).sum().backward()
     for rec in records:
-        reduces = [c for c in rec["calls"] if c.startswith("all_reduce")]
-        others = [c.split("(")[0] for c in rec["calls"] if not c.startswith("all_reduce")]
-        t.expect(len(reduces) == 1 and not others,
-                 f"rank {rec['rank']} called {rec['calls']}; a row-parallel layer needs exactly one all_reduce of the "
-                 "partial outputs and nothing else (each rank already has the input)")
+        r, k = rec["rank"], 8 // WORLD
+        own = slice(r * k, (r + 1) * k)
+        t.expect(rec["grads"] is not None and all(g is not None for g in rec["grads"]),
+                 f"rank {r}: no gradient flows back through the output to the input slice, the weight columns and the "
+                 "bias; a row-parallel layer is trained: its output must be differentiable like linear(x)")
+        want = [xd.grad[..., own], dense.weight.grad[:, own], dense.bias.grad]
+        compare_ranks(t, probe, [rec], want, f"rank {r}'s gradients (its input features, its weight columns, the "
+                      "bias) against the full layer's, for the loss sum(G ⊙ y)", key=lambda rc: rc["grads"], atol=1e-5)
+    for rec in records:
+        ops = [e["op"] for e in rec["traffic"]]
+        t.expect(ops == ["allreduce"],
+                 f"rank {rec['rank']}'s group carried {ops or 'nothing'} ({rec['calls']}); a row-parallel layer needs "
+                 "exactly one all_reduce of the partial outputs and nothing else (each rank already has the input)")
 
 
 # ------------------------------------------------------------------------------------------------ 18.expert_parallel_moe
 
-EP_X = torch.randn(WORLD, 2, 4, 8, generator=torch.Generator().manual_seed(1806))     # (rank, B, T, D)
+EP_SHAPE = (2, 3, 8)     # each rank's tokens (B, T, D): B·T ≠ D, so (tokens, D) and (D, tokens) differ
+EP_SEED = 1806
+EP_EXPERTS = 4
+
+
+def _ep_tokens(rank: int) -> torch.Tensor:
+    """Rank ``rank``'s tokens, made inside that rank (no rank holds another's tokens)."""
+    return torch.randn(EP_SHAPE, generator=torch.Generator().manual_seed(EP_SEED + rank))
 
 
 def _ep_moe():
     from llmcourse.models.deepseek_moe import DeepSeekMoE
 
     torch.manual_seed(1807)
-    moe = DeepSeekMoE(8, 8, n_routed_experts=4, n_shared_experts=1, top_k=2)
+    moe = DeepSeekMoE(8, 8, n_routed_experts=EP_EXPERTS, n_shared_experts=1, top_k=2)
     with torch.no_grad():
         for p in moe.parameters():
             p.normal_(0, 0.3)
@@ -356,27 +637,88 @@ def _ep_moe():
 def _ep_expected():
     moe = _ep_moe()
     with torch.no_grad():
-        return moe(EP_X.reshape(-1, 4, 8)).reshape(EP_X.shape)
+        return torch.stack([moe(_ep_tokens(r)) for r in range(WORLD)])
+
+
+def routed_rows(rank: int, world_size: int) -> dict[int, torch.Tensor]:
+    """``{q: rows}``: rank ``rank``'s token vectors, one row per (token, slot) routed to an expert of rank ``q``."""
+    moe = _ep_moe()
+    flat = _ep_tokens(rank).reshape(-1, moe.d_model)
+    with torch.no_grad():
+        _, _, idx = moe.gate(flat)
+    owner = idx // (EP_EXPERTS // world_size)
+    return {q: flat[(owner == q).nonzero()[:, 0]] for q in range(world_size)}
+
+
+def _rows_match(sent: torch.Tensor, want: torch.Tensor) -> bool:
+    """``sent`` holds exactly the rows of ``want`` (each at least once, nothing else, no more rows than ``want``),
+    in any order, within bfloat16 rounding (a rank may send its tokens in a narrower dtype)."""
+    if sent.shape[0] > want.shape[0] or (sent.shape[0] == 0) != (want.shape[0] == 0):
+        return False
+    if sent.shape[0] == 0:
+        return True
+    d = torch.cdist(sent.double(), want.double())
+    tol = 1e-2 * (1 + want.abs().max().item())
+    return bool((d.min(dim=1).values <= tol).all() and (d.min(dim=0).values <= tol).all())
+
+
+def dispatch_problem(rec, world_size: int, d_model: int) -> str | None:
+    """Why none of the rank's all-to-alls carried exactly its routed tokens to each other rank, else None."""
+    want = routed_rows(rec["rank"], world_size)
+    best = None
+    for e in rec["traffic"]:
+        if e["op"] not in ("all_to_all_single", "all_to_all") or not str(e["dtype"]).startswith(("float", "bfloat")):
+            continue
+        inp = e["input"]
+        if isinstance(inp, list):
+            parts = [t.reshape(-1, d_model) if t.numel() % d_model == 0 else None for t in inp]
+        else:
+            if inp.numel() % d_model:
+                continue
+            rows = inp.reshape(-1, d_model)
+            splits = e["input_splits"] or [rows.shape[0] // world_size] * world_size
+            if sum(splits) != rows.shape[0] and inp.dim() >= 1:
+                splits = [s * inp[0].numel() // d_model for s in splits]     # splits in units of dim 0
+            parts = list(rows.split(splits)) if sum(splits) == rows.shape[0] else [None] * world_size
+        peers = [q for q in range(world_size) if q != rec["rank"]]
+        if all(parts[q] is not None and _rows_match(parts[q].float(), want[q]) for q in peers):
+            return None
+        q = peers[0]
+        if parts[q] is not None and best is None:
+            best = (f"its all-to-all sent rank {q} {parts[q].shape[0]} rows, but {want[q].shape[0]} of its "
+                    f"(token, slot) pairs are routed to rank {q}'s experts")
+    return best or "none of its all-to-alls carried token vectors"
+
+
+defining_property(
+    "18.expert_parallel_moe",
+    "expert parallelism: each rank routes its own tokens and an all-to-all carries to every other rank exactly the "
+    "token vectors routed to that rank's experts (no token goes where none of its experts lives); only the "
+    "owner's experts run on them",
+    probe="each rank makes its own tokens; the experts a rank does not own are NaN there; the recording process "
+          "group keeps what every all-to-all sent to each peer, compared row by row (any order) with the (token, "
+          "slot) pairs the replicated router sends there; other collectives may carry only small metadata "
+          "(counts); outputs against DeepSeekMoE in one process")
 
 
 @check("18.expert_parallel_moe", ["expert_parallel_moe"], _ref_ep)
 def check_expert_parallel_moe(t):
-    xs, state = EP_X.clone(), _ep_moe().state_dict()
+    state = _ep_moe().state_dict()
 
     def probe(impl):
         from llmcourse.models.deepseek_moe import DeepSeekMoE
 
         def body(rank, world_size):
-            moe = DeepSeekMoE(8, 8, n_routed_experts=4, n_shared_experts=1, top_k=2)
+            moe = DeepSeekMoE(8, 8, n_routed_experts=EP_EXPERTS, n_shared_experts=1, top_k=2)
             moe.load_state_dict(state)
-            per = 4 // world_size
+            per = EP_EXPERTS // world_size
             with torch.no_grad():              # another rank's experts are not here: NaN weights
                 for e, expert in enumerate(moe.experts):
                     if e // per != rank:
                         for p in expert.parameters():
                             p.fill_(float("nan"))
             with torch.no_grad():
-                out = impl.expert_parallel_moe(xs[rank].clone(), moe, rank, world_size)
+                out = impl.expert_parallel_moe(_ep_tokens(rank), moe, rank, world_size)
             return {"out": out.detach().clone()}
         return on_ranks(body)
 
@@ -391,14 +733,49 @@ def check_expert_parallel_moe(t):
     problem = rank_problem(records)
     if problem:
         t.fail(problem)
+    expect_observed(t, records)
     expected = _ep_expected()
     for rec in records:
-        t.expect(not torch.isnan(rec["out"]).any(),
-                 f"rank {rec['rank']}'s output has NaN: it ran experts that live on the other rank (here their weights "
-                 "are NaN); send each token to the rank that owns its expert")
+        if torch.isnan(rec["out"]).any():
+            nan_probe_failure(f"rank {rec['rank']}'s output has NaN: it ran experts that live on the other rank (here "
+                              "their weights are NaN); send each token to the rank that owns its expert")
+    metadata = WORLD * EP_EXPERTS
+    for rec in records:
+        heavy = [f"{e['op']} of {e['numel']} elements" for e in rec["traffic"]
+                 if e["op"] not in ("all_to_all_single", "all_to_all", "send", "recv") and e["numel"] > metadata]
+        t.expect(not heavy, f"rank {rec['rank']} moved data with {heavy[0] if heavy else ''}; in expert parallelism "
+                 "tokens and expert outputs travel by all-to-all, each token only to the ranks owning its experts "
+                 "(other collectives may carry small metadata such as counts)", bug="B18.ep_no_all_to_all")
+    for rec in records:
+        why = dispatch_problem(rec, WORLD, EP_SHAPE[-1])
+        t.expect(why is None, f"rank {rec['rank']}: {why}; the dispatch all-to-all sends each rank exactly the "
+                 "token vectors routed to its experts, one row per (token, slot)")
     for rec in records:
         compare_ranks(t, probe, [rec], expected[rec["rank"]], "MoE output for this rank's tokens against the "
                       "full DeepSeekMoE in one process", key=lambda r: r["out"], atol=1e-5)
+
+
+# -- the decisions each exercise leaves to the student (withheld from what a student reads first; leak-scanned)
+
+decision("18.attach_data_parallel", "which hook averages a gradient: one that fires once backward has accumulated "
+         "that parameter's .grad (the post-accumulate-grad hook), not a module hook or the first gradient's",
+         forms=[r"register_post_accumulate_grad_hook", r"post[-_ ]accumulate"],
+         wrong=("B18.reduce_before_backward",))
+decision("18.attach_data_parallel", "the per-rank seed: a function of both seed and rank (e.g. seed + rank), set "
+         "after the broadcast", forms=[r"manual_seed\(\s*seed\s*\+\s*(dist\.get_)?rank", r"seed\s*\+\s*rank\b"],
+         wrong=("B18.same_dropout_seed", "B18.seed_ignored"))
+decision("18.ShardedAdamW", "the collectives: a reduce-scatter hands each rank its share of the summed gradient and "
+         "an all-gather returns the updated parameters (an all-reduce of the whole gradient costs 1.5x the traffic)",
+         forms=[r"reduce[-_ ]?scatter\w*\(?\s*(of\s+)?(the\s+)?(flat\s+)?grad",
+                r"all[-_ ]?gather\w*\(?\s*(of\s+)?(the\s+)?(updated\s+)?param"],
+         wrong=("B18.zero_all_reduce", "B18.zero_full_state"))
+decision("18.row_parallel_linear", "where the bias goes: added once, after the partial products are summed",
+         forms=[r"bias\W+(\w+\W+){0,4}after\s+(the\s+)?(all[-_ ]?reduce|sum)", r"bias added once"],
+         wrong=("B18.bias_every_rank",))
+decision("18.expert_parallel_moe", "how a rank learns how many rows it receives: an all-to-all of the per-rank counts "
+         "before the rows", forms=[r"exchange (the )?(per-rank )?counts", r"all[-_ ]to[-_ ]all of (the )?(p )?"
+                                   r"(integers|counts)"],
+         wrong=("B18.a2a_split_sizes",))
 
 
 also_blocked("18.attach_data_parallel", "llmcourse.parallel.data_parallel:BucketedDataParallel",

@@ -10,12 +10,14 @@ collective            bytes sent per rank    algorithm
 reduce-scatter        ``(p−1)/p · n``        ring: ``p−1`` steps of one ``n/p`` chunk
 all-gather            ``(p−1)/p · n``        ring (``n`` = the gathered size)
 all-reduce            ``2(p−1)/p · n``       ring = reduce-scatter then all-gather
-broadcast             ``n`` (pipelined)      from the root; ``(p−1)/p · n`` with scatter + all-gather
+broadcast             ``n`` (pipelined)      from the root; ``(p−1)/p · n`` per non-root rank with scatter +
+                                             all-gather (the root sends ``2(p−1)/p · n``)
 all-to-all            ``(p−1)/p · n``        each rank keeps its own ``1/p`` (even splits)
 ====================  =====================  ===========================================================
 
-The all-reduce volume tends to ``2n`` as ``p`` grows: it does not grow with the number of ranks, which is why
-data parallelism scales. :func:`ring_all_reduce_schedule` plays the ring algorithm on a ``(p, n)`` table (the
+The all-reduce volume tends to ``2n`` as ``p`` grows: the bandwidth term does not grow with the number of ranks.
+The latency term does: a ring takes ``2(p−1)`` sequential steps, each paying a message's start-up latency ``α``
+(α–β model: ``T = 2(p−1)·α + 2(p−1)/p·n·β``; the two terms are equal at ``n = p·α/β``). :func:`ring_all_reduce_schedule` plays the ring algorithm on a ``(p, n)`` table (the
 widget's compute function); :func:`ring_all_reduce` runs it for real with ``dist.isend``/``dist.irecv``.
 """
 
@@ -45,7 +47,9 @@ def ring_all_reduce_volume(n: float, p: int) -> float:
 
 def collective_bytes_per_rank(name: str, n: float, p: int) -> float:
     """Bytes sent per rank by the bandwidth-optimal algorithm of collective ``name`` (table of the module
-    docstring); ``n`` is the full tensor size per rank (for all-gather: the gathered output).
+    docstring); ``n`` is the full tensor size per rank (for all-gather: the gathered output). For ``broadcast``
+    (scatter + all-gather) the value holds for the **non-root** ranks; the root sends ``2(p−1)/p · n`` (its scatter
+    of ``(p−1)/p · n``, then its part of the all-gather).
 
     Raises:
         ValueError: an unknown ``name`` (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``broadcast``,
@@ -140,7 +144,7 @@ def ring_all_reduce(tensor: Tensor) -> Tensor:
     return tensor
 
 
-def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.float32) -> dict:
+def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.float32, device=None) -> dict:
     """Time ``dist.all_reduce`` of ``numel`` elements on the current group (call on every rank).
 
     Returns:
@@ -150,7 +154,9 @@ def measure_all_reduce(numel: int, repeats: int = 5, dtype: torch.dtype = torch.
     import torch.distributed as dist
 
     p = dist.get_world_size()
-    t = torch.ones(numel, dtype=dtype)
+    if device is None:   # NCCL moves GPU tensors only: this rank's current GPU (set from LOCAL_RANK by the launchers)
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    t = torch.ones(numel, dtype=dtype, device=device)
     dist.all_reduce(t)
     best = float("inf")
     for _ in range(repeats):

@@ -72,7 +72,7 @@ def dispatch_counts(indices: Tensor, num_experts: int, world_size: int) -> dict[
         raise ValueError(f"{num_experts} experts cannot be split evenly over {world_size} ranks")
     dest = indices // (num_experts // world_size)                      # (N, k) owning rank of each assignment
     rows = torch.bincount(dest.reshape(-1), minlength=world_size)
-    hit = torch.zeros(indices.shape[0], world_size, dtype=torch.bool).scatter_(1, dest, True)
+    hit = torch.zeros(indices.shape[0], world_size, dtype=torch.bool, device=indices.device).scatter_(1, dest, True)
     return {"rows": rows, "tokens": hit.sum(0), "ranks_per_token": hit.sum(1)}
 
 
@@ -133,7 +133,7 @@ class ExpertParallelMoE(nn.Module):
         recv_rows = torch.empty_like(send_rows)
         dist.all_to_all_single(recv_rows, send_rows)              # p integers: rows each peer will send me
         send_experts = flat_e.index_select(0, order)
-        recv_experts = torch.empty(int(recv_rows.sum()), dtype=send_experts.dtype)
+        recv_experts = torch.empty(int(recv_rows.sum()), dtype=send_experts.dtype, device=send_experts.device)
         dist.all_to_all_single(recv_experts, send_experts, recv_rows.tolist(), send_rows.tolist())
         xs = all_to_all_rows(flat.index_select(0, token), send_rows.tolist(), recv_rows.tolist())
         # local experts on the received rows (grouped by expert, stable: sender order kept inside an expert)

@@ -62,6 +62,9 @@ class RankResult:
         output: what the rank printed to ``sys.stdout``/``sys.stderr``.
         calls: the collectives it called, in order, e.g. ``["all_reduce(float32 (4, 8), op=SUM)"]``.
         pending: the collective it was inside when it failed or was killed (``None`` when none).
+        traffic: with ``backend="gloo_recorded"``, what the rank's process groups carried (one dict per call:
+            operation, elements, peer; :mod:`llmcourse.parallel.traffic`), else ``[]``. A group of another
+            backend that ``fn`` made adds ``{"op": "unrecorded_group", ...}``.
     """
 
     rank: int
@@ -71,6 +74,7 @@ class RankResult:
     output: str = ""
     calls: list[str] = field(default_factory=list)
     pending: str | None = None
+    traffic: list[dict] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -178,9 +182,18 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         import torch.distributed as dist
 
         torch.set_num_threads(max(1, threads))
+        recording = backend == "gloo_recorded"
+        if recording:
+            from . import traffic
+
+            traffic.register()
+            traffic.reset()
         barrier = dist.barrier                    # the launcher's own barrier is not one of fn's calls
         _install_recorder(result.calls, board, rank)
         with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+            if backend == "nccl":
+                # one GPU per rank, chosen before the group exists (torchrun's LOCAL_RANK when set)
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
             store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
@@ -194,6 +207,8 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         result.pending = _board_read(board, rank)
         result.value = None
     result.output = buffer.getvalue()
+    if joined and recording:
+        result.traffic = _traffic_of_rank()
     try:
         blob = pickle.dumps(result)
     except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value
@@ -205,6 +220,20 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
             if finished:
                 barrier()
             dist.destroy_process_group()
+
+
+def _traffic_of_rank() -> list[dict]:
+    """The recording groups' log, plus one entry per process group of another backend (its traffic is unseen)."""
+    import torch.distributed as dist
+
+    from . import traffic
+
+    out = list(traffic.TRAFFIC)
+    for pg in list(dist.distributed_c10d._world.pg_map):
+        if not isinstance(pg, traffic.RecordingProcessGroup):
+            out.append({"op": "unrecorded_group", "numel": 0, "dtype": None, "peer": None,
+                        "backend": type(pg).__name__})
+    return out
 
 
 def _set_parent_death_signal() -> None:
@@ -264,13 +293,18 @@ def launch(fn: Callable, world_size: int = 2, *args, backend: str = "gloo", time
 
     host = "127.0.0.1"
     deadline = time.monotonic() + timeout_s
-    # the caller holds the rendezvous store on a port the OS picked: no race for a "free port"
-    store = dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
+
+    def make_store():
+        # the caller holds the rendezvous store on a port the OS picked: no race for a "free port"
+        return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=timeout_s))
+
+    if start_method == "fork":
+        # the store is made after the forks: its server thread must not exist when a rank is forked (a fork copies
+        # whatever lock that thread holds at that instant, and the rank would wait on it forever)
+        return _launch_fork(fn, world_size, args, kwargs, host, make_store, backend, timeout_s, threads, deadline)
+    store = make_store()
     try:
-        if start_method == "fork":
-            return _launch_fork(fn, world_size, args, kwargs, host, store.port, backend, timeout_s, threads,
-                                deadline)
         return _launch_spawn(fn, world_size, args, kwargs, host, store.port, backend, timeout_s, threads, deadline)
     finally:
         del store
@@ -303,24 +337,35 @@ def _finish(blobs: dict[int, bytes], world_size: int, board, exitcodes: dict[int
     return results
 
 
-def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, threads, deadline):
+def _launch_fork(fn, world_size, args, kwargs, host, make_store, backend, timeout_s, threads, deadline):
     import mmap
 
     board = mmap.mmap(-1, _BOARD_SLOT * world_size)      # anonymous, shared with the forked ranks
-    pids, fds = {}, {}
+    pids, fds, port_fds = {}, {}, {}
+    store = None
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         for rank in range(world_size):
             r, w = os.pipe()
+            port_r, port_w = os.pipe()       # the store's port, sent once the store exists
             pid = os.fork()
             if pid == 0:  # pragma: no cover - the rank (coverage does not follow forks)
                 code = 0
                 try:
                     os.close(r)
-                    for other in fds.values():
+                    os.close(port_w)
+                    for other in (*fds.values(), *port_fds.values()):
                         os.close(other)
                     _set_parent_death_signal()
+                    got = b""
+                    while len(got) < 8:
+                        part = os.read(port_r, 8 - len(got))
+                        if not part:
+                            raise RuntimeError("the launcher closed before sending the store's port")
+                        got += part
+                    os.close(port_r)
+                    port = int.from_bytes(got, "little")
                     import faulthandler
 
                     faulthandler.disable()    # a rank that aborts is reported as killed by SIGABRT, not with a dump
@@ -338,7 +383,13 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                 finally:
                     os._exit(code)
             os.close(w)
-            pids[rank], fds[rank] = pid, r
+            os.close(port_r)
+            pids[rank], fds[rank], port_fds[rank] = pid, r, port_w
+        store = make_store()
+        for rank, fd in list(port_fds.items()):
+            os.write(fd, store.port.to_bytes(8, "little"))
+            os.close(fd)
+            del port_fds[rank]
         chunks: dict[int, bytearray] = {rank: bytearray() for rank in fds}
         open_fds = dict(fds)
         while open_fds:
@@ -369,10 +420,11 @@ def _launch_fork(fn, world_size, args, kwargs, host, port, backend, timeout_s, t
                 if os.waitpid(pid, os.WNOHANG) == (0, 0):
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
-        for fd in fds.values():
+        for fd in (*fds.values(), *port_fds.values()):
             with contextlib.suppress(OSError):
                 os.close(fd)
         board.close()
+        del store
 
 
 def _reap(pid: int, wait_s: float) -> int | None:
@@ -469,10 +521,10 @@ def run_torchrun_entry(fn: Callable, *args, backend: str | None = None, **kwargs
 
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))     # before the group: NCCL binds to it
     dist.init_process_group(backend)
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         return fn(dist.get_rank(), dist.get_world_size(), *args, **kwargs)
     finally:
         dist.destroy_process_group()

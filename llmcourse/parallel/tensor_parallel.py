@@ -81,6 +81,7 @@ class ColumnParallelLinear(nn.Module):
         rank, world_size: this rank and the tensor-parallel size.
         bias: keep a bias shard ``(out/p,)``.
         gather_output: all-gather the slices into the full ``(…, out)`` output (default: keep the slice).
+        device, dtype: of the parameters (as ``nn.Linear``); :meth:`from_linear` takes the full layer's.
 
     ``weight`` ``(out/p, in)`` = rows ``rank·out/p … (rank+1)·out/p − 1`` of the full weight. ``forward``:
     ``(…, in)`` replicated → ``(…, out/p)`` (or ``(…, out)`` gathered).
@@ -90,19 +91,21 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True,
-                 gather_output: bool = False):
+                 gather_output: bool = False, device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.rank, self.world_size, self.gather_output = rank, world_size, gather_output
         self.local_out = _split(out_features, world_size, "out_features")
-        self.weight = nn.Parameter(torch.empty(self.local_out, in_features))
-        self.bias = nn.Parameter(torch.zeros(self.local_out)) if bias else None
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.local_out, in_features, **kw))
+        self.bias = nn.Parameter(torch.zeros(self.local_out, **kw)) if bias else None
         nn.init.normal_(self.weight, std=0.02)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int, world_size: int, gather_output: bool = False):
         """This rank's shard of a full ``nn.Linear`` (weights copied)."""
-        m = cls(linear.in_features, linear.out_features, rank, world_size, linear.bias is not None, gather_output)
+        m = cls(linear.in_features, linear.out_features, rank, world_size, linear.bias is not None, gather_output,
+                device=linear.weight.device, dtype=linear.weight.dtype)
         rows = slice(rank * m.local_out, (rank + 1) * m.local_out)
         with torch.no_grad():
             m.weight.copy_(linear.weight[rows])
@@ -133,19 +136,22 @@ class RowParallelLinear(nn.Module):
         ValueError: ``in_features`` not divisible by ``world_size``.
     """
 
-    def __init__(self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True):
+    def __init__(self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True,
+                 device=None, dtype=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.rank, self.world_size = rank, world_size
         self.local_in = _split(in_features, world_size, "in_features")
-        self.weight = nn.Parameter(torch.empty(out_features, self.local_in))
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in, **kw))
+        self.bias = nn.Parameter(torch.zeros(out_features, **kw)) if bias else None
         nn.init.normal_(self.weight, std=0.02)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, rank: int, world_size: int):
         """This rank's shard of a full ``nn.Linear`` (weights copied)."""
-        m = cls(linear.in_features, linear.out_features, rank, world_size, linear.bias is not None)
+        m = cls(linear.in_features, linear.out_features, rank, world_size, linear.bias is not None,
+                device=linear.weight.device, dtype=linear.weight.dtype)
         cols = slice(rank * m.local_in, (rank + 1) * m.local_in)
         with torch.no_grad():
             m.weight.copy_(linear.weight[:, cols])
@@ -166,14 +172,17 @@ def row_parallel_linear(x: Tensor, linear: nn.Linear, rank: int, world_size: int
         x: ``(…, in)`` (the same on every rank); linear: the full layer (the same on every rank).
 
     Returns:
-        ``(…, out)`` on every rank, equal to ``linear(x)`` up to float rounding.
+        ``(…, out)`` on every rank, equal to ``linear(x)`` up to float rounding; differentiable: backward gives this
+        rank the full layer's gradients for its input slice, its weight columns and the bias (the all-reduce's
+        backward is the identity, Megatron's ``g``).
 
     Raises:
         ValueError: ``in_features`` not divisible by ``world_size``.
     """
-    layer = RowParallelLinear.from_linear(linear, rank, world_size)
-    cols = slice(rank * layer.local_in, (rank + 1) * layer.local_in)
-    return layer(x[..., cols])
+    width = _split(linear.in_features, world_size, "in_features")
+    cols = slice(rank * width, (rank + 1) * width)
+    y = reduce_from_tensor_parallel(F.linear(x[..., cols], linear.weight[:, cols]))
+    return y + linear.bias if linear.bias is not None else y
 
 
 class TensorParallelSwiGLU(nn.Module):

@@ -85,13 +85,18 @@ class ZeRO1AdamW:
         self.numel = sum(p.numel() for p in self.params)
         self.start, self.stop = shard_range(self.numel, self.rank, self.world_size)
         size = self.stop - self.start
-        self.exp_avg = torch.zeros(size, dtype=torch.float32)
-        self.exp_avg_sq = torch.zeros(size, dtype=torch.float32)
+        # the state lives where the parameters live, in their dtype (fp32 for lower-precision parameters, as the
+        # master copy of mixed-precision training): NCCL needs GPU buffers, float64 parameters keep their precision
+        first = self.params[0] if self.params else torch.empty(0)
+        self.device = first.device
+        self.dtype = first.dtype if first.dtype in (torch.float32, torch.float64) else torch.float32
+        self.exp_avg = torch.zeros(size, dtype=self.dtype, device=self.device)
+        self.exp_avg_sq = torch.zeros(size, dtype=self.dtype, device=self.device)
         self.step_count = 0
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state held by this rank (the two moment shards)."""
-        return (self.exp_avg.numel() + self.exp_avg_sq.numel()) * 4
+        return (self.exp_avg.numel() + self.exp_avg_sq.numel()) * self.exp_avg.element_size()
 
     def state_numel(self) -> int:
         """Elements of optimizer state held by this rank: ``2·ceil(Ψ/p)`` (plain AdamW keeps ``2Ψ``)."""
@@ -106,12 +111,12 @@ class ZeRO1AdamW:
 
     def _flat(self, tensors: list[Tensor | None]) -> Tensor:
         padded = self.world_size * (self.stop - self.start)
-        flat = torch.zeros(padded, dtype=torch.float32)
+        flat = torch.zeros(padded, dtype=self.dtype, device=self.device)
         offset = 0
         for p, t in zip(self.params, tensors, strict=True):
             n = p.numel()
             if t is not None:
-                flat[offset:offset + n] = t.detach().reshape(-1).float()
+                flat[offset:offset + n] = t.detach().reshape(-1).to(self.dtype)
             offset += n
         return flat
 
@@ -120,7 +125,7 @@ class ZeRO1AdamW:
         import torch.distributed as dist
 
         p = self.world_size
-        grad_shard = torch.empty(self.stop - self.start, dtype=torch.float32)
+        grad_shard = torch.empty(self.stop - self.start, dtype=self.dtype, device=self.device)
         dist.reduce_scatter_single(grad_shard, self._flat([q.grad for q in self.params]), op=dist.ReduceOp.SUM)
         grad_shard.div_(p)
         param_shard = self._flat(list(self.params))[self.start:self.stop].clone()
@@ -134,7 +139,7 @@ class ZeRO1AdamW:
         bias2_sqrt = math.sqrt(1 - beta2 ** self.step_count)
         denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(self.eps)
         param_shard.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)
-        full = torch.empty(p * param_shard.numel(), dtype=torch.float32)
+        full = torch.empty(p * param_shard.numel(), dtype=self.dtype, device=self.device)
         dist.all_gather_single(full, param_shard)
         offset = 0
         for q in self.params:

@@ -5,7 +5,9 @@
 # split between them. Every model of this course so far ran in one process. This lesson runs the same kind of models in
 # **several processes that talk to each other** with PyTorch's own distributed engine, `torch.distributed`: not a
 # simulation, real process groups started on this CPU with the `gloo` backend and messages over the loopback
-# network (127.0.0.1). The same code runs on GPUs across machines with `torchrun` and the `nccl` backend.
+# network (127.0.0.1). The same code is written to run on GPUs across machines with `torchrun` and the `nccl`
+# backend (every buffer it makes follows the device of the tensors it is given, and each rank picks its GPU before
+# joining), but the course has only run it on CPUs with `gloo`: on GPUs it is untested.
 #
 # 1. collectives (all-reduce, all-gather, reduce-scatter, broadcast, all-to-all) on real tensors, their traffic,
 #    and the bandwidth of this machine;
@@ -115,13 +117,37 @@ print("\n".join(demo[0].calls))
 #
 # $$\text{bytes sent per rank} = 2\,\frac{p-1}{p}\,n,$$
 #
-# which stays below `2n` however many ranks join: that is why data parallelism scales. Step through it (the play
-# button animates it; each cell counts how many ranks' contributions the chunk already holds):
+# which stays below `2n` however many ranks join: the **bandwidth** term does not grow with `p`. Step through it
+# (the play button animates it; each cell counts how many ranks' contributions the chunk already holds):
 
 # %% tags=["nbval-ignore-output"]
 viz.show_ring_all_reduce(4)
 
 # %% [markdown]
+# That is only half of the cost. The ring takes `2(p − 1)` steps **one after another**, and each step is a message
+# that pays a start-up latency `α` however small it is. In the α–β model (Thakur, Rabenseifner and Gropp 2005) a
+# message of `m` bytes costs `α + m·β` (`β` = seconds per byte), so a ring all-reduce of `n` bytes takes
+#
+# $$T_	ext{ring} = 2(p-1)\,lpha + 2\,rac{p-1}{p}\,n\,eta .$$
+#
+# The latency term grows linearly with `p`; the bandwidth term does not. They are equal at `n* = p·α/β`: below that
+# size the ring is latency-bound. With illustrative inter-node numbers (microseconds per message, tens of GB/s):
+
+# %%
+alpha, beta = 2e-6, 1 / 25e9                       # illustrative: 2 µs per message, 25 GB/s per link
+for p_ring in (8, 64, 1024):
+    crossover = p_ring * alpha / beta
+    for n_bytes in (1e6, 100e6):
+        lat, bw = 2 * (p_ring - 1) * alpha, ring_all_reduce_volume(n_bytes, p_ring) * beta
+        print(f"p = {p_ring:5d}, n = {n_bytes / 1e6:5.0f} MB: latency {lat * 1e3:7.3f} ms, bandwidth "
+              f"{bw * 1e3:6.3f} ms -> {'latency' if lat > bw else 'bandwidth'}-bound (n* = {crossover / 1e6:.1f} MB)")
+assert 8 * alpha / beta < 1e6 < 64 * alpha / beta   # the same 1 MB: bandwidth-bound on 8 ranks, latency-bound on 64
+
+# %% [markdown]
+# So data parallelism scales in bandwidth, and pays in latency as the ring grows: that is why gradients travel in
+# large **buckets** (few big messages, below) and why libraries such as NCCL switch to tree algorithms, with
+# `O(log p)` sequential steps, for small messages or many ranks.
+#
 # The library's `ring_all_reduce` runs exactly this schedule with point-to-point messages (`dist.isend`/`irecv`).
 # On real ranks it gives `dist.all_reduce`'s result:
 
@@ -196,7 +222,9 @@ print(f"(start method: {start}; spawn re-imports torch in every rank, so the ci 
 # %% [markdown]
 # On a GPU cluster the file would end with `llmcourse.parallel.run_torchrun_entry(hello)` and be started as
 # `torchrun --nnodes 2 --nproc_per_node 8 --rdzv-endpoint <host>:29500 u18_ranks.py` on each machine: torchrun sets
-# `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`, and `nccl` replaces `gloo`. Nothing else changes.
+# `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`, and `nccl` replaces `gloo`. Nothing else should change,
+# since each rank calls `torch.cuda.set_device(LOCAL_RANK)` and the library allocates on the parameters' device; the
+# course has not run it on GPUs, so treat that path as untested.
 #
 # ## 2. Data parallelism
 #
@@ -252,9 +280,14 @@ assert all((r.value[0] - single).abs().max() < 1e-5 and (r.value[1] - single).ab
 
 # %% [markdown]
 # Equal within float32 rounding: summing in another order is all that differs. Two details matter in practice.
-# Random numbers: if every rank seeds its generator identically, dropout draws the same masks on every rank; seed
-# each rank differently *after* making the weights equal. And every rank must call the same collectives in the
-# same order: a rank that skips one leaves the others waiting.
+# Random numbers: if every rank seeds its generator identically, dropout draws the same masks on every rank. That
+# is a choice, not an error: Megatron-LM's data-parallel ranks share their dropout seed by default, and since each
+# rank sees different examples, the same mask on different examples is still a valid random mask. It matters when
+# the ranks' examples are correlated, or when you want the data-parallel run to be one process on the whole batch
+# with independent masks per example, as here; then seed each rank differently (from the run's seed and the rank,
+# so the run can be repeated), *after* making the weights equal. Within tensor parallelism the opposite holds:
+# ranks that hold slices of the same activation need the same mask where the activation is replicated. And every
+# rank must call the same collectives in the same order: a rank that skips one leaves the others waiting.
 #
 # ### Spot the bug: averaging over unequal shards
 #
@@ -382,7 +415,7 @@ for stage, what in enumerate(["plain data parallel", "ZeRO-1: optimizer state", 
 # - **column-parallel**: rank `r` holds a block of output features (rows of `W`); each rank computes its slice of
 #   `Y` from the full `X`, with no communication;
 # - **row-parallel**: rank `r` holds a block of input features; each computes a partial `Y` from its slice of `X`,
-#   and one **all-reduce** sums them. A bias must be added once, after the sum.
+#   and one **all-reduce** sums them (where a bias goes is for you to work out in the exercises).
 #
 # In unit 11's SwiGLU block `down(silu(gate(x)) ⊙ up(x))`, `gate` and `up` are column-parallel, so each rank holds a
 # slice of the hidden features, `silu` and `⊙` act element by element on the slice, and `down` is row-parallel:
@@ -525,21 +558,30 @@ print(f"report: {report['pp_stages']}-way pipeline, {report['ep_ways']}-way expe
 
 # %% [markdown]
 # **Why no tensor parallelism?** Tensor parallelism pays an all-reduce of the full activation after every
-# attention and every MLP, forward and backward, on the critical path. The report instead saves memory elsewhere
-# (recomputing cheap pieces such as normalisations, keeping the weights' moving average in CPU memory, placing the
-# embedding and the output head on the same pipeline rank so that the multi-token prediction module shares them
-# physically) so that each GPU can hold its share without splitting matrices. Compare the bytes per token and layer that must
-# move, for DeepSeek-V3's hidden size:
+# attention and every MLP, forward and backward. Is it the bytes? Count both the same way, forward **and**
+# backward, per token and layer, for DeepSeek-V3's hidden size:
 
 # %%
 d = V3["hidden"]
 tp_ways = 8
 tp_bytes = 4 * ring_all_reduce_volume(d * 2, tp_ways)            # 2 all-reduces forward + 2 backward, bf16
-ep_bytes = V3["M"] * d * (1 + 2)                                  # dispatch in FP8 (1 byte), combine in bf16 (2)
-print(f"tensor parallel ({tp_ways}-way) per token and layer: 4 all-reduces × 2(p−1)/p × {d} × 2 bytes = "
-      f"{tp_bytes / 1e3:.1f} kB, inside the critical path")
-print(f"expert parallel dispatch + combine per token and MoE layer: ≤ {V3['M']} nodes × {d} × (1 + 2) bytes = "
-      f"{ep_bytes / 1e3:.1f} kB, overlapped with compute by DualPipe")
+ep_forward = V3["M"] * d * (1 + 2)                                # dispatch in FP8 (1 byte), combine in bf16 (2)
+ep_bytes = V3["M"] * d * (1 + 2 + 2 + 2)                          # + backward: two all-to-alls in bf16
+print(f"tensor parallel ({tp_ways}-way), forward + backward: 4 all-reduces × 2(p−1)/p × {d} × 2 bytes = "
+      f"{tp_bytes / 1e3:.1f} kB")
+print(f"expert parallel, forward + backward: ≤ {V3['M']} nodes × {d} × (1 + 2 + 2 + 2) bytes = {ep_bytes / 1e3:.1f} kB "
+      f"(forward alone {ep_forward / 1e3:.1f} kB)")
+print(f"expert parallelism moves {ep_bytes / tp_bytes:.2f}× the bytes of {tp_ways}-way tensor parallelism")
+assert ep_bytes > tp_bytes        # counted alike, the bytes do not favour expert parallelism
+
+# %% [markdown]
+# Counted alike, expert parallelism moves *more* bytes. The report's reasons are elsewhere. **Memory**: it saves
+# memory without splitting matrices (recomputing cheap pieces such as normalisations, keeping the weights' moving
+# average in CPU memory, placing the embedding and the output head on the same pipeline rank so that the
+# multi-token prediction module shares them physically), so each GPU holds its share with pipeline and expert
+# parallelism alone. **Overlap**: a tensor-parallel all-reduce sits between two matrix multiplications of the same
+# micro-batch and cannot be hidden, while DualPipe runs the all-to-alls of one micro-batch during the computation
+# of another, so their cost is mostly hidden.
 
 # %% [markdown]
 # ## Summary

@@ -12,10 +12,12 @@
 # waiting in (`.pending`). A rank that hangs is killed after a timeout, so a wrong collective never freezes the
 # notebook. Your functions are called **inside** the ranks: they call `dist.all_reduce(...)` and friends directly.
 #
-# The grader starts its own ranks (2, or 3 for the ring) and runs your code in every one of them. It compares
-# with one process doing the whole job: the sum of the ranks' tensors, one model on the whole batch,
-# `torch.optim.AdamW`, the full `nn.Linear`, the full `DeepSeekMoE`. When a rank fails it names the rank and the
-# collective; when your mistake is a known one it names it and gives a hint.
+# The grader starts its own ranks (2, or 4 for the ring and for ZeRO) and runs your code in every one of them. It
+# compares with one process doing the whole job: the sum of the ranks' tensors, one model on the whole batch,
+# `torch.optim.AdamW`, the full `nn.Linear`, the full `DeepSeekMoE`. It also checks the idea of each exercise where
+# it happens: the ranks' process group records every message each rank sends (to whom, how many elements, by which
+# operation), whichever function sent it, and each rank holds only its own inputs. When a rank fails it names the
+# rank and the collective; when your mistake is a known one it names it and gives a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
 #
@@ -52,8 +54,9 @@ TIMEOUT = cfg["rank_timeout_s"]
 # size `p`). Afterwards every rank's `tensor` holds the **sum** of all ranks' tensors, written in place, and the
 # function returns that same tensor, as `dist.all_reduce(tensor)` does. Use only point-to-point messages
 # (`dist.isend`/`dist.irecv`, `dist.batch_isend_irecv`, or `dist.send`/`dist.recv`), no collective. Organise the
-# messages as a ring: each rank talks only to its two neighbours and sends `2(p−1)/p` of its tensor in all. Watch
-# out for deadlocks: two ranks that both wait in a blocking `send` to each other never finish.
+# messages as a ring: each rank talks only to its two neighbours and sends `2(p−1)/p` of its tensor in all (the
+# grader counts the elements each rank sends, and to whom, on 4 ranks). Watch out for deadlocks: two ranks that both
+# wait in a blocking `send` to each other never finish.
 
 # %% tags=["solution:18.ring_all_reduce"]
 def ring_all_reduce(tensor):
@@ -110,7 +113,9 @@ print("visible tests passed")
 #   from a different random state);
 # - after each `loss.backward()`, every parameter's `.grad` is the **mean over ranks** of the rank-local gradients,
 #   with nothing to call after backward (attach hooks; decide which hook fires at the right moment);
-# - random draws after the call (dropout masks) are reproducible from `seed` but **differ between ranks**.
+# - random draws after the call (dropout masks) **differ between ranks** and are a function of `seed`: the same
+#   `seed` gives the same draws whatever random state the rank had before the call, another `seed` other draws
+#   (the grader makes every rank's random state identical just before calling you).
 #
 # Evidence: 2 ranks with 4 examples each give the gradients and, after two SGD steps, the weights of one process
 # with all 8 examples (the visible test checks one backward).
@@ -177,14 +182,16 @@ print("visible tests passed")
 # `step()` every rank holds the same parameters, equal to `torch.optim.AdamW` with the same hyper-parameters
 # stepped on the gradient averaged over ranks. But each rank keeps AdamW's two moments **only for its share** of
 # the parameters: `state_numel()` returns the number of moment elements this rank holds, at most `2·⌈Ψ/p⌉` for `Ψ`
-# parameters (plain AdamW keeps `2Ψ`). How you cut the parameters into shares, and which collectives bring
-# each rank its gradient share and everyone the updated parameters, is yours to choose (the lesson measured the
-# traffic of each collective). The update is AdamW's: decoupled weight decay `θ ← θ(1 − lr·λ)`, then
+# parameters (plain AdamW keeps `2Ψ`); the grader itself counts the tensors your optimizer object holds. And a step
+# costs no more traffic than data parallelism: at most one all-reduce's `2(p−1)/p·Ψ` elements sent per rank (each
+# collective counted as it runs bandwidth-optimally). How you cut the parameters into shares, and which collectives
+# bring each rank its gradient share and everyone the updated parameters, is yours to choose (the lesson measured
+# the traffic of each collective). The update is AdamW's: decoupled weight decay `θ ← θ(1 − lr·λ)`, then
 # `θ ← θ − lr·m̂/(√v̂ + eps)` with bias-corrected moments.
 
 # %% tags=["solution:18.ShardedAdamW"]
 class ShardedAdamW:
-    """AdamW whose moments are sharded over the ranks (reduce-scatter the gradients, all-gather the parameters)."""
+    """AdamW whose two moments are kept, on each rank, only for that rank's share of the parameters."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
         ### BEGIN SOLUTION
@@ -270,11 +277,14 @@ print("visible tests passed")
 # Every rank gets the same input `x` `(…, in_features)` and the same full `linear` (with a bias), and returns
 # `linear(x)` `(…, out_features)`, computed Megatron's row-parallel way: rank `r` uses only its slice
 # `r·in/p … (r+1)·in/p − 1` of the input features (and the matching part of the weight), and the ranks combine their
-# partial results with exactly **one** collective. `in_features` is divisible by `world_size`. Where does the bias go?
+# partial results with exactly **one** collective. `in_features` is divisible by `world_size`. The grader makes the
+# weight columns and input features outside rank `r`'s slice NaN in rank `r`. The layer is trained, so the output
+# must be differentiable: a backward through it gives each rank the full layer's gradients for its input features,
+# its weight columns and the bias. Where does the bias go?
 
 # %% tags=["solution:18.row_parallel_linear"]
 def row_parallel_linear(x, linear, rank, world_size):
-    """``linear(x)`` from this rank's slice of the input features, one all-reduce, the bias added once."""
+    """``linear(x)`` from this rank's slice of the input features and one collective."""
     ### BEGIN SOLUTION
     width = linear.in_features // world_size
     mine = slice(rank * width, (rank + 1) * width)
@@ -319,7 +329,8 @@ print("visible tests passed")
 # locally, send each (token, slot) to the rank owning its expert with `dist.all_to_all_single`, run the local
 # experts on what arrives, send the results back the same way, and combine them with the gate weights and the
 # shared experts. Forward only (called under `torch.no_grad()`). A rank does not know in advance how many rows the
-# others will send it.
+# others will send it. The grader records what your all-to-alls carry: every other rank must receive exactly the
+# token vectors routed to its experts (one row per (token, slot)), and no other collective may carry tokens.
 
 # %% tags=["solution:18.expert_parallel_moe"]
 def expert_parallel_moe(x, moe, rank, world_size):

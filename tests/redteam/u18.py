@@ -1,0 +1,468 @@
+"""Red-team answers for unit 18 (torch.distributed on gloo): written from the released exercise notebook, then the
+wrong answers issue 40 named."""
+
+from tests.redteam import Answer
+
+# -- 18.ring_all_reduce -------------------------------------------------------------------------------------------
+
+_RING_WHOLE = '''
+def ring_all_reduce(tensor):
+    r, p = dist.get_rank(), dist.get_world_size()
+    acc, buf, got = tensor.clone(), tensor.clone(), torch.empty_like(tensor)
+    for _ in range(p - 1):
+        ops = [dist.P2POp(dist.isend, buf, (r + 1) % p), dist.P2POp(dist.irecv, got, (r - 1) % p)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        buf = got.clone()
+        acc += buf
+    tensor.copy_(acc)
+    return tensor
+'''
+
+_RING_STAR = '''
+def ring_all_reduce(tensor):
+    r, p = dist.get_rank(), dist.get_world_size()
+    if r == 0:
+        buf = torch.empty_like(tensor)
+        for src in range(1, p):
+            dist.recv(buf, src)
+            tensor += buf
+        for dst in range(1, p):
+            dist.send(tensor, dst)
+    else:
+        dist.send(tensor, 0)
+        dist.recv(tensor, 0)
+    return tensor
+'''
+
+# every rank sends its whole tensor to every other rank and sums what arrives: (p-1)·n per rank, to everyone
+_RING_EVERYONE = '''
+def ring_all_reduce(tensor):
+    r, p = dist.get_rank(), dist.get_world_size()
+    mine = tensor.clone()
+    bufs = {q: torch.empty_like(tensor) for q in range(p) if q != r}
+    ops = [dist.P2POp(dist.isend, mine, q) for q in bufs] + [dist.P2POp(dist.irecv, b, q) for q, b in bufs.items()]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    for b in bufs.values():
+        tensor += b
+    return tensor
+'''
+
+# reduce-scatter and all-gather done directly (chunk j goes straight to rank j): the ring's volume, but every rank
+# talks to every other one
+_RING_DIRECT = '''
+def ring_all_reduce(tensor):
+    r, p = dist.get_rank(), dist.get_world_size()
+    chunks = list(tensor.view(-1).chunk(p))
+    got = {q: torch.empty_like(chunks[r]) for q in range(p) if q != r}
+    ops = [dist.P2POp(dist.isend, chunks[q].clone(), q) for q in range(p) if q != r]
+    ops += [dist.P2POp(dist.irecv, b, q) for q, b in got.items()]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    for b in got.values():
+        chunks[r] += b
+    ops = [dist.P2POp(dist.isend, chunks[r].clone(), q) for q in range(p) if q != r]
+    ops += [dist.P2POp(dist.irecv, chunks[q], q) for q in range(p) if q != r]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    return tensor
+'''
+
+# no point-to-point at all: the library collective under another name
+_RING_C10D = '''
+def ring_all_reduce(tensor):
+    from torch.distributed import distributed_c10d
+    distributed_c10d.all_reduce(tensor)
+    return tensor
+'''
+
+_RING_PG = '''
+def ring_all_reduce(tensor):
+    pg = dist.distributed_c10d._get_default_group()
+    pg.allreduce([tensor]).wait()
+    return tensor
+'''
+
+# only the reduce-scatter phase: each rank ends with one summed chunk, the rest partial
+_RING_HALF = '''
+def ring_all_reduce(tensor):
+    r, p = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.view(-1).chunk(p)
+    right, left = (r + 1) % p, (r - 1) % p
+    got = torch.empty_like(chunks[0])
+    for s in range(p - 1):
+        send_i, recv_i = (r - s) % p, (r - s - 1) % p
+        ops = [dist.P2POp(dist.isend, chunks[send_i].clone(), right), dist.P2POp(dist.irecv, got, left)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+        chunks[recv_i].add_(got)
+    return tensor
+'''
+
+# -- 18.attach_data_parallel --------------------------------------------------------------------------------------
+
+_DP = '''
+def attach_data_parallel(module, seed):
+    r, ws = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):  # @SYNC
+            dist.broadcast(t, 0)
+    torch.manual_seed(seed + r)  # @SEED
+    for p in module.parameters():
+        if p.requires_grad:
+            def hook(param):
+                dist.all_reduce(param.grad)
+                param.grad /= ws  # @DIV
+            p.register_post_accumulate_grad_hook(hook)
+'''
+
+
+def _dp(**edits):
+    src = _DP
+    for marker, line in edits.items():
+        lines = src.split("\n")
+        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
+        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+        lines[i] = "\n".join(indent + part for part in line.split("\n"))
+        src = "\n".join(lines)
+    return src
+
+
+_DP_BACKWARD_HOOK = '''
+def attach_data_parallel(module, seed):
+    r, ws = dist.get_rank(), dist.get_world_size()
+    with torch.no_grad():
+        for t in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(t, 0)
+    torch.manual_seed(seed + r)
+
+    def hook(mod, grad_input, grad_output):
+        for p in mod.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad /= ws
+
+    module.register_full_backward_hook(hook)
+'''
+
+# -- 18.ShardedAdamW ------------------------------------------------------------------------------------------------
+
+_ZERO_FULL = '''
+class ShardedAdamW:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = list(params)
+        self.inner = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        self.n = sum(p.numel() for p in self.params)
+
+    def state_numel(self):
+        return 2 * math.ceil(self.n / dist.get_world_size())
+
+    @torch.no_grad()
+    def step(self):
+        ws = dist.get_world_size()
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= ws
+        self.inner.step()
+'''
+
+# a flat shard per rank, but moments allocated for all Ψ parameters (zeros outside the share)
+_ZERO_BODY = '''
+class ShardedAdamW:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        self.r, self.ws = dist.get_rank(), dist.get_world_size()
+        self.n = sum(p.numel() for p in self.params)
+        self.share = math.ceil(self.n / self.ws)
+        self.lo, self.hi = self.r * self.share, min(self.n, (self.r + 1) * self.share)
+        self.m = torch.zeros(@MOMENT_SIZE)
+        self.v = torch.zeros(@MOMENT_SIZE)
+        self.t = 0
+
+    def state_numel(self):
+        return @STATE_NUMEL
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        flat_g = torch.cat([p.grad.reshape(-1) for p in self.params])
+        flat_g = torch.cat([flat_g, flat_g.new_zeros(self.share * self.ws - self.n)])
+        @GRADS
+        flat_p = torch.cat([p.reshape(-1) for p in self.params])
+        flat_p = torch.cat([flat_p, flat_p.new_zeros(self.share * self.ws - self.n)])
+        mine = flat_p[self.r * self.share:(self.r + 1) * self.share].clone()
+        m, v = @MV
+        m.mul_(b1).add_(g, alpha=1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        mhat, vhat = m / (1 - b1 ** self.t), v / (1 - b2 ** self.t)
+        mine.mul_(1 - self.lr * self.wd)
+        mine.addcdiv_(mhat, vhat.sqrt() + self.eps, value=-self.lr)
+        out = [torch.empty_like(mine) for _ in range(self.ws)]
+        dist.all_gather(out, mine)
+        new = torch.cat(out)[:self.n]
+        i = 0
+        for p in self.params:
+            p.copy_(new[i:i + p.numel()].view_as(p))
+            i += p.numel()
+'''
+
+_ZERO_RS = '''g = torch.empty(self.share)
+        dist.reduce_scatter(g, list(flat_g.chunk(self.ws)))
+        g /= self.ws'''
+_ZERO_AR = '''dist.all_reduce(flat_g)
+        g = flat_g[self.r * self.share:(self.r + 1) * self.share] / self.ws'''
+
+
+def _zero(size="self.share", numel="2 * self.share", grads=_ZERO_RS, mv="self.m, self.v"):
+    return (_ZERO_BODY.replace("@MOMENT_SIZE", size).replace("@STATE_NUMEL", numel).replace("@GRADS", grads)
+            .replace("@MV", mv))
+
+
+_ZERO_ALL_SIZED = _zero(size="self.share * self.ws", mv=(
+    "self.m[self.r * self.share:(self.r + 1) * self.share], self.v[self.r * self.share:(self.r + 1) * self.share]"))
+
+# the full moments kept on the parameters, where the optimizer's own attributes do not show them
+_ZERO_ON_PARAMS = '''
+class ShardedAdamW:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = list(params)
+        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
+        for p in self.params:
+            p.exp_avg, p.exp_avg_sq = torch.zeros_like(p), torch.zeros_like(p)
+        self.t = 0
+
+    def state_numel(self):
+        return 2 * math.ceil(sum(p.numel() for p in self.params) / dist.get_world_size())
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        ws = dist.get_world_size()
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            g = p.grad / ws
+            p.exp_avg.mul_(b1).add_(g, alpha=1 - b1)
+            p.exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p.mul_(1 - self.lr * self.wd)
+            p.addcdiv_(p.exp_avg / (1 - b1 ** self.t), (p.exp_avg_sq / (1 - b2 ** self.t)).sqrt() + self.eps,
+                       value=-self.lr)
+'''
+
+# whole parameters dealt out round-robin: unbalanced shares (one rank holds the 18-element weight)
+_ZERO_ROUND_ROBIN = '''
+class ShardedAdamW:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
+        self.params = list(params)
+        self.r, self.ws = dist.get_rank(), dist.get_world_size()
+        self.owner = [i % self.ws for i in range(len(self.params))]
+        mine = [p for p, o in zip(self.params, self.owner) if o == self.r]
+        self.inner = torch.optim.AdamW(mine, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay) if mine else None
+
+    def state_numel(self):
+        return sum(2 * p.numel() for p, o in zip(self.params, self.owner) if o == self.r)
+
+    @torch.no_grad()
+    def step(self):
+        for p in self.params:
+            dist.all_reduce(p.grad)
+            p.grad /= self.ws
+        if self.inner is not None:
+            self.inner.step()
+        for p, o in zip(self.params, self.owner):
+            dist.broadcast(p, o)
+'''
+
+# -- 18.row_parallel_linear -----------------------------------------------------------------------------------------
+
+_ROW_FULL = '''
+def row_parallel_linear(x, linear, rank, world_size):
+    y = x @ linear.weight.T / world_size
+    dist.all_reduce(y)
+    return y + linear.bias
+'''
+
+# column-parallel (a slice of the output features) and one all-gather: right values, the wrong layout
+_ROW_COLUMNS = '''
+def row_parallel_linear(x, linear, rank, world_size):
+    out = linear.out_features
+    rows = [list(range(out))[q::world_size] for q in range(world_size)]
+    n = max(len(r) for r in rows)
+    idx = torch.tensor(rows[rank])
+    part = F.linear(x, linear.weight[idx], linear.bias[idx])
+    part = torch.cat([part, part.new_zeros(*part.shape[:-1], n - part.shape[-1])], dim=-1)
+    got = [torch.empty_like(part) for _ in range(world_size)]
+    dist.all_gather(got, part)
+    y = x.new_empty(*x.shape[:-1], out)
+    for q in range(world_size):
+        y[..., rows[q]] = got[q][..., :len(rows[q])]
+    return y
+'''
+
+_ROW_BROADCAST = '''
+def row_parallel_linear(x, linear, rank, world_size):
+    y = linear(x).detach().clone() if rank == 0 else x.new_empty(*x.shape[:-1], linear.out_features)
+    dist.broadcast(y, 0)
+    return y
+'''
+
+_ROW_BIAS_EVERY_RANK = '''
+def row_parallel_linear(x, linear, rank, world_size):
+    k = linear.in_features // world_size
+    sl = slice(rank * k, (rank + 1) * k)
+    y = F.linear(x[..., sl], linear.weight[:, sl], linear.bias)
+    dist.all_reduce(y)
+    return y
+'''
+
+# -- 18.expert_parallel_moe -----------------------------------------------------------------------------------------
+
+_EP_GATHER = '''
+def expert_parallel_moe(x, moe, rank, world_size):
+    D = moe.d_model
+    flat = x.reshape(-1, D)
+    parts = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(parts, flat)
+    allx = torch.cat(parts)
+    _, w, idx = moe.gate(allx)
+    per = moe.n_routed_experts // world_size
+    out = torch.zeros_like(allx)
+    for e in range(rank * per, (rank + 1) * per):
+        tok, slot = torch.where(idx == e)
+        if len(tok):
+            out.index_add_(0, tok, moe.experts[e](allx[tok]) * w[tok, slot, None])
+    dist.all_reduce(out)
+    n = flat.shape[0]
+    y = out[rank * n:(rank + 1) * n].view_as(x)
+    return y + moe.shared_experts(x) if moe.shared_experts is not None else y
+'''
+
+_EP_GATHER_DUMMY = _EP_GATHER.replace("    dist.all_reduce(out)\n", """    dist.all_reduce(out)
+    t = torch.zeros(world_size)
+    dist.all_to_all_single(torch.empty_like(t), t)
+""")
+
+# every rank's tokens sent to every rank (the receivers route them again with the replicated gate)
+_EP_ALL_TOKENS = '''
+def expert_parallel_moe(x, moe, rank, world_size):
+    D = moe.d_model
+    flat = x.reshape(-1, D)
+    n = torch.tensor([flat.shape[0]])
+    counts = torch.empty(world_size, dtype=torch.long)
+    dist.all_gather_into_tensor(counts, n)
+    total = int(counts.sum())
+    allx = flat.new_empty(total, D)
+    dist.all_to_all_single(allx, flat.repeat(world_size, 1), counts.tolist(), [flat.shape[0]] * world_size)
+    _, w, idx = moe.gate(allx)
+    per = moe.n_routed_experts // world_size
+    out = torch.zeros_like(allx)
+    for e in range(rank * per, (rank + 1) * per):
+        tok, slot = torch.where(idx == e)
+        if len(tok):
+            out.index_add_(0, tok, moe.experts[e](allx[tok]) * w[tok, slot, None])
+    back = flat.new_empty(world_size * flat.shape[0], D)
+    dist.all_to_all_single(back, out, [flat.shape[0]] * world_size, counts.tolist())
+    y = back.view(world_size, flat.shape[0], D).sum(0).view_as(x)
+    return y + moe.shared_experts(x) if moe.shared_experts is not None else y
+'''
+
+# all_to_all_single without split sizes: assumes every rank sends every other the same number of rows
+_EP_EQUAL_SPLITS = '''
+def expert_parallel_moe(x, moe, rank, world_size):
+    D = moe.d_model
+    flat = x.reshape(-1, D)
+    _, w, idx = moe.gate(flat)
+    k = idx.shape[1]
+    per = moe.n_routed_experts // world_size
+    flat_e = idx.reshape(-1)
+    order = torch.argsort(flat_e, stable=True)
+    token = order // k
+    xs, es = flat[token], flat_e[order]
+    rx, re_ = torch.empty_like(xs), torch.empty_like(es)
+    dist.all_to_all_single(rx, xs)
+    dist.all_to_all_single(re_, es)
+    ry = torch.zeros_like(rx)
+    for e in range(rank * per, (rank + 1) * per):
+        m = re_ == e
+        if m.any():
+            ry[m] = moe.experts[e](rx[m])
+    ys = torch.empty_like(xs)
+    dist.all_to_all_single(ys, ry)
+    out = torch.zeros_like(flat).index_add_(0, token, ys * w.reshape(-1)[order][:, None]).view_as(x)
+    return out + moe.shared_experts(x) if moe.shared_experts is not None else out
+'''
+
+# the whole layer run locally (the experts of the other ranks used too); the all-to-all only for show
+_EP_LOCAL = '''
+def expert_parallel_moe(x, moe, rank, world_size):
+    t = torch.zeros(world_size)
+    dist.all_to_all_single(torch.empty_like(t), t)
+    return moe(x)
+'''
+
+
+ANSWERS = [
+    # ring_all_reduce
+    Answer("18.ring_all_reduce", "the whole tensor passed around the ring p-1 times", _RING_WHOLE,
+           bug="B18.ring_whole_tensor", origin="issue 40"),
+    Answer("18.ring_all_reduce", "a star through rank 0 with send/recv", _RING_STAR,
+           bug="B18.ring_not_neighbours", origin="issue 40"),
+    Answer("18.ring_all_reduce", "every rank sends its whole tensor to every other", _RING_EVERYONE,
+           bug="B18.ring_not_neighbours"),
+    Answer("18.ring_all_reduce", "direct reduce-scatter/all-gather to every rank, not a ring", _RING_DIRECT,
+           bug="B18.ring_not_neighbours"),
+    Answer("18.ring_all_reduce", "the library all-reduce through distributed_c10d", _RING_C10D,
+           says=r"calls the collective allreduce"),
+    Answer("18.ring_all_reduce", "the process group's allreduce called directly", _RING_PG,
+           says=r"calls the collective allreduce"),
+    Answer("18.ring_all_reduce", "reduce-scatter phase only", _RING_HALF, says=r"the tensor after the ring"),
+    # attach_data_parallel
+    Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp(SEED="pass"),
+           bug="B18.seed_ignored", origin="issue 40"),
+    Answer("18.attach_data_parallel", "gradients averaged twice", _dp(DIV="param.grad /= ws * ws"),
+           bug="B18.grads_averaged_twice", origin="issue 40"),
+    Answer("18.attach_data_parallel", "the same seed on every rank", _dp(SEED="torch.manual_seed(seed)"),
+           bug="B18.same_dropout_seed"),
+    Answer("18.attach_data_parallel", "each rank seeded with its rank, seed ignored", _dp(SEED="torch.manual_seed(r)"),
+           bug="B18.seed_ignored"),
+    Answer("18.attach_data_parallel", "seed * rank: rank 0's draws do not depend on seed",
+           _dp(SEED="torch.manual_seed(seed * r)"), bug="B18.seed_ignored"),
+    Answer("18.attach_data_parallel", "a fresh random seed per rank (not reproducible)", _dp(SEED="torch.seed()"),
+           says=r"reproducible from `seed`"),
+    Answer("18.attach_data_parallel", "gradients summed, not averaged", _dp(DIV="pass"),
+           bug="B18.sum_not_mean"),
+    Answer("18.attach_data_parallel", "parameters broadcast, buffers not",
+           _dp(SYNC="for t in list(module.parameters()):"), says=r"buffer 'scale' differs"),
+    Answer("18.attach_data_parallel", "averaging in a module full backward hook", _DP_BACKWARD_HOOK,
+           says=r"gradients of the first backward"),
+    # ShardedAdamW
+    Answer("18.ShardedAdamW", "a full AdamW on every rank, state_numel reporting the share", _ZERO_FULL,
+           bug="B18.zero_full_state", origin="issue 40"),
+    Answer("18.ShardedAdamW", "moments allocated for all parameters, only the share used", _ZERO_ALL_SIZED,
+           bug="B18.zero_full_state"),
+    Answer("18.ShardedAdamW", "full moments kept on the parameters", _ZERO_ON_PARAMS, bug="B18.zero_full_state"),
+    Answer("18.ShardedAdamW", "whole parameters dealt round-robin (unbalanced)", _ZERO_ROUND_ROBIN,
+           says=r"reports \d+ elements of optimizer state"),
+    Answer("18.ShardedAdamW", "all-reduce of the whole gradient instead of its share", _zero(grads=_ZERO_AR),
+           bug="B18.zero_all_reduce"),
+    # row_parallel_linear
+    Answer("18.row_parallel_linear", "every rank computes the full product /p, one all-reduce", _ROW_FULL,
+           bug="B18.row_full_product", origin="issue 40"),
+    Answer("18.row_parallel_linear", "column-parallel with an all-gather", _ROW_COLUMNS,
+           bug="B18.row_full_product"),
+    Answer("18.row_parallel_linear", "rank 0 computes everything and broadcasts", _ROW_BROADCAST,
+           bug="B18.row_full_product"),
+    Answer("18.row_parallel_linear", "bias added on every rank before the all-reduce", _ROW_BIAS_EVERY_RANK,
+           bug="B18.bias_every_rank"),
+    # expert_parallel_moe
+    Answer("18.expert_parallel_moe", "all-gather the tokens, all-reduce, no all-to-all", _EP_GATHER,
+           bug="B18.ep_no_all_to_all", origin="issue 40"),
+    Answer("18.expert_parallel_moe", "all-gather + all-reduce with a dummy all-to-all", _EP_GATHER_DUMMY,
+           bug="B18.ep_no_all_to_all"),
+    Answer("18.expert_parallel_moe", "every token sent to every rank", _EP_ALL_TOKENS, says=r"routed to rank \d's experts"),
+    Answer("18.expert_parallel_moe", "equal split sizes assumed", _EP_EQUAL_SPLITS, says=r"routed to rank \d's experts"),
+    Answer("18.expert_parallel_moe", "the whole layer run locally", _EP_LOCAL, says=r"ran experts that live on the other rank"),
+]
