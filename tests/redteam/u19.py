@@ -1,0 +1,333 @@
+"""Red-team answers for unit 19 (post-training: reward, SFT loss, GRPO advantages, log-probs, loss).
+
+Written from the released exercise notebook only (origin "red team"), then the answers issue 41 names.
+"""
+
+from tests.redteam import Answer
+
+ANSWERS = [
+    # -- 19.addition_reward -----------------------------------------------------------------------------------------
+    Answer(
+        "19.addition_reward",
+        "int() parses the answer: leading zeros, spaces and underscores accepted",
+        '''
+def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
+    if "<eos>" not in completion:
+        return 0.0
+    text = completion.split("<eos>")[0]
+    try:
+        value = int(text)
+    except ValueError:
+        return 0.0
+    return float(correct_weight * (value == answer) + format_weight)
+''',
+        says=r"well-formed|leading zero|format",
+    ),
+    Answer(
+        "19.addition_reward",
+        "the first number anywhere, <eos> not required",
+        '''
+def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
+    m = re.search(r"\\d+", completion)
+    if m is None:
+        return 0.0
+    return float(correct_weight * (int(m.group()) == answer) + format_weight)
+''',
+        says=r"eos|well-formed",
+    ),
+    Answer(
+        "19.addition_reward",
+        "the text before the last <eos> (all <eos> stripped from the end)",
+        '''
+def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
+    if "<eos>" not in completion:
+        return 0.0
+    text = completion.rsplit("<eos>", 1)[0].replace("<eos>", "")
+    ok = re.fullmatch(r"0|[1-9][0-9]*", text) is not None
+    return float(correct_weight * (ok and int(text) == answer) + format_weight * ok)
+''',
+        says=r"first|eos",
+    ),
+    Answer(
+        "19.addition_reward",
+        "correctness by substring: the answer anywhere in the completion",
+        '''
+def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
+    head, sep, _ = completion.partition("<eos>")
+    ok = bool(sep) and re.fullmatch(r"0|[1-9][0-9]*", head) is not None
+    correct = str(answer) in completion
+    return float(correct_weight * correct + format_weight * ok)
+''',
+        says=r"correct",
+    ),
+    # -- 19.sft_loss --------------------------------------------------------------------------------------------------
+    Answer(
+        "19.sft_loss",
+        "no shift: the logits at position p score the token at p",
+        '''
+def sft_loss(logits, ids, prompt_len, pad_id):
+    if logits.shape[:2] != ids.shape:
+        raise ValueError("shape")
+    target = ids[:, prompt_len:]
+    return F.cross_entropy(logits[:, prompt_len:].reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=pad_id)
+''',
+        says=r"shift|next|position",
+    ),
+    Answer(
+        "19.sft_loss",
+        "the <eos> after the answer is not learned (masked like padding)",
+        '''
+def sft_loss(logits, ids, prompt_len, pad_id):
+    if logits.shape[:2] != ids.shape:
+        raise ValueError("shape")
+    target = ids[:, prompt_len:].clone()
+    eos = target.gather(1, (target != pad_id).sum(1, keepdim=True) - 1)
+    target[target == eos] = pad_id
+    return F.cross_entropy(logits[:, prompt_len - 1:-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
+                           ignore_index=pad_id)
+''',
+        says=r"eos",
+    ),
+    Answer(
+        "19.sft_loss",
+        "a mean per row, then a mean over rows (every row weighs the same)",
+        '''
+def sft_loss(logits, ids, prompt_len, pad_id):
+    if logits.shape[:2] != ids.shape:
+        raise ValueError("shape")
+    pred = logits[:, prompt_len - 1:-1]
+    target = ids[:, prompt_len:]
+    mask = (target != pad_id).float()
+    ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none")
+    return ((ce * mask).sum(1) / mask.sum(1)).mean()
+''',
+        says=r"mean|weigh|longer",
+    ),
+    Answer(
+        "19.sft_loss",
+        "padding is learned too (no mask)",
+        '''
+def sft_loss(logits, ids, prompt_len, pad_id):
+    if logits.shape[:2] != ids.shape:
+        raise ValueError("shape")
+    return F.cross_entropy(logits[:, prompt_len - 1:-1].reshape(-1, logits.shape[-1]),
+                           ids[:, prompt_len:].reshape(-1))
+''',
+        says=r"pad",
+    ),
+    # -- 19.group_relative_advantages ------------------------------------------------------------------------------
+    Answer(
+        "19.group_relative_advantages",
+        "one mean and std over the whole batch, not per group",
+        '''
+def group_relative_advantages(rewards, group_size):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards")
+    std = rewards.std()
+    if std == 0:
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean()) / std
+''',
+        says=r"group",
+    ),
+    Answer(
+        "19.group_relative_advantages",
+        "groups read as columns (reshape(G, B)): the interleaved grouping",
+        '''
+def group_relative_advantages(rewards, group_size):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards")
+    r = rewards.view(group_size, -1)
+    m, s = r.mean(0, keepdim=True), r.std(0, keepdim=True)
+    return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
+''',
+        says=r"group|row",
+    ),
+    Answer(
+        "19.group_relative_advantages",
+        "a tiny epsilon instead of a zero for a group without spread",
+        '''
+def group_relative_advantages(rewards, group_size):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards")
+    r = rewards.view(-1, group_size)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-8)).reshape(-1)
+''',
+        says=r"spread|same reward|constant|zero",
+    ),
+    Answer(
+        "19.group_relative_advantages",
+        "no ValueError on bad input",
+        '''
+def group_relative_advantages(rewards, group_size):
+    r = rewards.reshape(-1, group_size)
+    m, s = r.mean(1, keepdim=True), r.std(1, keepdim=True)
+    return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
+''',
+        says=r"ValueError",
+    ),
+    # -- 19.per_token_logps -------------------------------------------------------------------------------------------
+    Answer(
+        "19.per_token_logps",
+        "computed under no_grad (no gradient to the model)",
+        '''
+def per_token_logps(model, sequences, prompt_len):
+    if not 1 <= prompt_len < sequences.shape[1]:
+        raise ValueError("prompt_len")
+    with torch.no_grad():
+        logp = torch.log_softmax(model(sequences)[:, prompt_len - 1:-1], dim=-1)
+    return logp.gather(2, sequences[:, prompt_len:, None])[..., 0]
+''',
+        says=r"grad",
+    ),
+    Answer(
+        "19.per_token_logps",
+        "one forward per completion position (right values, T_c forwards)",
+        '''
+def per_token_logps(model, sequences, prompt_len):
+    if not 1 <= prompt_len < sequences.shape[1]:
+        raise ValueError("prompt_len")
+    cols = []
+    for p in range(prompt_len, sequences.shape[1]):
+        logp = torch.log_softmax(model(sequences[:, :p])[:, -1], dim=-1)
+        cols.append(logp.gather(1, sequences[:, p:p + 1]))
+    return torch.cat(cols, dim=1)
+''',
+        says=r"forward|one pass|once|call",
+    ),
+    Answer(
+        "19.per_token_logps",
+        "log of softmax (underflows to -inf for unlikely tokens)",
+        '''
+def per_token_logps(model, sequences, prompt_len):
+    if not 1 <= prompt_len < sequences.shape[1]:
+        raise ValueError("prompt_len")
+    probs = torch.softmax(model(sequences)[:, prompt_len - 1:-1], dim=-1)
+    return torch.log(probs.gather(2, sequences[:, prompt_len:, None])[..., 0])
+''',
+        says=r"inf|finite|nan|log_softmax|underflow",
+    ),
+    # -- 19.grpo_loss ---------------------------------------------------------------------------------------------------
+    Answer(
+        "19.grpo_loss",
+        "the ratio reversed (old / new)",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(old - logps)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+    kl = torch.exp(ref - logps) - (ref - logps) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"ratio|gradient",
+    ),
+    Answer(
+        "19.grpo_loss",
+        "no detach on old_logps and ref_logps",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    m = mask.float()
+    ratio = torch.exp(logps - old_logps)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+    kl = torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"gradient|old|ref",
+    ),
+    Answer(
+        "19.grpo_loss",
+        "an empty mask row divides by zero (NaN)",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(logps - old)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+    kl = torch.exp(ref - logps) - (ref - logps) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1)).mean()
+''',
+        says=r"empty|nan|finite",
+    ),
+    Answer(
+        "19.grpo_loss",
+        "k3 with the roles of the two policies swapped",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(logps - old)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+    kl = torch.exp(logps - ref) - (logps - ref) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"KL|k3",
+    ),
+    Answer(
+        "19.grpo_loss",
+        "the clipped ratio alone, without the min (the pessimistic bound dropped)",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(logps - old)
+    surr = ratio.clamp(1 - clip_eps, 1 + clip_eps) * advantages[:, None]
+    kl = torch.exp(ref - logps) - (ref - logps) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"clip|min",
+    ),
+    # the two the issue names
+    Answer(
+        "19.grpo_loss",
+        "KL estimated by k1 (log-ratio) instead of k3",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(logps - old)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+    kl = logps - ref
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"k1|KL",
+        origin="issue 41",
+    ),
+    Answer(
+        "19.grpo_loss",
+        "a one-sided clip (only 1 + eps)",
+        '''
+def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
+    if not (logps.shape == old_logps.shape == ref_logps.shape == mask.shape) or advantages.shape != logps.shape[:1]:
+        raise ValueError("shapes")
+    old, ref, m = old_logps.detach(), ref_logps.detach(), mask.float()
+    ratio = torch.exp(logps - old)
+    a = advantages[:, None]
+    surr = torch.min(ratio * a, ratio.clamp(max=1 + clip_eps) * a)
+    kl = torch.exp(ref - logps) - (ref - logps) - 1
+    per_tok = (surr - beta * kl) * m
+    return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
+''',
+        says=r"clip",
+        origin="issue 41",
+    ),
+]
