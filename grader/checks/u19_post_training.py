@@ -10,8 +10,10 @@ through that loop.
 
 Contract clauses and the probes that cover them (what is not listed is not graded):
 
-* ``19.addition_reward``: correct / wrong / cut-off (no ``<eos>``) / leading zeros / ``0`` / empty / non-digit
-  answers; text after the first ``<eos>``; non-default ``correct_weight`` and ``format_weight``; a Python float.
+* ``19.addition_reward``: four groups compared one by one (so that a failure names its clause): well-formed answers
+  right and wrong (a wrong one holding the sum as a substring); cut-off (no ``<eos>``); not a plain number (leading
+  zeros, ``0``, empty, a sign, a space, a digit separator, other tokens); text after the first ``<eos>``; at the
+  default and at other ``correct_weight`` and ``format_weight``; a Python float.
 * ``19.sft_loss``: the task's batch with answers of 1, 2 and 3 digits (padding of different lengths), value and
   gradient (zero at every logit that predicts a prompt token or padding); a synthetic batch with another
   ``prompt_len`` and ``pad_id``; one mean over tokens (rows weigh by their answer length); ``ValueError`` on
@@ -20,7 +22,9 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   spread and a constant 0 group; groups of 3; no NaN/inf; ``ValueError`` for 2-D rewards, ``group_size < 2`` and a
   size that is not a multiple of it.
 * ``19.per_token_logps``: a random tiny Llama on two prompt lengths, against the prefix-by-prefix forward; shape
-  ``(N, T − prompt_len)``; gradients reach the parameters; ``ValueError`` for ``prompt_len`` 0 and ``T``.
+  ``(N, T − prompt_len)``; gradients reach the parameters; one model call (a forward pre-hook counts them); a
+  peaked output layer (log-probabilities to about −190: finite, though below float32's smallest probability);
+  ``ValueError`` for ``prompt_len`` 0 and ``T``.
 * ``19.grpo_loss``: ratios inside and outside the clip range on both sides, positive and negative advantages, rows of
   different lengths and one empty row, value and gradient with the defaults and at ``clip_eps=0.1, beta=0.3``; no
   gradient reaches ``old_logps`` or ``ref_logps``; ``ValueError`` on mismatched shapes.
@@ -33,8 +37,9 @@ import statistics
 
 import torch
 
-from ..core import check
+from ..core import CheckFailure, check
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "19"
 
@@ -75,11 +80,19 @@ def _shape(x) -> str:
 
 # ================================================================== 19.addition_reward
 
-REWARD_CASES = [
-    ("42<eos>", 42), ("41<eos>", 42), ("42", 42), ("042<eos>", 42), ("0<eos>", 0), ("00<eos>", 0), ("<eos>", 0),
-    ("4+2<eos>", 6), ("42<eos>17<eos>", 42), ("42<eos><eos><eos>", 42), ("198<eos>", 198), ("1980<eos>", 198),
-    ("<eos>42<eos>", 42), ("4<eos>2", 42), ("7<pad><eos>", 7), ("99", 99), ("100<eos>", 100), ("10<eos>", 100),
+# the cases, grouped by the clause of the contract they test (each group compared on its own, so that a failure
+# names the clause)
+REWARD_GROUPS = [
+    ("well-formed answers, right and wrong", [("42<eos>", 42), ("41<eos>", 42), ("0<eos>", 0), ("198<eos>", 198),
+                                              ("1980<eos>", 198), ("100<eos>", 100), ("10<eos>", 100)]),
+    ("completions cut off before any <eos> (not well-formed)", [("42", 42), ("99", 99), ("7", 3)]),
+    ("answers that are not a number written without leading zeros (not well-formed)",
+     [("042<eos>", 42), ("00<eos>", 0), ("<eos>", 0), ("4+2<eos>", 6), ("7<pad><eos>", 7), (" 42<eos>", 42),
+      ("4 2<eos>", 42), ("+42<eos>", 42), ("4_2<eos>", 42)]),
+    ("text after the first <eos> (it is not part of the answer)",
+     [("42<eos>17<eos>", 42), ("42<eos><eos><eos>", 42), ("<eos>42<eos>", 42), ("4<eos>2", 42), ("4<eos>2<eos>", 42)]),
 ]
+REWARD_CASES = [c for _, cases in REWARD_GROUPS for c in cases]
 
 
 def _oracle_reward(completion: str, answer: int, correct_weight: float = 1.0, format_weight: float = 0.1) -> float:
@@ -92,18 +105,39 @@ def _oracle_reward(completion: str, answer: int, correct_weight: float = 1.0, fo
     return format_weight + (correct_weight if int(head) == answer else 0.0)
 
 
+def _named_reward_mistake(group: int, got, cases, weights) -> str | None:
+    """The catalogued mistake a failing group of rewards shows, when the bug catalog's mutants did not match."""
+    cw, fw = weights.get("correct_weight", 1.0), weights.get("format_weight", 0.1)
+    paid = [(g, c, a) for g, (c, a) in zip(got, cases) if isinstance(g, (int, float))]
+    if group == 0 and any(_oracle_reward(c, a) < 1.0 and str(a) in c and g >= cw - 1e-6 for g, c, a in paid):
+        return "B19.sum_found_in_text"
+    if group == 1 and any(g >= cw - 1e-6 for g, c, a in paid):
+        return "B19.correct_without_format"
+    if group == 2 and any(g >= min(fw, cw) - 1e-6 for g, c, a in paid):
+        return "B19.lax_format"
+    if group == 3:
+        return "B19.reads_past_eos"
+    return None
+
+
 @check(f"{U}.addition_reward", ["addition_reward"], _ref_reward)
 def check_addition_reward(t):
     first = t.run(lambda impl: impl.addition_reward("42<eos>", 42))
     t.expect(isinstance(first, float), f"addition_reward must return a Python float; got {type(first).__name__}")
-    cases = list(REWARD_CASES)
-    t.compare(lambda impl: [impl.addition_reward(c, a) for c, a in cases],
-              [_oracle_reward(c, a) for c, a in cases],
-              "rewards of completions " + ", ".join(repr(c) for c, _ in cases[:6]) + ", ... (with the defaults)",
-              atol=1e-6)
-    t.compare(lambda impl: [impl.addition_reward(c, a, correct_weight=2.0, format_weight=0.5) for c, a in cases],
-              [_oracle_reward(c, a, 2.0, 0.5) for c, a in cases],
-              "rewards with correct_weight=2.0, format_weight=0.5", atol=1e-6)
+    for weights in ({}, {"correct_weight": 2.0, "format_weight": 0.5}):
+        for group, (what, cases) in enumerate(REWARD_GROUPS):
+            probe = functools.partial(lambda impl, cases, w: [impl.addition_reward(c, a, **w) for c, a in cases],
+                                      cases=cases, w=weights)
+            label = (f"rewards of {what}: " + ", ".join(repr(c) for c, _ in cases)
+                     + (" (with the defaults)" if not weights else " with correct_weight=2.0, format_weight=0.5"))
+            want = [_oracle_reward(c, a, **weights) for c, a in cases]
+            try:
+                t.compare(probe, want, label, atol=1e-6)
+            except CheckFailure as failure:
+                named = None if failure.bug_id else _named_reward_mistake(group, t.run(probe), cases, weights)
+                if named is None:
+                    raise
+                raise CheckFailure(failure.message, bug_id=named) from None
 
 
 # ================================================================== 19.sft_loss
@@ -255,18 +289,29 @@ def _oracle_logps(cfg, state, seqs, prompt_len) -> torch.Tensor:
     return torch.stack(cols, dim=1).float()
 
 
+def _peaked_state(state: dict, scale: float = 60.0) -> dict:
+    """The same model with its output layer scaled: log-probabilities down to about −10³, below float32's
+    smallest positive probability (exp(−103) is 0 after a softmax in float32; the log-softmax stays finite)."""
+    out = {k: v.clone() for k, v in state.items()}
+    out["lm_head.weight"] = out["lm_head.weight"] * scale
+    return out
+
+
 @check(f"{U}.per_token_logps", ["per_token_logps"], _ref_logps)
 def check_per_token_logps(t):
     cfg, state, seqs = _logps_model_state()
     for P in (10, 3):
         def probe(impl, P=P):
             m = _build(cfg, state)
+            calls = []
+            m.register_forward_pre_hook(lambda mod, args: calls.append(1))
             out = impl.per_token_logps(m, seqs.clone(), P)
             grads = False
             if isinstance(out, torch.Tensor) and out.requires_grad:
                 out.sum().backward()
                 grads = any(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in m.parameters())
-            return {"out": out.detach() if isinstance(out, torch.Tensor) else out, "grads": grads}
+            return {"out": out.detach() if isinstance(out, torch.Tensor) else out, "grads": grads,
+                    "calls": len(calls)}
         got = t.run(probe)
         want_shape = (seqs.shape[0], seqs.shape[1] - P)
         out = got["out"]
@@ -279,6 +324,15 @@ def check_per_token_logps(t):
                   rtol=1e-4, pick=lambda o: o["out"])
         t.expect(got["grads"], "no gradient reached the model's parameters: compute the log-probabilities with "
                  "gradients on (the policy is trained through them)")
+        t.expect(got["calls"] == 1, f"per_token_logps called the model {got['calls']} times for one batch of "
+                 f"{seqs.shape[1] - P} completion positions: the contract asks for one forward pass",
+                 bug="B19.forward_per_position" if got["calls"] > 1 else None)
+    peaked = _peaked_state(state)
+    P = 3
+    t.compare(lambda impl: impl.per_token_logps(_build(cfg, peaked), seqs.clone(), P).detach(),
+              _oracle_logps(cfg, peaked, seqs, P), "log-probabilities of a very confident model (some tokens have "
+              "a probability below float32's smallest positive number; their log-probability is still finite)",
+              atol=2e-3, rtol=1e-4)
     for P in (0, seqs.shape[1]):
         err = t.raised(lambda impl, P=P: impl.per_token_logps(_build(cfg, state), seqs.clone(), P))
         t.expect(err == "ValueError", f"per_token_logps with prompt_len {P} and T = {seqs.shape[1]} must raise "
@@ -359,6 +413,71 @@ def check_grpo_loss(t):
                        ("advantages (N, 1)", lambda impl: impl.grpo_loss(logps, old, ref, adv[:, None], mask))):
         err = t.raised(call)
         t.expect(err == "ValueError", f"grpo_loss with {what} must raise ValueError; got {err}")
+
+
+# ================================================================== declared strength (grader/strength.py)
+
+defining_property(
+    f"{U}.addition_reward",
+    "a rule-based reward pays correctness only to a well-formed answer: read up to the first <eos>, a number "
+    "without leading zeros, cut-off completions earn nothing; the two weights scale the two terms",
+    probe="the learner's reward on four groups of completions (well-formed, cut off, malformed, text after <eos>), "
+          "each against an oracle from str.isdigit and an int/str round trip, at the default and at other weights; "
+          "a malformed completion that holds the sum and is paid as correct is named")
+defining_property(
+    f"{U}.sft_loss",
+    "fine-tuning learns the completion only: next-token cross-entropy on the answer tokens and their <eos>, "
+    "the prompt and the padding masked, one mean over the batch's tokens",
+    probe="the loss and its gradient with respect to the logits (zero at every position that does not predict an "
+          "answer token), against a float64 loop over (row, position) pairs, on two batches with different "
+          "prompt_len, pad_id and answer lengths")
+defining_property(
+    f"{U}.group_relative_advantages",
+    "the baseline of each completion is its own prompt's group: rewards centred on the group mean and divided by "
+    "the group's sample std, a group without spread giving exactly 0",
+    probe="the advantages of 9 groups (groups of 4 and of 3, with spread, constant, all zero) against "
+          "statistics.mean/stdev per group; NaN/inf counted; ValueError on bad input")
+defining_property(
+    f"{U}.per_token_logps",
+    "one causal forward scores every completion token from the tokens before it: the logit at p − 1 scores the "
+    "token at p, as log-softmax, with gradients to the model",
+    probe="the learner's log-probabilities against a prefix-by-prefix forward of a random Llama at two prompt "
+          "lengths and with a peaked output layer (log-probabilities below float32's smallest probability); the "
+          "model's forward calls are counted by a hook; gradients to the parameters observed")
+defining_property(
+    f"{U}.grpo_loss",
+    "the GRPO loss is the pessimistic clipped surrogate on per-token ratios π_θ/π_old minus β·k3(π_θ‖π_ref), "
+    "each completion averaged over its own tokens, then over completions; no gradient to the old or reference "
+    "policy",
+    probe="the loss and its gradient with respect to logps against a float64 loop over DeepSeekMath eq. 3 with "
+          "ratios on both sides of the clip range, both advantage signs, rows of different lengths and an empty "
+          "row, at the defaults and at clip_eps 0.1, beta 0.3; gradients reaching old_logps and ref_logps observed")
+
+decision(f"{U}.addition_reward", "how 'a number without leading zeros' is recognised",
+         forms=[r"\[1-9\]\s*(\[0-9\]|\\d)\*", r"str\(\s*int\(\s*\w+\s*\)\s*\)\s*==\s*\w+",
+                r"lstrip\(\s*['\"]0['\"]\s*\)", r"startswith\(\s*['\"]0['\"]\s*\)",
+                r"len\(\s*\w+\s*\)\s*>\s*1\s*and\s*\w+\[\s*0\s*\]\s*==\s*['\"]0['\"]"],
+         wrong=("B19.leading_zeros",))
+decision(f"{U}.addition_reward", "where the answer ends: at the first <eos> only",
+         forms=[r"(split|partition)\(\s*['\"]<eos>['\"]\s*,\s*1\s*\)\[0\]", r"\.index\(\s*['\"]<eos>['\"]\s*\)\s*\]"],
+         wrong=("B19.reads_past_eos",))
+decision(f"{U}.sft_loss", "which logits score which tokens: the logits at prompt_len − 1 … T − 2 score the tokens at "
+         "prompt_len … T − 1",
+         forms=[r"\[\s*:\s*,\s*\w*prompt_len\s*-\s*1\s*:\s*-\s*1\s*\]", r"logits\[\s*:\s*,\s*:\s*-\s*1\s*\]"],
+         wrong=("B19.no_shift", "B19.first_answer_token_missed"))
+decision(f"{U}.sft_loss", "which targets are masked: the padding by its id, the <eos> after the answer kept",
+         forms=[r"\w+\s*!=\s*pad_id\b", r"ignore_index\s*=\s*pad_id"],
+         wrong=("B19.pad_in_loss", "B19.eos_not_learned"))
+decision(f"{U}.group_relative_advantages", "how a group without spread is kept from dividing by zero",
+         forms=[r"torch\.where\(\s*\w+\s*(>|==)\s*0", r"nan_to_num\(", r"\.clamp(_min)?\(\s*(min\s*=\s*)?1e-",
+                r"masked_fill\(\s*\w+\s*,\s*0"],
+         wrong=("B19.zero_std_nan",))
+decision(f"{U}.per_token_logps", "which logits score the completion's tokens (the shift by one)",
+         forms=[r"\[\s*:\s*,\s*\w*prompt_len\s*-\s*1\s*:\s*(-\s*1|\w+\s*-\s*1)\s*\]"],
+         wrong=("B19.logps_unshifted", "B19.logps_include_prompt"))
+decision(f"{U}.grpo_loss", "where the gradient is cut: old and reference log-probabilities detached",
+         forms=[r"old_logps\.detach\(\)", r"ref_logps\.detach\(\)"],
+         wrong=("B19.ref_not_frozen",))
 
 
 # Library objects that compute a graded answer without going through its reference: blocked in the worker like the

@@ -21,7 +21,7 @@ def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
         return 0.0
     return float(correct_weight * (value == answer) + format_weight)
 ''',
-        says=r"well-formed|leading zero|format",
+        bug="B19.lax_format",
     ),
     Answer(
         "19.addition_reward",
@@ -33,7 +33,7 @@ def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
         return 0.0
     return float(correct_weight * (int(m.group()) == answer) + format_weight)
 ''',
-        says=r"eos|well-formed",
+        bug="B19.no_eos_required",
     ),
     Answer(
         "19.addition_reward",
@@ -46,7 +46,7 @@ def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
     ok = re.fullmatch(r"0|[1-9][0-9]*", text) is not None
     return float(correct_weight * (ok and int(text) == answer) + format_weight * ok)
 ''',
-        says=r"first|eos",
+        bug="B19.reads_past_eos",
     ),
     Answer(
         "19.addition_reward",
@@ -58,7 +58,7 @@ def addition_reward(completion, answer, correct_weight=1.0, format_weight=0.1):
     correct = str(answer) in completion
     return float(correct_weight * correct + format_weight * ok)
 ''',
-        says=r"correct",
+        bug="B19.sum_found_in_text",
     ),
     # -- 19.sft_loss --------------------------------------------------------------------------------------------------
     Answer(
@@ -72,7 +72,7 @@ def sft_loss(logits, ids, prompt_len, pad_id):
     return F.cross_entropy(logits[:, prompt_len:].reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id)
 ''',
-        says=r"shift|next|position",
+        bug="B19.no_shift",
     ),
     Answer(
         "19.sft_loss",
@@ -87,7 +87,7 @@ def sft_loss(logits, ids, prompt_len, pad_id):
     return F.cross_entropy(logits[:, prompt_len - 1:-1].reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id)
 ''',
-        says=r"eos",
+        bug="B19.eos_not_learned",
     ),
     Answer(
         "19.sft_loss",
@@ -102,7 +102,7 @@ def sft_loss(logits, ids, prompt_len, pad_id):
     ce = F.cross_entropy(pred.transpose(1, 2), target, reduction="none")
     return ((ce * mask).sum(1) / mask.sum(1)).mean()
 ''',
-        says=r"mean|weigh|longer",
+        bug="B19.mean_of_row_means",
     ),
     Answer(
         "19.sft_loss",
@@ -114,7 +114,7 @@ def sft_loss(logits, ids, prompt_len, pad_id):
     return F.cross_entropy(logits[:, prompt_len - 1:-1].reshape(-1, logits.shape[-1]),
                            ids[:, prompt_len:].reshape(-1))
 ''',
-        says=r"pad",
+        bug="B19.pad_in_loss",
     ),
     # -- 19.group_relative_advantages ------------------------------------------------------------------------------
     Answer(
@@ -129,7 +129,7 @@ def group_relative_advantages(rewards, group_size):
         return torch.zeros_like(rewards)
     return (rewards - rewards.mean()) / std
 ''',
-        says=r"group",
+        bug="B19.not_per_group",
     ),
     Answer(
         "19.group_relative_advantages",
@@ -142,19 +142,20 @@ def group_relative_advantages(rewards, group_size):
     m, s = r.mean(0, keepdim=True), r.std(0, keepdim=True)
     return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
 ''',
-        says=r"group|row",
+        bug="B19.strided_groups",
     ),
     Answer(
         "19.group_relative_advantages",
-        "a tiny epsilon instead of a zero for a group without spread",
+        "the population std (divide by G)",
         '''
 def group_relative_advantages(rewards, group_size):
     if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
         raise ValueError("bad rewards")
     r = rewards.view(-1, group_size)
-    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-8)).reshape(-1)
+    m, s = r.mean(1, keepdim=True), r.std(1, keepdim=True, unbiased=False)
+    return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
 ''',
-        says=r"spread|same reward|constant|zero",
+        bug="B19.population_std",
     ),
     Answer(
         "19.group_relative_advantages",
@@ -165,7 +166,7 @@ def group_relative_advantages(rewards, group_size):
     m, s = r.mean(1, keepdim=True), r.std(1, keepdim=True)
     return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
 ''',
-        says=r"ValueError",
+        says=r"must raise ValueError",
     ),
     # -- 19.per_token_logps -------------------------------------------------------------------------------------------
     Answer(
@@ -179,7 +180,7 @@ def per_token_logps(model, sequences, prompt_len):
         logp = torch.log_softmax(model(sequences)[:, prompt_len - 1:-1], dim=-1)
     return logp.gather(2, sequences[:, prompt_len:, None])[..., 0]
 ''',
-        says=r"grad",
+        says=r"no gradient reached the model",
     ),
     Answer(
         "19.per_token_logps",
@@ -194,7 +195,7 @@ def per_token_logps(model, sequences, prompt_len):
         cols.append(logp.gather(1, sequences[:, p:p + 1]))
     return torch.cat(cols, dim=1)
 ''',
-        says=r"forward|one pass|once|call",
+        bug="B19.forward_per_position",
     ),
     Answer(
         "19.per_token_logps",
@@ -206,7 +207,7 @@ def per_token_logps(model, sequences, prompt_len):
     probs = torch.softmax(model(sequences)[:, prompt_len - 1:-1], dim=-1)
     return torch.log(probs.gather(2, sequences[:, prompt_len:, None])[..., 0])
 ''',
-        says=r"inf|finite|nan|log_softmax|underflow",
+        bug="B19.log_of_softmax",
     ),
     # -- 19.grpo_loss ---------------------------------------------------------------------------------------------------
     Answer(
@@ -224,7 +225,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"ratio|gradient",
+        bug="B19.ratio_reversed",
     ),
     Answer(
         "19.grpo_loss",
@@ -241,7 +242,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"gradient|old|ref",
+        bug="B19.ref_not_frozen",
     ),
     Answer(
         "19.grpo_loss",
@@ -258,7 +259,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1)).mean()
 ''',
-        says=r"empty|nan|finite",
+        says=r"non-finite|NaN",
     ),
     Answer(
         "19.grpo_loss",
@@ -275,7 +276,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"KL|k3",
+        bug="B19.kl_reversed",
     ),
     Answer(
         "19.grpo_loss",
@@ -291,7 +292,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"clip|min",
+        bug="B19.clip_without_min",
     ),
     # the two the issue names
     Answer(
@@ -309,7 +310,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"k1|KL",
+        bug="B19.kl_k1",
         origin="issue 41",
     ),
     Answer(
@@ -327,7 +328,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
     per_tok = (surr - beta * kl) * m
     return -(per_tok.sum(1) / m.sum(1).clamp_min(1)).mean()
 ''',
-        says=r"clip",
+        bug="B19.one_sided_clip",
         origin="issue 41",
     ),
 ]
