@@ -168,7 +168,8 @@ def _eos_not_learned(logits, ids, prompt_len, pad_id):
 # ---------------------------------------------------------------- advantages
 
 
-def _adv(rewards, group_size, *, per_group=True, unbiased=True, divide=True, guard=True, strided=False):
+def _adv(rewards, group_size, *, per_group=True, unbiased=True, divide=True, guard=True, strided=False,
+         exact_equal=True):
     if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
         raise ValueError("bad rewards or group size")
     if strided:  # groups read as columns of (G, B): rows i, i + B, i + 2B, ...
@@ -181,7 +182,8 @@ def _adv(rewards, group_size, *, per_group=True, unbiased=True, divide=True, gua
     std = r.std(dim=1, keepdim=True, unbiased=unbiased)
     if not guard:
         return (centred / std).reshape(-1)
-    return torch.where(std > 0, centred / torch.where(std > 0, std, torch.ones_like(std)),
+    spread = (r.amax(dim=1, keepdim=True) > r.amin(dim=1, keepdim=True)) if exact_equal else std > 0
+    return torch.where(spread, centred / torch.where(spread, std, torch.ones_like(std)),
                        torch.zeros_like(centred)).reshape(-1)
 
 
@@ -203,6 +205,15 @@ def _population_std(rewards, group_size):
      "standard deviation.", name="group_relative_advantages")
 def _no_std(rewards, group_size):
     return _adv(rewards, group_size, divide=False)
+
+
+@bug("B19.spread_by_rounding", ADV, "A group is taken to have spread when its standard deviation is not exactly "
+     "0. In float32 the mean of equal rewards is not always exactly their value (eight rewards 0.1 in a group of "
+     "their own), their std then comes out near 1e-8, and dividing the rounding noise by it gives every "
+     "completion an advantage near ±0.94: a group without spread moves the policy. Decide 'no spread' from the "
+     "rewards themselves.", name="group_relative_advantages")
+def _spread_by_rounding(rewards, group_size):
+    return _adv(rewards, group_size, exact_equal=False)
 
 
 @bug("B19.zero_std_nan", ADV, "A group whose rewards are all equal has standard deviation 0, and dividing by it "

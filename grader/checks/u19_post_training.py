@@ -19,7 +19,8 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   ``prompt_len`` and ``pad_id``; one mean over tokens (rows weigh by their answer length); ``ValueError`` on
   mismatched shapes.
 * ``19.group_relative_advantages``: the stated evidence ``[1.1, 0.1, 0.1, 0.1]``; 6 groups of 4 with spread, no
-  spread and a constant 0 group; groups of 3; no NaN/inf; ``ValueError`` for 2-D rewards, ``group_size < 2`` and a
+  spread and a constant 0 group; groups of 3; groups of 8, one per call, of equal rewards whose float32 mean is not
+  exactly their value (a std of ~1e-8, not 0); no NaN/inf; ``ValueError`` for 2-D rewards, ``group_size < 2`` and a
   size that is not a multiple of it.
 * ``19.per_token_logps``: a random tiny Llama on two prompt lengths, against the prefix-by-prefix forward; shape
   ``(N, T − prompt_len)``; gradients reach the parameters; one model call (a forward pre-hook counts them); a
@@ -217,6 +218,9 @@ def check_sft_loss(t):
 ADV_GROUPS_4 = [[1.1, 0.1, 0.1, 0.1], [0.0, 1.1, 0.0, 0.1], [0.1, 0.1, 0.1, 0.1], [1.1, 1.1, 1.1, 1.1],
                 [0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 0.25]]
 ADV_GROUPS_3 = [[1.0, 0.0, 0.0], [3.0, 3.0, 3.0], [0.2, 0.7, 1.9]]
+# groups of 8 (the course's group size), one per call: torch reduces a single row of eight 0.1 (or 0.3, 0.7) to a
+# mean that is not exactly 0.1 in float32, and to a std of ~1e-8 instead of 0
+ADV_GROUPS_8 = [[0.1] * 8, [1.1] + [0.1] * 7, [0.7] * 8, [0.0] * 7 + [0.1], [0.3] * 8]
 
 
 def _oracle_adv(groups) -> torch.Tensor:
@@ -233,15 +237,21 @@ def check_group_relative_advantages(t):
     evidence = torch.tensor([1.1, 0.1, 0.1, 0.1])
     t.compare(lambda impl: impl.group_relative_advantages(evidence.clone(), 4), torch.tensor([1.5, -0.5, -0.5, -0.5]),
               "the stated evidence: one group [1.1, 0.1, 0.1, 0.1]", atol=2e-3, rtol=1e-3)
-    for groups, G in ((ADV_GROUPS_4, 4), (ADV_GROUPS_3, 3)):
+    for groups, G in ((ADV_GROUPS_4, 4), (ADV_GROUPS_3, 3), (ADV_GROUPS_8, 8)):
         r = torch.tensor([x for grp in groups for x in grp])
-        probe = functools.partial(lambda impl, r, G: impl.group_relative_advantages(r.clone(), G), r=r, G=G)
+        if G == 8:  # one prompt per call (B = 1): torch's reduction over a single row shows the rounding
+            probe = functools.partial(lambda impl, r, G: torch.cat([impl.group_relative_advantages(x.clone(), G)
+                                                                    for x in r.split(G)]), r=r, G=G)
+        else:
+            probe = functools.partial(lambda impl, r, G: impl.group_relative_advantages(r.clone(), G), r=r, G=G)
         got = t.run(probe)
         t.expect(isinstance(got, torch.Tensor) and tuple(got.shape) == (len(r),),
                  f"{len(groups)} groups of {G}: return one advantage per completion, shape ({len(r)},); got {_shape(got)}")
         t.expect(bool(torch.isfinite(got).all()), f"{len(groups)} groups of {G}, some of them without spread: the "
                  "advantages contain NaN or inf", bug="B19.zero_std_nan")
-        t.compare(probe, _oracle_adv(groups), f"{len(groups)} groups of {G} (with spread, without spread, all zero)",
+        t.compare(probe, _oracle_adv(groups), f"{len(groups)} groups of {G} (with spread, without spread, all zero)"
+                  + (", one group per call: equal rewards whose float32 mean is not exactly their value" if G == 8
+                     else ""),
                   atol=2e-3, rtol=1e-3)
     for what, call in (("2-D rewards (B, G)", lambda impl: impl.group_relative_advantages(torch.rand(3, 4), 4)),
                        ("group_size 1", lambda impl: impl.group_relative_advantages(torch.rand(4), 1)),
@@ -470,8 +480,8 @@ decision(f"{U}.sft_loss", "which targets are masked: the padding by its id, the 
          wrong=("B19.pad_in_loss", "B19.eos_not_learned"))
 decision(f"{U}.group_relative_advantages", "how a group without spread is kept from dividing by zero",
          forms=[r"torch\.where\(\s*\w+\s*(>|==)\s*0", r"nan_to_num\(", r"\.clamp(_min)?\(\s*(min\s*=\s*)?1e-",
-                r"masked_fill\(\s*\w+\s*,\s*0"],
-         wrong=("B19.zero_std_nan",))
+                r"masked_fill\(\s*\w+\s*,\s*0", r"amax\(.{0,60}==.{0,40}amin\(", r"max\(.{0,60}==.{0,40}min\("],
+         wrong=("B19.zero_std_nan", "B19.spread_by_rounding"))
 decision(f"{U}.per_token_logps", "which logits score the completion's tokens (the shift by one)",
          forms=[r"\[\s*:\s*,\s*\w*prompt_len\s*-\s*1\s*:\s*(-\s*1|\w+\s*-\s*1)\s*\]"],
          wrong=("B19.logps_unshifted", "B19.logps_include_prompt"))

@@ -117,8 +117,8 @@ def group_relative_advantages(rewards: Tensor, group_size: int, eps: float = 0.0
             "Understanding R1-Zero-Like Training", §3.1, which removes the std's question-level difficulty bias).
 
     Returns:
-        ``(N,)`` float: the advantages (sample std, correction 1). A group with std 0 gets all zeros
-        (never NaN or inf); with ``"group"`` every other group has mean 0 and, with ``eps = 0``, sample std 1.
+        ``(N,)`` float: the advantages (sample std, correction 1). A group whose rewards are all equal gets
+        all zeros (never NaN or inf, nor its float32 rounding noise divided by a std of ~1e-8); with ``"group"`` every other group has mean 0 and, with ``eps = 0``, sample std 1.
 
     Raises:
         ValueError: ``rewards`` not 1-D, ``group_size < 2``, ``N`` not a multiple of ``group_size``, or an
@@ -133,15 +133,16 @@ def group_relative_advantages(rewards: Tensor, group_size: int, eps: float = 0.0
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
     r = rewards.float().view(-1, group_size)
-    mean = r.mean(dim=1, keepdim=True)
-    std = r.std(dim=1, keepdim=True)
-    centred = torch.where(std > 0, r - mean, torch.zeros_like(r))   # no spread: exactly 0, never rounding noise
+    # "no spread" is tested on the rewards themselves: in float32 torch reduces one row of eight rewards 0.1 to a
+    # mean that is not exactly 0.1 and a std near 1e-8 instead of 0 (several rows happen to come out exact), and
+    # dividing by it would turn rounding noise into advantages of about ±0.94
+    spread = r.amax(dim=1, keepdim=True) > r.amin(dim=1, keepdim=True)
+    centred = torch.where(spread, r - r.mean(dim=1, keepdim=True), torch.zeros_like(r))
     if scale_rewards == "none":
         return centred.view(-1)
-    if scale_rewards == "batch":
-        std = r.reshape(-1).std().expand_as(std)
-    safe = torch.where(std > 0, std + eps, torch.ones_like(std))
-    return torch.where(std > 0, centred / safe, torch.zeros_like(centred)).view(-1)
+    std = r.std(dim=1, keepdim=True) if scale_rewards == "group" else r.reshape(-1).std().expand(r.shape[0], 1)
+    safe = torch.where(spread, std + eps, torch.ones_like(std))
+    return torch.where(spread, centred / safe, torch.zeros_like(centred)).view(-1)
 
 
 def per_token_logps(model: nn.Module, sequences: Tensor, prompt_len: int) -> Tensor:
@@ -307,7 +308,8 @@ def grpo_step(policy: nn.Module, ref_model: nn.Module, optimizer: torch.optim.Op
         "length": m.sum(dim=1).mean().item(),
         "kl": ((kl_k3(old, ref) * m).sum() / m.sum().clamp(min=1)).item(),
         "loss": losses[0],
-        "zero_std_groups": (rewards.view(-1, group_size).std(dim=1) == 0).float().mean().item(),
+        "zero_std_groups": (rewards.view(-1, group_size).amax(dim=1) == rewards.view(-1, group_size).amin(dim=1))
+        .float().mean().item(),
         "clip_fraction": clipped,
     }
 

@@ -167,7 +167,7 @@ def group_relative_advantages(rewards, group_size):
     grouped = rewards.float().reshape(-1, group_size)
     spread = grouped.std(dim=1, unbiased=True, keepdim=True)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    flat = spread == 0
+    flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)   # not spread == 0: rounding
     out = centred / torch.where(flat, torch.ones_like(spread), spread)
     return out.masked_fill(flat, 0.0).reshape(-1)
     ### END SOLUTION
@@ -243,6 +243,11 @@ print("visible tests passed")
 #   `KL(π_θ ‖ π_ref)` at that token (the lesson derives it; it is ≥ 0 and 0 where the two models agree). A row
 #   whose mask is empty contributes 0.
 # - No gradient may reach `old_logps` or `ref_logps`: the old and the reference policy are not trained.
+#
+# The normalisation is a choice, and this exercise asks for DeepSeekMath's: `1/|o_i|` inside each completion, then
+# `1/N` (TRL's `loss_type="grpo"`). Two published alternatives are *not* what is asked here, though neither is a
+# mistake in general: DAPO's one mean over all the batch's tokens (TRL's default, `"dapo"`) and Dr. GRPO's constant
+# normaliser (`"dr_grpo"`); the lesson compares the three.
 #
 # Return the scalar loss. Raise `ValueError` when the four `(N, T_c)` tensors do not share one shape or
 # `advantages` is not `(N,)`.

@@ -159,12 +159,39 @@ def group_relative_advantages(rewards, group_size):
     ),
     Answer(
         "19.group_relative_advantages",
+        "a tiny epsilon added to the std instead of a zero for a group without spread",
+        '''
+def group_relative_advantages(rewards, group_size):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards")
+    r = rewards.view(-1, group_size)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-8)).reshape(-1)
+''',
+        says=r"float32 mean is not exactly",
+    ),
+    Answer(
+        "19.group_relative_advantages",
+        "no spread tested as std == 0 (rounding noise divided by a std of 1e-8)",
+        '''
+def group_relative_advantages(rewards, group_size):
+    if rewards.dim() != 1 or group_size < 2 or rewards.numel() % group_size:
+        raise ValueError("bad rewards")
+    r = rewards.view(-1, group_size)
+    m, s = r.mean(1, keepdim=True), r.std(1, keepdim=True)
+    return torch.where(s == 0, torch.zeros_like(r), (r - m) / torch.where(s == 0, torch.ones_like(s), s)).reshape(-1)
+''',
+        bug="B19.spread_by_rounding",
+        origin="red team (found while fixing issue 41: the course's own reference did this)",
+    ),
+    Answer(
+        "19.group_relative_advantages",
         "no ValueError on bad input",
         '''
 def group_relative_advantages(rewards, group_size):
     r = rewards.reshape(-1, group_size)
     m, s = r.mean(1, keepdim=True), r.std(1, keepdim=True)
-    return torch.where(s > 0, (r - m) / s.clamp_min(1e-12), torch.zeros_like(r)).reshape(-1)
+    flat = r.amax(1, keepdim=True) == r.amin(1, keepdim=True)
+    return torch.where(flat, torch.zeros_like(r), (r - m) / s.clamp_min(1e-12)).reshape(-1)
 ''',
         says=r"must raise ValueError",
     ),
