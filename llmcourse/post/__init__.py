@@ -9,6 +9,7 @@ from .grpo import (
     grpo_loss,
     grpo_step,
     kl_k3,
+    normalise_loss,
     per_token_logps,
     sample_completions,
 )
@@ -17,5 +18,5 @@ from .task import SPECIAL_TOKENS, AdditionTask, ChatTokenizer, addition_reward, 
 
 __all__ = ["SPECIAL_TOKENS", "AdditionTask", "ChatTokenizer", "addition_reward", "completion_mask",
            "evaluate_accuracy", "frozen_copy", "group_relative_advantages", "grpo_loss", "grpo_step", "kl_k3",
-           "parse_completion", "per_token_logps", "sample_completions", "sft_batch", "sft_labels", "sft_loss",
+           "normalise_loss", "parse_completion", "per_token_logps", "sample_completions", "sft_batch", "sft_labels", "sft_loss",
            "sft_train"]
