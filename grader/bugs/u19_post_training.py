@@ -404,3 +404,79 @@ def _mask_ignored(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, b
      "as constants.", detect="detector", name="grpo_loss")
 def _ref_not_frozen(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=0.04):
     return _loss(logps, old_logps, ref_logps, advantages, mask, clip_eps, beta, detach_ref=False)
+
+
+# ---------------------------------------------------------------- the update on fixed samples
+
+UPDATE = f"{U}.grpo_update"
+
+
+def _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2, beta=0.04,
+            inner_steps=1, *, old_each_step=False, zero_grad=True, step_first=False, ref_is_old=False,
+            batch_groups=False):
+    from llmcourse.post.grpo import group_relative_advantages, grpo_loss, per_token_logps
+
+    if inner_steps < 1:
+        raise ValueError("inner_steps must be >= 1")
+    adv = group_relative_advantages(rewards, rewards.numel() if batch_groups else group_size)
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = old if ref_is_old else per_token_logps(ref_model, sequences, prompt_len)
+    losses = []
+    for _ in range(inner_steps):
+        if old_each_step:
+            with torch.no_grad():
+                old = per_token_logps(policy, sequences, prompt_len)
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len), old, ref, adv, mask, clip_eps, beta)
+        if zero_grad:
+            optimizer.zero_grad()
+        if step_first:
+            optimizer.step()
+            loss.backward()
+        else:
+            loss.backward()
+            optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+@bug("B19.old_each_step", UPDATE, "The old log-probabilities are recomputed at every inner step, so π_old is the "
+     "current policy, every ratio is 1 and the clip never acts. π_old is the policy that sampled the batch: "
+     "compute its log-probabilities once, before the first step.", name="grpo_update")
+def _old_each_step(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                   beta=0.04, inner_steps=1):
+    return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
+                   inner_steps, old_each_step=True)
+
+
+@bug("B19.no_zero_grad", UPDATE, "The gradients are not cleared between steps: each step adds the previous "
+     "steps' gradients to its own.", name="grpo_update")
+def _no_zero_grad(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                  beta=0.04, inner_steps=1):
+    return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
+                   inner_steps, zero_grad=False)
+
+
+@bug("B19.step_before_backward", UPDATE, "The optimizer steps before the backward pass: each step applies the "
+     "gradient of the step before it (the first applies none).", name="grpo_update")
+def _step_before_backward(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size,
+                          clip_eps=0.2, beta=0.04, inner_steps=1):
+    return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
+                   inner_steps, step_first=True)
+
+
+@bug("B19.ref_is_policy", UPDATE, "The reference log-probabilities are taken from the policy instead of the frozen "
+     "reference model: the KL penalty then measures the drift since sampling, not from the model GRPO started "
+     "from.", name="grpo_update")
+def _ref_is_policy(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                   beta=0.04, inner_steps=1):
+    return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
+                   inner_steps, ref_is_old=True)
+
+
+@bug("B19.update_one_group", UPDATE, "The advantages are computed over the whole batch as one group: group_size "
+     "says which completions answer the same prompt.", name="grpo_update")
+def _update_one_group(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                      beta=0.04, inner_steps=1):
+    return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
+                   inner_steps, batch_groups=True)

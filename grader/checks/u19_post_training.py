@@ -425,6 +425,121 @@ def check_grpo_loss(t):
         t.expect(err == "ValueError", f"grpo_loss with {what} must raise ValueError; got {err}")
 
 
+# ================================================================== 19.grpo_update
+
+
+def _ref_update():
+    from llmcourse.post.grpo import grpo_update
+
+    return {"grpo_update": grpo_update}
+
+
+UPDATE_LR = 0.05
+
+
+@functools.lru_cache(maxsize=1)
+def _update_inputs():
+    """A random tiny Llama as the policy, a perturbed copy as the reference, 8 fixed samples (2 groups of 4)."""
+    cfg, state, _ = _logps_model_state()
+    g = torch.Generator().manual_seed(195)
+    ref_state = {k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
+                 for k, v in state.items()}
+    seqs = torch.randint(0, 16, (8, 12), generator=g)
+    prompt_len = 8
+    rewards = torch.tensor([1.1, 0.1, 0.1, 0.0, 0.1, 0.1, 1.1, 1.1])
+    lengths = torch.tensor([4, 2, 3, 1, 4, 4, 2, 3])
+    mask = torch.arange(4)[None, :] < lengths[:, None]
+    return cfg, state, ref_state, seqs, prompt_len, rewards, mask
+
+
+def _oracle_update(cfg, state, ref_state, seqs, P, rewards, mask, G, clip_eps, beta, inner_steps, lr):
+    """(losses, parameters after) from float64: statistics per group, a prefix-by-prefix forward with autograd, the
+    loss as a loop over eq. 3 with k3 written from its definition, plain SGD written out (p ← p − lr·grad)."""
+    policy = _build(cfg, state).double()
+    ref = _build(cfg, ref_state).double()
+    groups = [rewards[i:i + G].tolist() for i in range(0, len(rewards), G)]
+    adv = []
+    for grp in groups:
+        m, sd = statistics.mean(grp), statistics.stdev(grp)
+        adv.extend(0.0 if max(grp) == min(grp) else (r - m) / sd for r in grp)
+
+    def logps(model):
+        return torch.stack([torch.log_softmax(model(seqs[:, :p])[:, -1], dim=-1).gather(1, seqs[:, p:p + 1])[:, 0]
+                            for p in range(P, seqs.shape[1])], dim=1)
+
+    with torch.no_grad():
+        old, ref_lp = logps(policy), logps(ref)
+    losses = []
+    for _ in range(inner_steps):
+        lp = logps(policy)
+        rows = []
+        for i in range(lp.shape[0]):
+            terms = []
+            for t in range(lp.shape[1]):
+                if bool(mask[i, t]):
+                    rho = torch.exp(lp[i, t] - old[i, t])
+                    surrogate = torch.minimum(rho * adv[i], torch.clamp(rho, 1 - clip_eps, 1 + clip_eps) * adv[i])
+                    r = torch.exp(ref_lp[i, t] - lp[i, t])
+                    terms.append(surrogate - beta * (r - torch.log(r) - 1))
+            rows.append(torch.stack(terms).mean() if terms else lp.sum() * 0.0)
+        loss = -torch.stack(rows).mean()
+        params = [p for p in policy.parameters()]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        with torch.no_grad():
+            for p, gr in zip(params, grads):
+                if gr is not None:
+                    p -= lr * gr
+        losses.append(float(loss.detach()))
+    return losses, {k: v.float() for k, v in policy.state_dict().items()}
+
+
+def _update_probe(cfg, state, ref_state, seqs, P, rewards, mask, G, inner_steps, lr, **kw):
+    def probe(impl):
+        from llmcourse.post import grpo as course
+
+        fn = getattr(impl.grpo_update, "__wrapped__", None)
+        if fn is not None:  # one mistake costs one exercise: the learner's update runs on the course's own pieces
+            fn.__globals__.update(group_relative_advantages=course.group_relative_advantages,
+                                  per_token_logps=course.per_token_logps, grpo_loss=course.grpo_loss)
+        policy, ref = _build(cfg, state), _build(cfg, ref_state)
+        ref_before = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+        opt = torch.optim.SGD(policy.parameters(), lr=lr)
+        losses = impl.grpo_update(policy, ref, opt, seqs.clone(), P, rewards.clone(), mask.clone(), G,
+                                  inner_steps=inner_steps, **kw)
+        ref_after = {k: v.detach().clone() for k, v in ref.state_dict().items()}
+        return {"losses": [float(x) for x in losses] if isinstance(losses, (list, tuple)) else losses,
+                "params": {k: v.detach().clone() for k, v in policy.state_dict().items()},
+                "ref_changed": any(not torch.equal(ref_after[k], ref_before[k]) for k in ref_before),
+                "ref_grads": any(p.grad is not None for p in ref.parameters())}
+    return probe
+
+
+@check(f"{U}.grpo_update", ["grpo_update"], _ref_update)
+def check_grpo_update(t):
+    cfg, state, ref_state, seqs, P, rewards, mask = _update_inputs()
+    for inner, kw in ((1, {}), (2, {}), (3, {"clip_eps": 0.1, "beta": 0.3})):
+        probe = _update_probe(cfg, state, ref_state, seqs, P, rewards, mask, 4, inner, UPDATE_LR, **kw)
+        got = t.run(probe)
+        want_losses, want_params = _oracle_update(cfg, state, ref_state, seqs, P, rewards, mask, 4,
+                                                  kw.get("clip_eps", 0.2), kw.get("beta", 0.04), inner, UPDATE_LR)
+        what = f"inner_steps={inner}" + (", clip_eps 0.1, beta 0.3" if kw else "")
+        t.expect(isinstance(got["losses"], list) and len(got["losses"]) == inner,
+                 f"grpo_update with {what} must return a list of {inner} losses (one per step); got "
+                 f"{got['losses'] if not isinstance(got['losses'], list) else len(got['losses'])}")
+        t.compare(probe, torch.tensor(want_losses), f"the losses of each step with {what} (2 groups of 4 fixed samples, "
+                  "SGD)", atol=1e-5, rtol=1e-4, pick=lambda o: torch.tensor(o["losses"]))
+        names = sorted(want_params)
+        t.compare(probe, [want_params[k] for k in names], f"the policy's parameters after the update with {what} "
+                  f"(plain SGD at lr {UPDATE_LR}, against a float64 route)", atol=1e-5, rtol=1e-4,
+                  pick=lambda o, names=names: [o["params"][k] for k in names])
+        t.expect(not got["ref_changed"] and not got["ref_grads"], "the reference model received gradients or "
+                 "changed: it is frozen, only the policy is trained")
+    err = t.raised(lambda impl: impl.grpo_update(_build(cfg, state), _build(cfg, ref_state),
+                                                 torch.optim.SGD(_build(cfg, state).parameters(), lr=0.1),
+                                                 seqs.clone(), P, rewards.clone(), mask.clone(), 4, inner_steps=0))
+    t.expect(err == "ValueError", f"grpo_update with inner_steps=0 must raise ValueError; got {err}")
+
+
 # ================================================================== declared strength (grader/strength.py)
 
 defining_property(
@@ -488,6 +603,17 @@ decision(f"{U}.per_token_logps", "which logits score the completion's tokens (th
 decision(f"{U}.grpo_loss", "where the gradient is cut: old and reference log-probabilities detached",
          forms=[r"old_logps\.detach\(\)", r"ref_logps\.detach\(\)"],
          wrong=("B19.ref_not_frozen",))
+
+
+defining_property(
+    f"{U}.grpo_update",
+    "one GRPO update on fixed samples: advantages and the old and reference log-probabilities computed once, "
+    "before any step, then inner_steps optimizer steps each from clean gradients, so that from the second step "
+    "on the ratio π_θ/π_old departs from 1 and the clip acts; the reference stays frozen",
+    probe="the losses returned and the policy's parameters after 1, 2 and 3 SGD steps (the last at clip_eps 0.1, "
+          "beta 0.3) against a float64 route (statistics per group, a prefix-by-prefix forward with autograd, eq. 3 "
+          "written as a loop, p ← p − lr·grad written out); the reference's parameters and gradients observed; the "
+          "learner's update runs on the course's own advantages, log-probabilities and loss")
 
 
 # Library objects that compute a graded answer without going through its reference: blocked in the worker like the

@@ -42,7 +42,7 @@ from ..models.llama3_cached import _check_prompt, _PreallocatedKVCache
 from ..train.optim import clip_grad_norm
 
 __all__ = ["LOSS_TYPES", "SCALE_REWARDS", "completion_mask", "evaluate_accuracy", "frozen_copy",
-           "group_relative_advantages", "grpo_loss", "grpo_step", "kl_k3", "normalise_loss", "per_token_logps",
+           "group_relative_advantages", "grpo_loss", "grpo_step", "grpo_update", "kl_k3", "normalise_loss", "per_token_logps",
            "sample_completions"]
 
 
@@ -312,6 +312,50 @@ def grpo_step(policy: nn.Module, ref_model: nn.Module, optimizer: torch.optim.Op
         .float().mean().item(),
         "clip_fraction": clipped,
     }
+
+
+def grpo_update(policy: nn.Module, ref_model: nn.Module, optimizer: torch.optim.Optimizer, sequences: Tensor,
+                prompt_len: int, rewards: Tensor, mask: Tensor, group_size: int, clip_eps: float = 0.2,
+                beta: float = 0.04, inner_steps: int = 1, max_norm: float | None = None) -> list[float]:
+    """The update half of a GRPO iteration, on completions already sampled (DeepSeekMath Algorithm 1, the μ inner
+    steps for one batch): advantages, the old and reference log-probabilities, then ``inner_steps`` optimizer steps.
+
+    1. ``Â = group_relative_advantages(rewards, group_size)``;
+    2. ``old_logps`` (the policy as it sampled, before any step) and ``ref_logps`` under ``torch.no_grad()``,
+       both computed once: the old policy stays fixed while the inner steps move ``policy``;
+    3. per inner step: ``logps`` with gradients, :func:`grpo_loss`, ``zero_grad``, backward, optional
+       global-norm clipping at ``max_norm``, ``optimizer.step()``.
+
+    Args:
+        sequences: ``(N, T)`` long, prompts of length ``prompt_len`` followed by the sampled completions.
+        rewards: ``(N,)``; ``mask``: ``(N, T − prompt_len)`` bool (:func:`completion_mask`).
+
+    Returns:
+        The ``inner_steps`` losses, each computed before its step (Python floats). ``ref_model`` is not changed.
+
+    Raises:
+        ValueError: ``inner_steps < 1``, or ``rewards``/``mask`` shapes that do not match ``sequences``.
+    """
+    if inner_steps < 1:
+        raise ValueError(f"inner_steps must be ≥ 1, got {inner_steps}")
+    n, t = sequences.shape
+    if tuple(rewards.shape) != (n,) or tuple(mask.shape) != (n, t - prompt_len):
+        raise ValueError(f"rewards {tuple(rewards.shape)} and mask {tuple(mask.shape)} do not match sequences "
+                         f"{tuple(sequences.shape)} with prompt_len {prompt_len}")
+    adv = group_relative_advantages(rewards, group_size)
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    losses = []
+    for _ in range(inner_steps):
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len), old, ref, adv, mask, clip_eps, beta)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if max_norm is not None:
+            clip_grad_norm(policy.parameters(), max_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
 
 
 @torch.no_grad()

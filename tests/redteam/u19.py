@@ -359,3 +359,85 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps=0.2, beta=
         origin="issue 41",
     ),
 ]
+
+_UPDATE_HEAD = '''
+def grpo_update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                beta=0.04, inner_steps=1):
+    if inner_steps < 1:
+        raise ValueError("inner_steps")
+    adv = group_relative_advantages(rewards, group_size)
+'''
+
+ANSWERS += [
+    Answer(
+        "19.grpo_update",
+        "old log-probabilities taken inside the loop (ratio always 1)",
+        _UPDATE_HEAD + '''
+    with torch.no_grad():
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    out = []
+    for _ in range(inner_steps):
+        logps = per_token_logps(policy, sequences, prompt_len)
+        loss = grpo_loss(logps, logps.detach(), ref, adv, mask, clip_eps, beta)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+''',
+        bug="B19.old_each_step",
+    ),
+    Answer(
+        "19.grpo_update",
+        "gradients never cleared",
+        _UPDATE_HEAD + '''
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    out = []
+    for _ in range(inner_steps):
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len), old, ref, adv, mask, clip_eps, beta)
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+''',
+        bug="B19.no_zero_grad",
+    ),
+    Answer(
+        "19.grpo_update",
+        "zero_grad between backward and step (no update at all)",
+        _UPDATE_HEAD + '''
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    out = []
+    for _ in range(inner_steps):
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len), old, ref, adv, mask, clip_eps, beta)
+        loss.backward()
+        optimizer.zero_grad()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+''',
+        says=r"parameters after the update",
+    ),
+    Answer(
+        "19.grpo_update",
+        "clip_eps and beta not passed on (the defaults always)",
+        _UPDATE_HEAD + '''
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    out = []
+    for _ in range(inner_steps):
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len), old, ref, adv, mask)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+''',
+        says=r"clip_eps 0\.1, beta 0\.3",
+    ),
+]
