@@ -19,16 +19,22 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   ``prompt_len`` and ``pad_id``; one mean over tokens (rows weigh by their answer length); ``ValueError`` on
   mismatched shapes.
 * ``19.group_relative_advantages``: the stated evidence ``[1.1, 0.1, 0.1, 0.1]``; 6 groups of 4 with spread, no
-  spread and a constant 0 group; groups of 3; groups of 8, one per call, of equal rewards whose float32 mean is not
+  spread and a constant 0 group; groups of 3 and of 2; groups of 8, one per call, of equal rewards whose float32 mean is not
   exactly their value (a std of ~1e-8, not 0); no NaN/inf; ``ValueError`` for 2-D rewards, ``group_size < 2`` and a
   size that is not a multiple of it.
-* ``19.per_token_logps``: a random tiny Llama on two prompt lengths, against the prefix-by-prefix forward; shape
+* ``19.per_token_logps``: a random tiny Llama on three prompt lengths (1 included), against the prefix-by-prefix forward; shape
   ``(N, T − prompt_len)``; gradients reach the parameters; one model call (a forward pre-hook counts them); a
   peaked output layer (log-probabilities to about −190: finite, though below float32's smallest probability);
   ``ValueError`` for ``prompt_len`` 0 and ``T``.
 * ``19.grpo_loss``: ratios inside and outside the clip range on both sides, positive and negative advantages, rows of
   different lengths and one empty row, value and gradient with the defaults and at ``clip_eps=0.1, beta=0.3``; no
   gradient reaches ``old_logps`` or ``ref_logps``; ``ValueError`` on mismatched shapes.
+* ``19.grpo_update``: 8 fixed samples in 2 groups of 4, rows of different lengths; the losses returned and the
+  policy's parameters after 1, 2 and 3 SGD steps (so the ratio leaves the clip range from the second step on), the
+  last at ``clip_eps=0.1, beta=0.3``; the reference unchanged and without gradients; ``ValueError`` for
+  ``inner_steps=0``. The learner's function runs on the course's own ``group_relative_advantages``,
+  ``per_token_logps`` and ``grpo_loss`` (bound into its globals by the probe), so that a mistake there costs
+  that exercise only.
 """
 
 from __future__ import annotations
@@ -218,6 +224,7 @@ def check_sft_loss(t):
 ADV_GROUPS_4 = [[1.1, 0.1, 0.1, 0.1], [0.0, 1.1, 0.0, 0.1], [0.1, 0.1, 0.1, 0.1], [1.1, 1.1, 1.1, 1.1],
                 [0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.5, 0.25]]
 ADV_GROUPS_3 = [[1.0, 0.0, 0.0], [3.0, 3.0, 3.0], [0.2, 0.7, 1.9]]
+ADV_GROUPS_2 = [[1.0, 0.0], [0.5, 0.5], [0.1, 1.1]]     # the smallest valid group
 # groups of 8 (the course's group size), one per call: torch reduces a single row of eight 0.1 (or 0.3, 0.7) to a
 # mean that is not exactly 0.1 in float32, and to a std of ~1e-8 instead of 0
 ADV_GROUPS_8 = [[0.1] * 8, [1.1] + [0.1] * 7, [0.7] * 8, [0.0] * 7 + [0.1], [0.3] * 8]
@@ -237,7 +244,7 @@ def check_group_relative_advantages(t):
     evidence = torch.tensor([1.1, 0.1, 0.1, 0.1])
     t.compare(lambda impl: impl.group_relative_advantages(evidence.clone(), 4), torch.tensor([1.5, -0.5, -0.5, -0.5]),
               "the stated evidence: one group [1.1, 0.1, 0.1, 0.1]", atol=2e-3, rtol=1e-3)
-    for groups, G in ((ADV_GROUPS_4, 4), (ADV_GROUPS_3, 3), (ADV_GROUPS_8, 8)):
+    for groups, G in ((ADV_GROUPS_4, 4), (ADV_GROUPS_3, 3), (ADV_GROUPS_2, 2), (ADV_GROUPS_8, 8)):
         r = torch.tensor([x for grp in groups for x in grp])
         if G == 8:  # one prompt per call (B = 1): torch's reduction over a single row shows the rounding
             probe = functools.partial(lambda impl, r, G: torch.cat([impl.group_relative_advantages(x.clone(), G)
@@ -310,7 +317,7 @@ def _peaked_state(state: dict, scale: float = 60.0) -> dict:
 @check(f"{U}.per_token_logps", ["per_token_logps"], _ref_logps)
 def check_per_token_logps(t):
     cfg, state, seqs = _logps_model_state()
-    for P in (10, 3):
+    for P in (10, 3, 1):       # 1: the smallest valid prompt (one token)
         def probe(impl, P=P):
             m = _build(cfg, state)
             calls = []
