@@ -567,14 +567,15 @@ defining_property(
     f"{U}.group_relative_advantages",
     "the baseline of each completion is its own prompt's group: rewards centred on the group mean and divided by "
     "the group's sample std, a group without spread giving exactly 0",
-    probe="the advantages of 9 groups (groups of 4 and of 3, with spread, constant, all zero) against "
-          "statistics.mean/stdev per group; NaN/inf counted; ValueError on bad input")
+    probe="the advantages of groups of 4, 3 and 2 (with spread, constant, all zero) and of groups of 8 passed one "
+          "per call (equal rewards whose float32 mean is not exactly their value) against statistics.mean/stdev per "
+          "group; NaN/inf counted; ValueError on bad input")
 defining_property(
     f"{U}.per_token_logps",
     "one causal forward scores every completion token from the tokens before it: the logit at p − 1 scores the "
     "token at p, as log-softmax, with gradients to the model",
-    probe="the learner's log-probabilities against a prefix-by-prefix forward of a random Llama at two prompt "
-          "lengths and with a peaked output layer (log-probabilities below float32's smallest probability); the "
+    probe="the learner's log-probabilities against a prefix-by-prefix forward of a random Llama at three prompt "
+          "lengths (1 included) and with a peaked output layer (log-probabilities below float32's smallest probability); the "
           "model's forward calls are counted by a hook; gradients to the parameters observed")
 defining_property(
     f"{U}.grpo_loss",
