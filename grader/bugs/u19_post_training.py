@@ -457,9 +457,10 @@ def _no_zero_grad(policy, ref_model, optimizer, sequences, prompt_len, rewards, 
                    inner_steps, zero_grad=False)
 
 
-@bug("B19.step_before_backward", UPDATE, "The optimizer steps before the backward pass: each step applies the "
-     "gradient of the step before it (the first applies none).", name="grpo_update")
-def _step_before_backward(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size,
+@bug("B19.step_on_cleared_gradients", UPDATE, "The policy never moves: the optimizer steps while the gradients "
+     "are cleared (the step comes before the backward pass, or the gradients are zeroed between backward and "
+     "step). Each step: clear the gradients, backward, then step.", name="grpo_update")
+def _step_on_cleared_gradients(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size,
                           clip_eps=0.2, beta=0.04, inner_steps=1):
     return _update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps, beta,
                    inner_steps, step_first=True)

@@ -420,7 +420,7 @@ ANSWERS += [
         out.append(loss.item())
     return out
 ''',
-        says=r"parameters after the update",
+        bug="B19.step_on_cleared_gradients",
     ),
     Answer(
         "19.grpo_update",
@@ -439,5 +439,32 @@ ANSWERS += [
     return out
 ''',
         says=r"clip_eps 0\.1, beta 0\.3",
+    ),
+]
+
+ANSWERS += [
+    Answer(
+        "19.grpo_update",
+        "the loss written inline with the ratio reversed (the lesson's spot-the-bug)",
+        _UPDATE_HEAD + '''
+    with torch.no_grad():
+        old = per_token_logps(policy, sequences, prompt_len)
+        ref = per_token_logps(ref_model, sequences, prompt_len)
+    out, w = [], mask.float()
+    for _ in range(inner_steps):
+        now = per_token_logps(policy, sequences, prompt_len)
+        ratio = torch.exp(old - now)
+        a = adv[:, None]
+        surr = torch.min(ratio * a, ratio.clamp(1 - clip_eps, 1 + clip_eps) * a)
+        kl = torch.exp(ref - now) - (ref - now) - 1
+        loss = -(((surr - beta * kl) * w).sum(1) / w.sum(1).clamp(min=1)).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    return out
+''',
+        says=r"losses of each step|parameters after the update",
+        origin="issue 41",
     ),
 ]
