@@ -318,7 +318,7 @@ print("visible tests passed")
 # %% tags=["solution:19.grpo_update"]
 def grpo_update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
                 beta=0.04, inner_steps=1):
-    """Advantages, old and reference log-probabilities once, then inner_steps optimizer steps on the GRPO loss."""
+    """Advantages, old and reference log-probabilities, then inner_steps optimizer steps on the GRPO loss."""
     ### BEGIN SOLUTION
     if inner_steps < 1:
         raise ValueError(f"inner_steps must be >= 1, got {inner_steps}")
