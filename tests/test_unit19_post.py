@@ -423,3 +423,59 @@ def test_run_post_training_from_a_stored_sft_state_skips_sft(tmp_path):
     assert resumed["sft_losses"] == [] and resumed["seconds_sft"] == 0.0
     assert resumed["acc_sft"] == full["acc_sft"] == stored["acc_sft"][0]
     assert [h["reward"] for h in resumed["grpo"]] == [h["reward"] for h in full["grpo"]]
+
+
+# -- issue 41: normalisation as a choice, the std optional, the format gate, 'no spread' without rounding ----------
+
+
+def test_loss_types_by_hand():
+    from llmcourse.post.grpo import normalise_loss
+
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    assert normalise_loss(per_token, mask, "grpo").item() == pytest.approx((2.0 + 4.0 + 0.0) / 3)
+    assert normalise_loss(per_token, mask, "dapo").item() == pytest.approx(10.0 / 4)
+    assert normalise_loss(per_token, mask, "dr_grpo").item() == pytest.approx(10.0 / 9)
+    assert normalise_loss(per_token, mask, "dr_grpo", max_completion_length=5).item() == pytest.approx(10.0 / 15)
+    with pytest.raises(ValueError, match="loss_type"):
+        normalise_loss(per_token, mask, "bnpo")
+
+
+def test_grpo_loss_type_switch_and_errors():
+    from llmcourse.post.grpo import grpo_loss
+
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(4, 5, generator=g)
+    mask = torch.arange(5)[None, :] < torch.tensor([5, 2, 1, 3])[:, None]
+    adv = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    values = {lt: grpo_loss(lp, lp - 0.1, lp + 0.2, adv, mask, loss_type=lt).item() for lt in ("grpo", "dapo", "dr_grpo")}
+    assert len({round(v, 7) for v in values.values()}) == 3
+    assert values["grpo"] == grpo_loss(lp, lp - 0.1, lp + 0.2, adv, mask).item()
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo_loss(lp, lp, lp, adv, mask, loss_type="token")
+
+
+def test_scale_rewards_options():
+    r = torch.tensor([1.1, 0.1, 0.1, 0.1, 0.0, 0.0, 0.0, 0.0, 0.1, 0.1, 0.1, 0.0])
+    none = group_relative_advantages(r, 4, scale_rewards="none")
+    assert torch.allclose(none[:4], torch.tensor([0.75, -0.25, -0.25, -0.25]), atol=1e-6)
+    assert torch.equal(none[4:8], torch.zeros(4))
+    batch = group_relative_advantages(r, 4, scale_rewards="batch")
+    assert torch.allclose(batch, none / r.std(), atol=1e-6)
+    with pytest.raises(ValueError, match="scale_rewards"):
+        group_relative_advantages(r, 4, scale_rewards="std")
+
+
+@pytest.mark.parametrize("value", [0.1, 0.3, 0.7, 1.1])
+@pytest.mark.parametrize("G", [6, 7, 8, 16])
+def test_one_group_of_equal_rewards_gets_exact_zeros(value, G):
+    """One row of equal float32 rewards: torch's std is ~1e-8 for some (value, G), not 0; the advantages are 0."""
+    for scale in ("group", "batch", "none"):
+        assert torch.equal(group_relative_advantages(torch.full((G,), value), G, scale_rewards=scale), torch.zeros(G))
+
+
+def test_gate_format_pays_format_only_to_correct_answers():
+    assert addition_reward("41<eos>", 42, gate_format=True) == 0.0
+    assert addition_reward("42<eos>", 42, gate_format=True) == pytest.approx(1.1)
+    assert addition_reward("042<eos>", 42, gate_format=True) == 0.0
+    assert addition_reward("41<eos>", 42) == pytest.approx(0.1)

@@ -8,7 +8,9 @@ from .grpo import (
     group_relative_advantages,
     grpo_loss,
     grpo_step,
+    grpo_update,
     kl_k3,
+    normalise_loss,
     per_token_logps,
     sample_completions,
 )
@@ -16,6 +18,6 @@ from .sft import sft_batch, sft_labels, sft_loss, sft_train
 from .task import SPECIAL_TOKENS, AdditionTask, ChatTokenizer, addition_reward, parse_completion
 
 __all__ = ["SPECIAL_TOKENS", "AdditionTask", "ChatTokenizer", "addition_reward", "completion_mask",
-           "evaluate_accuracy", "frozen_copy", "group_relative_advantages", "grpo_loss", "grpo_step", "kl_k3",
-           "parse_completion", "per_token_logps", "sample_completions", "sft_batch", "sft_labels", "sft_loss",
+           "evaluate_accuracy", "frozen_copy", "group_relative_advantages", "grpo_loss", "grpo_step", "grpo_update", "kl_k3",
+           "normalise_loss", "parse_completion", "per_token_logps", "sample_completions", "sft_batch", "sft_labels", "sft_loss",
            "sft_train"]

@@ -50,7 +50,7 @@ POST_MODEL = dict(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2
 POST_RECIPE = dict(n_digits=2, n_test=500, split_seed=0, sft_pool=0, sft_steps=300, sft_batch=256, sft_lr=3e-3,
                    grpo_iters=100, prompts_per_step=32, group_size=8, grpo_lr=3e-5, grpo_warmup=10,
                    temperature=1.0, clip_eps=0.2, beta=0.04, inner_steps=1, format_weight=0.1, length_weight=0.0,
-                   eval_every=0)
+                   gate_format=False, loss_type="grpo", scale_rewards="group", eval_every=0)
 
 
 def build_post_model(seed: int, **overrides):
@@ -105,7 +105,9 @@ def run_post_training(seed: int = 0, callback=None, sft_state: dict | None = Non
                           group_size=r["group_size"], temperature=r["temperature"], clip_eps=r["clip_eps"],
                           beta=r["beta"], inner_steps=r["inner_steps"], generator=g,
                           reward_weights={"format_weight": r["format_weight"],
-                                          "length_weight": r["length_weight"]})
+                                          "length_weight": r["length_weight"],
+                                          "gate_format": r["gate_format"]},
+                          loss_type=r["loss_type"], scale_rewards=r["scale_rewards"])
         sched.step()
         if r["eval_every"] and (it + 1) % r["eval_every"] == 0:
             stats["test_accuracy"] = evaluate_accuracy(model, task, task.test_pairs)
@@ -188,7 +190,8 @@ def main(argv=None) -> int:
     p.add_argument("--save-sft", action="store_true",
                    help="train only the SFT phase of each seed and write assets/post_sft_tiny.pt")
     for k, v in POST_RECIPE.items():
-        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
+        kind = (lambda text: text.lower() in ("1", "true", "yes")) if isinstance(v, bool) else type(v)
+        p.add_argument("--" + k.replace("_", "-"), type=kind, default=v)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     overrides = {k: getattr(args, k) for k in POST_RECIPE}

@@ -90,7 +90,7 @@ def parse_completion(completion: str) -> int | None:
 
 
 def addition_reward(completion: str, answer: int, correct_weight: float = 1.0, format_weight: float = 0.1,
-                    length_weight: float = 0.0) -> float:
+                    length_weight: float = 0.0, gate_format: bool = False) -> float:
     """Rule-based reward of one completion:
     ``correct_weight·correct + format_weight·well_formed + length_weight·length``.
 
@@ -99,6 +99,10 @@ def addition_reward(completion: str, answer: int, correct_weight: float = 1.0, f
         answer: the true sum ``a + b``.
         length_weight: a bonus per token before the first ``<eos>`` (all tokens when there is none); 0 by
             default. It exists to show reward hacking: a policy paid for length learns to write long.
+        gate_format: pay the format term only to a correct answer (then a tidy wrong answer earns what a
+            malformed one does). Group normalisation divides by the group's std, so a group whose rewards differ
+            only by the format term (``[0.1, …, 0.1, 0]``) gets advantages as large as a group that differs in
+            correctness: the gate removes that amplification of the format signal.
 
     Returns:
         A float: with the defaults 0.0 (malformed), 0.1 (well-formed, wrong) or 1.1 (correct). See
@@ -111,7 +115,10 @@ def addition_reward(completion: str, answer: int, correct_weight: float = 1.0, f
         bonus = float(length_weight) * len(re.findall("|".join(re.escape(t) for t in SPECIAL_TOKENS) + "|.", head))
     if value is None:
         return bonus
-    return float(format_weight) + (float(correct_weight) if value == int(answer) else 0.0) + bonus
+    right = value == int(answer)
+    if gate_format and not right:
+        return bonus
+    return float(format_weight) + (float(correct_weight) if right else 0.0) + bonus
 
 
 class AdditionTask:

@@ -33,6 +33,7 @@ from llmcourse.post import (
     evaluate_accuracy,
     frozen_copy,
     group_relative_advantages,
+    grpo_loss,
     grpo_step,
     kl_k3,
     per_token_logps,
@@ -170,14 +171,69 @@ for i in range(G):
 # in PPO: a baseline, so that only *better than usual* is reinforced.
 #
 # A group whose completions all earned the same reward has no spread. It says nothing about which completion is
-# better, so its advantages are zero and it does not move the policy (dividing by its zero standard deviation
-# would give `0/0`). Such groups are common when a question is far too easy or far too hard:
+# better, so its advantages are zero (dividing by its zero standard deviation would give `0/0`) and its clipped
+# surrogate contributes nothing. It is not quite inert: its tokens still pay the KL penalty `β·k3`, which pulls them
+# back toward the reference model, and its completions still count in the `1/N` that averages the batch, so the
+# more such groups a batch holds, the smaller the step the informative groups get. Such groups are common when a
+# question is far too easy or far too hard:
 
 # %%
 spread = rewards.view(-1, G).std(dim=1)
+flat = (advantages.view(-1, G) == 0).all(dim=1)
 print("group reward std:", [round(s, 3) for s in spread.tolist()])
-print(f"groups without spread: {int((spread == 0).sum())} of {len(spread)}; their advantages:",
-      advantages.view(-1, G)[spread == 0].abs().max().item() if bool((spread == 0).any()) else "none here")
+print(f"groups without spread: {int(flat.sum())} of {len(spread)}; their advantages:",
+      advantages.view(-1, G)[flat].abs().max().item() if bool(flat.any()) else "none here")
+
+# %% [markdown]
+# The KL term on such a group, measured: a group with one reward for all, whose policy sits half a nat per token
+# from the reference, still has a loss and a gradient.
+
+# %%
+flat_logps = torch.full((G, 3), -1.0, requires_grad=True)
+flat_adv = group_relative_advantages(torch.full((G,), 0.1), G)
+flat_loss = grpo_loss(flat_logps, flat_logps.detach(), flat_logps.detach() - 0.5, flat_adv,
+                      torch.ones(G, 3, dtype=torch.bool))
+flat_loss.backward()
+print(f"largest advantage {flat_adv.abs().max().item():.1f}; loss {flat_loss.item():+.5f}, gradient norm "
+      f"{flat_logps.grad.norm().item():.5f} (from β·k3 alone, β = {POST_RECIPE['beta']})")
+
+# %% [markdown]
+# ### The format term, amplified
+#
+# The format term is meant as a small nudge: `format_weight` against 1 for a correct answer. Standardising within
+# the group undoes that. Division by the group's standard deviation gives every group with any spread advantages
+# of the same size, whatever the size of the reward differences. A group of wrong answers, all tidy but one, is
+# reinforced as strongly as a group in which one completion is right:
+
+# %%
+fw = POST_RECIPE["format_weight"]
+for name, r in (("all wrong, one of them malformed", torch.tensor([fw] * (G - 1) + [0.0])),
+                ("one correct, the others tidy wrong", torch.tensor([1.0 + fw] + [fw] * (G - 1)))):
+    a = group_relative_advantages(r, G)
+    print(f"{name:>34}: rewards {sorted({round(x, 2) for x in r.tolist()})}, advantages "
+          f"{sorted({round(x, 3) for x in a.tolist()})}")
+groups = rewards.view(-1, G)
+right = task.correct(pairs.repeat_interleave(G, dim=0), completions).view(-1, G)
+format_only = ~flat & ~right.any(dim=1)
+print(f"in the batch above, {int(format_only.sum())} of {len(groups)} groups have spread from the format term alone")
+
+# %% [markdown]
+# Two ways out. **Gate** the format term on correctness (`gate_format=True`: a tidy wrong answer then earns what a
+# malformed one does, so a group of wrong answers has no spread), or **do not divide by the std**
+# (`scale_rewards="none"`, the choice of Dr. GRPO, Liu et al. 2025): the advantages keep the reward's units, and
+# the format term stays `format_weight` small next to correctness. The mean size of the advantages on the same
+# batch, in its groups whose spread is the format term alone and in its groups with a correct completion:
+
+# %%
+gated = task.rewards(pairs.repeat_interleave(G, dim=0), completions, gate_format=True)
+with_right = right.any(dim=1) & ~flat
+for name, adv in (("group std (the default)", group_relative_advantages(rewards, G)),
+                  ("format gated on correctness", group_relative_advantages(gated, G)),
+                  ("no std (scale_rewards='none')", group_relative_advantages(rewards, G, scale_rewards="none"))):
+    size = adv.view(-1, G).abs().mean(dim=1)
+    fmt = f"{size[format_only].mean().item():.3f}" if bool(format_only.any()) else "none here"
+    cor = f"{size[with_right].mean().item():.3f}" if bool(with_right.any()) else "none here"
+    print(f"{name:>30}: mean |advantage| in format-only groups {fmt}, in groups with a correct completion {cor}")
 
 # %% [markdown]
 # ### Which tokens belong to a completion?
@@ -395,6 +451,39 @@ for name, res in (("length bonus, no format term", hacked), ("the task's reward"
 viz.show_grpo_dashboard(hacked["grpo"], acc_sft=hacked["acc_sft"])
 
 # %% [markdown]
+# ### Normalisation and the format term: choices, measured
+#
+# Two more choices hide in the loss and the advantages. The average over tokens: DeepSeekMath's eq. 3 averages each
+# completion over its own length, then over completions (`loss_type="grpo"`), so a token of a long completion
+# weighs less; DAPO (Yu et al. 2025) takes one mean over all the batch's tokens (`"dapo"`, the default of TRL's
+# `GRPOTrainer`); Dr. GRPO divides the masked sum by a constant, the number of completions times the length limit
+# (`"dr_grpo"`), and also drops the std from the advantages. None of these is a bug; they weigh tokens differently.
+# One short run of each from the same fine-tuned model, prompts and draws, with the format gate as a fourth:
+
+# %%
+abl_cfg = dict(run_cfg, grpo_iters=cfg["ablation_iters"], eval_every=0)
+variants = {"grpo, group std": {}, "dapo, group std": dict(loss_type="dapo"),
+            "dr_grpo, no std": dict(loss_type="dr_grpo", scale_rewards="none"),
+            "grpo, format gated": dict(gate_format=True)}
+seed_a = SEEDS[0]
+print(f"seed {seed_a}, {cfg['ablation_iters']} iterations each; held-out accuracy after SFT "
+      f"{runs[seed_a]['acc_sft']:.3f}")
+print(f"{'variant':>20}  after GRPO  change  final KL  groups without spread (last iteration)")
+for name, kw in variants.items():
+    res = run_post_training(seed_a, sft_state=stored["models"][seed_a], **abl_cfg, **kw)
+    print(f"{name:>20}  {res['acc_grpo']:10.3f}  {res['acc_grpo'] - res['acc_sft']:+.3f}  {res['grpo'][-1]['kl']:8.5f}  "
+          f"{res['grpo'][-1]['zero_std_groups']:.0%}")
+
+# %% [markdown]
+# Read this table as a demonstration that the switches run, not as a ranking: one short run per variant on one
+# seed is no evidence that one normalisation trains better. Completions here are a few tokens long, so the three
+# normalisations weigh tokens almost alike; the choice matters when lengths vary by hundreds of tokens, as in long
+# chains of thought, where the per-completion mean lets long wrong answers off lightly (the length bias Dr. GRPO
+# points out). With the format gate, a group of wrong answers has no spread however tidy some of them are: such
+# groups no longer teach tidiness at full strength, and the share of groups without spread is the column to
+# compare.
+
+# %% [markdown]
 # Compare the two runs: the same model, prompts and step size, only the reward differs. Paid for length, the
 # policy drifts towards longer completions, and correctness, which the bonus outweighs, is no longer what it is
 # trained for. Rule-based rewards are hard to hack only as long as the rule measures what we want. (A step size
@@ -594,7 +683,7 @@ g0 = torch.Generator().manual_seed(9)
 p0 = task.sample_train(cfg["prompts_per_step"], g0)
 s0 = sample_completions(untrained, task.prompts(p0).repeat_interleave(G, 0), task.max_new_tokens, tok.eos_id, 1.0, g0)
 r0 = task.rewards(p0.repeat_interleave(G, 0), s0[:, task.prompt_len:])
-flat0 = (r0.view(-1, G).std(dim=1) == 0).float().mean().item()
+flat0 = (group_relative_advantages(r0, G).view(-1, G) == 0).all(dim=1).float().mean().item()
 print(f"untrained model: mean reward {r0.mean().item():.3f}, correct completions {int((r0 > 0.5).sum())} of {len(r0)}, "
       f"groups without spread {flat0:.0%}")
 print(f"fine-tuned model (seed {SEEDS[0]}): groups without spread in the run's first iteration "
@@ -628,8 +717,11 @@ print(f"seed {best} after GRPO: {int(ok5.sum())} correct completions of {len(ok5
 # - A verifiable task lets a program compute the reward: correctness plus format, no learned reward model.
 # - SFT teaches the template and the answers with a loss on the answer tokens only (the `<eos>` included).
 # - GRPO samples a group per prompt and standardises the rewards within the group; a group without spread gets
-#   zero advantages. The loss is PPO's clipped surrogate on per-token ratios `exp(log π_θ − log π_old)`, minus
-#   `β` times the k3 estimate of the KL to a frozen reference, averaged per completion, then over completions.
+#   zero advantages (its tokens still pay the KL penalty). The loss is PPO's clipped surrogate on per-token ratios
+#   `exp(log π_θ − log π_old)`, minus `β` times the k3 estimate of the KL to a frozen reference, averaged per
+#   completion, then over completions (DAPO's token-level mean and Dr. GRPO's constant are the alternatives).
+# - Dividing by the group's std amplifies a small format term to full strength: gate it on correctness, or keep
+#   the rewards' scale.
 # - GRPO sharpens what the fine-tuned model already sometimes gets right; read its gain with the seed spread.
 # - A reward that pays for something other than the goal gets exploited.
 # - R1-Zero: RL from the base model; R1: cold-start SFT, GRPO, rejection-sampling SFT, final RL.

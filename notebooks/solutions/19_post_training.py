@@ -1,12 +1,12 @@
 # %% [markdown]
 # # Unit 19 — From a pretrained model to a reasoning model: exercises
 #
-# Five graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
 # You write the pieces of post-training that the lesson used from the library: the rule-based reward, the
-# fine-tuning loss, and the three parts of the GRPO objective. The grader runs more checks than you see here:
+# fine-tuning loss, the three parts of the GRPO objective, and the update that puts them together. The grader runs more checks than you see here:
 # many completions and batches, rows of different lengths, groups with and without spread, a tiny Llama with
 # random weights compared with a position-by-position forward, log-probabilities far from each other (so that
 # the clip acts), the gradients of the loss, and the arguments at values other than their defaults. When
@@ -89,7 +89,7 @@ assert isinstance(addition_reward("42<eos>", 42), float), "return a Python float
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 2 — `sft_loss` (4 points)
+# ## Exercise 2 — `sft_loss` (3 points)
 #
 # ```python
 # def sft_loss(logits: Tensor, ids: Tensor, prompt_len: int, pad_id: int) -> Tensor: ...
@@ -141,7 +141,7 @@ assert torch.allclose(sft_loss(changed, ids_v, task.prompt_len, tok.pad_id), los
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 3 — `group_relative_advantages` (4 points)
+# ## Exercise 3 — `group_relative_advantages` (3 points)
 #
 # ```python
 # def group_relative_advantages(rewards: Tensor, group_size: int) -> Tensor: ...
@@ -167,7 +167,7 @@ def group_relative_advantages(rewards, group_size):
     grouped = rewards.float().reshape(-1, group_size)
     spread = grouped.std(dim=1, unbiased=True, keepdim=True)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    flat = spread == 0
+    flat = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)   # not spread == 0: rounding
     out = centred / torch.where(flat, torch.ones_like(spread), spread)
     return out.masked_fill(flat, 0.0).reshape(-1)
     ### END SOLUTION
@@ -225,7 +225,7 @@ assert torch.allclose(lp_v[:, 0], first.gather(1, seqs_v[:, task.prompt_len:task
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 5 — `grpo_loss` (6 points)
+# ## Exercise 5 — `grpo_loss` (5 points)
 #
 # ```python
 # def grpo_loss(logps, old_logps, ref_logps, advantages, mask, clip_eps: float = 0.2,
@@ -243,6 +243,11 @@ print("visible tests passed")
 #   `KL(π_θ ‖ π_ref)` at that token (the lesson derives it; it is ≥ 0 and 0 where the two models agree). A row
 #   whose mask is empty contributes 0.
 # - No gradient may reach `old_logps` or `ref_logps`: the old and the reference policy are not trained.
+#
+# The normalisation is a choice, and this exercise asks for DeepSeekMath's: `1/|o_i|` inside each completion, then
+# `1/N` (TRL's `loss_type="grpo"`). Two published alternatives are *not* what is asked here, though neither is a
+# mistake in general: DAPO's one mean over all the batch's tokens (TRL's default, `"dapo"`) and Dr. GRPO's constant
+# normaliser (`"dr_grpo"`); the lesson compares the three.
 #
 # Return the scalar loss. Raise `ValueError` when the four `(N, T_c)` tensors do not share one shape or
 # `advantages` is not `(N,)`.
@@ -284,6 +289,72 @@ assert abs(far.item() - (1.5 * math.e - 1.5 * 1.2) / 4) < 1e-5, \
     "ρ = e ≈ 2.72: positive advantages are clipped at 1 + ε, negative ones keep ρ"
 assert grpo_loss(lp, lp.detach(), lp.detach() - 1.0, adv_g, mask_v, beta=1.0).item() > same.item(), \
     "moving away from the reference must raise the loss"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 6 — `grpo_update` (3 points)
+#
+# ```python
+# def grpo_update(policy, ref_model, optimizer, sequences: Tensor, prompt_len: int, rewards: Tensor, mask: Tensor,
+#                 group_size: int, clip_eps: float = 0.2, beta: float = 0.04, inner_steps: int = 1) -> list[float]: ...
+# ```
+#
+# The update half of one GRPO iteration, on completions the policy has already sampled (DeepSeekMath's
+# Algorithm 1 runs `μ = inner_steps` optimizer steps on each sampled batch). `sequences (N, T)` holds the prompts
+# (length `prompt_len`) followed by the completions, grouped as in the conventions; `rewards (N,)` are their
+# rewards; `mask (N, T − prompt_len)` marks each completion's own tokens. `optimizer` already holds the policy's
+# parameters.
+#
+# - Turn the rewards into advantages, and compute the log-probabilities of the completions under the policy *as it
+#   sampled them* (the old policy) and under the frozen `ref_model`.
+# - Then take `inner_steps` optimizer steps on the GRPO loss with `clip_eps` and `beta`, each step starting from
+#   clean gradients.
+# - Return the list of the `inner_steps` losses (Python floats), each the loss the step was taken on.
+#
+# Use your `group_relative_advantages`, `per_token_logps` and `grpo_loss` (the grader runs your update on the
+# course's own versions of these three, so a mistake there is not counted twice). Only the policy is trained:
+# `ref_model` must come out unchanged. Raise `ValueError` when `inner_steps < 1`.
+
+# %% tags=["solution:19.grpo_update"]
+def grpo_update(policy, ref_model, optimizer, sequences, prompt_len, rewards, mask, group_size, clip_eps=0.2,
+                beta=0.04, inner_steps=1):
+    """Advantages, old and reference log-probabilities, then inner_steps optimizer steps on the GRPO loss."""
+    ### BEGIN SOLUTION
+    if inner_steps < 1:
+        raise ValueError(f"inner_steps must be >= 1, got {inner_steps}")
+    with torch.no_grad():
+        before = per_token_logps(policy, sequences, prompt_len=prompt_len)
+        advantages = group_relative_advantages(rewards, group_size)
+        anchor = per_token_logps(ref_model, sequences, prompt_len=prompt_len)
+    history = []
+    for _ in range(inner_steps):
+        loss = grpo_loss(per_token_logps(policy, sequences, prompt_len=prompt_len), before, anchor, advantages, mask,
+                         clip_eps=clip_eps, beta=beta)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(float(loss.detach()))
+    return history
+    ### END SOLUTION
+
+
+# %% tags=["tests:19.grpo_update"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("19.grpo_update")  # noqa: E702
+### END HIDDEN TESTS
+policy_v, ref_v = build_post_model(seed=3), build_post_model(seed=3)
+seqs_u = torch.cat([task.prompts(pairs_v).repeat_interleave(2, dim=0), torch.tensor([[4, 2, 2], [1, 9, 8]] * 2) + 5],
+                   dim=1)
+rewards_u = torch.tensor([1.1, 0.1, 0.0, 1.1])
+mask_u = torch.ones(4, 3, dtype=torch.bool)
+w0 = [p.detach().clone() for p in policy_v.parameters()]
+losses_u = grpo_update(policy_v, ref_v, torch.optim.SGD(policy_v.parameters(), lr=0.1), seqs_u, task.prompt_len,
+                       rewards_u, mask_u, 2, inner_steps=2)
+assert isinstance(losses_u, list) and len(losses_u) == 2, f"one loss per inner step; got {losses_u!r}"
+assert all(isinstance(x, float) for x in losses_u), "the losses are Python floats"
+assert any(not torch.equal(a, b) for a, b in zip(w0, policy_v.parameters())), "the policy's parameters must change"
+assert all(torch.equal(a, b) for a, b in zip(build_post_model(seed=3).parameters(), ref_v.parameters())), \
+    "the reference model must not change"
 print("visible tests passed")
 
 # %% [markdown]
