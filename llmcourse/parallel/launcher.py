@@ -184,7 +184,7 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
         torch.set_num_threads(max(1, threads))
         recording = backend == "gloo_recorded"
         if recording:
-            from . import traffic
+            import llmcourse.parallel.traffic as traffic
 
             traffic.register()
             traffic.reset()
@@ -226,7 +226,7 @@ def _traffic_of_rank() -> list[dict]:
     """The recording groups' log, plus one entry per process group of another backend (its traffic is unseen)."""
     import torch.distributed as dist
 
-    from . import traffic
+    import llmcourse.parallel.traffic as traffic
 
     out = list(traffic.TRAFFIC)
     for pg in list(dist.distributed_c10d._world.pg_map):
