@@ -195,3 +195,33 @@ class ResidualStackFunctionalDropout(nn.Module):
         for layer in self.layers:
             x = x + F.dropout(layer(x), self.p)   # training=True by default, also after .eval()
         return x
+
+
+@bug("B00.dropout_branch_input", f"{U}.ResidualStack",
+     "Look at what dropout must act on: with a constant branch, does out − x ever lose an entry?",
+     detect="detector", name="ResidualStack")
+class ResidualStackDropoutOnInput(nn.Module):
+    def __init__(self, d_model, n_layers, dropout=0.0):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(n_layers)])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(self.dropout(x))   # dropout on what the branch reads, not on what it adds
+        return x
+
+
+@bug("B00.dropout_on_sum", f"{U}.ResidualStack",
+     "In train mode, out − x should be 0 or the branch scaled by 1/(1−p): compare the values you get.",
+     detect="detector", name="ResidualStack")
+class ResidualStackDropoutOnSum(nn.Module):
+    def __init__(self, d_model, n_layers, dropout=0.0):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(n_layers)])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.dropout(x + layer(x))   # the residual path is dropped too
+        return x

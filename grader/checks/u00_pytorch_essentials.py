@@ -183,6 +183,38 @@ def _no_matmul():
                   (torch.Tensor, "bmm"), reason="write these products with torch.einsum.")
 
 
+def _einsum_calls(name, args):
+    """A probe: how many times the learner's ``name(*args)`` reaches torch's einsum kernel.
+
+    ``torch.einsum`` (also when imported as ``from torch import einsum``) ends in ``torch._VF.einsum``,
+    which is counted for the duration of the call."""
+
+    def probe(impl):
+        import importlib
+
+        vf = importlib.import_module("torch._VF")  # by name: cloudpickle cannot send the module object
+        had = "einsum" in vars(vf)
+        original = vf.einsum
+        calls = [0]
+
+        def counted(*a, **kw):
+            calls[0] += 1
+            return original(*a, **kw)
+
+        vf.einsum = counted
+        try:
+            with _no_matmul():
+                getattr(impl, name)(*args)
+        finally:
+            if had:
+                vf.einsum = original
+            else:
+                del vf.einsum
+        return calls[0]
+
+    return probe
+
+
 @check(f"{U}.einsum_attention", ["attention_scores_einsum", "attention_output_einsum"], _ref)
 def check_einsum_attention(t):
     def scores(q, k):
@@ -196,6 +228,16 @@ def check_einsum_attention(t):
             with _no_matmul():
                 return impl.attention_output_einsum(w, v)
         return probe
+
+    # the defining property: both products go through torch.einsum (counted where the learner's code runs; a
+    # count can only make the check fail, the values are compared below)
+    g = torch.Generator().manual_seed(99)
+    q0, k0, v0 = torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 6, generator=g)
+    w0 = torch.randn(1, 2, 3, 5, generator=g).softmax(-1)
+    for name, args in (("attention_scores_einsum", (q0, k0)), ("attention_output_einsum", (w0, v0))):
+        calls = t.run(_einsum_calls(name, args))
+        t.expect(calls > 0, f"{name} computed its result without calling torch.einsum (0 calls counted): the "
+                 "exercise is to write the product as an einsum equation")
 
     cases = [((2, 3, 5, 8), 7, 4), ((1, 4, 1, 16), 9, 6), ((3, 2, 6, 4), 6, 5)]
     for i, ((b, h, tq, d), tk, dv) in enumerate(cases):
@@ -482,14 +524,53 @@ def check_residual_stack(t):
     delta = t.run(branch_dropout)
     is_0 = delta.abs() < 1e-5
     is_2 = (delta - 2).abs() < 1e-5
+    if bool(((delta - 1).abs() < 1e-5).all()):
+        # the constant branch came through untouched: dropout is missing, or acts on what the layer reads
+        # (a layer with weight 0 ignores its input). A layer with weight I and bias 0 tells the two apart.
+        def identity_branch(impl):
+            mm = impl.ResidualStack(16, 1, dropout=0.5)
+            layer = unwrap(mm).layers[0]
+            with torch.no_grad():
+                layer.weight.copy_(torch.eye(16))
+                layer.bias.zero_()
+            unwrap(mm).train()
+            torch.manual_seed(12)
+            return mm(xb) - xb
+
+        branch = t.run(identity_branch)
+        dropped = bool((branch.abs() < 1e-6).float().mean() > 0.3)
+        t.fail("in train() mode with dropout=0.5 and one layer with weight 0 and bias 1 (a branch whose output is 1 "
+               "whatever it reads), every entry of out − x is exactly 1: the branch's output is never dropped nor "
+               "scaled by 1/(1−p)" + ("; with weight I and bias 0 the branch does lose entries, so dropout acts on "
+                                      "the layer's input, not on its output" if dropped else ""),
+               bug="B00.dropout_branch_input" if dropped else None)
     t.expect(bool((is_0 | is_2).all()),
              "in train() mode with dropout=0.5, one layer with weight 0 and bias 1, every entry of out − x must be "
              "0 (branch dropped) or 2 (branch kept, scaled by 1/(1−p)); got values such as "
              f"{sorted({round(v, 3) for v in delta[~(is_0 | is_2)].flatten()[:5].tolist()})}: dropout belongs on the "
-             "branch, before the residual add, not on the sum")
+             "branch, before the residual add, not on the sum", bug="B00.dropout_on_sum")
     frac = is_0.float().mean().item()
     t.expect(0.4 < frac < 0.6, f"in train() mode with dropout=0.5 about half the branch entries must be dropped; "
              f"{frac:.1%} were")
+
+    # two layers, each branch constant 1: out − x = 2·m1 + 2·m2 with independent keep-masks m1, m2, so about
+    # half the entries are 2 (one branch kept); one draw shared by the layers gives only 0 and 4
+    def two_branches(impl):
+        mm = impl.ResidualStack(16, 2, dropout=0.5)
+        for layer in unwrap(mm).layers:
+            with torch.no_grad():
+                layer.weight.zero_()
+                layer.bias.fill_(1.0)
+        unwrap(mm).train()
+        torch.manual_seed(13)
+        return mm(xb) - xb
+
+    delta2 = t.run(two_branches)
+    share_2 = ((delta2 - 2).abs() < 1e-5).float().mean().item()
+    t.expect(0.4 < share_2 < 0.6,
+             "in train() mode with dropout=0.5 and two layers whose branches are constant 1, out − x must be 0, 2 or 4 "
+             f"with 2 (exactly one branch kept) in about half the entries; it is 2 in {share_2:.1%}: each layer's "
+             "branch must be dropped independently of the others")
 
     # the optimizer sees (and updates) every parameter: before/after tensors are compared here
     def one_step(impl):

@@ -4,13 +4,6 @@ from tests.redteam import Answer
 
 ANSWERS = [
     # -- 00.split_merge_heads --------------------------------------------------------------------------------
-    Answer("00.split_merge_heads", "split_heads with .view: fails on a non-contiguous x", '''
-def split_heads(x, n_heads):
-    B, T, D = x.shape
-    if D % n_heads:
-        raise ValueError(f"d_model={D} is not divisible by n_heads={n_heads}")
-    return x.view(B, T, n_heads, D // n_heads).transpose(1, 2)
-''', says=r"contiguous"),
     Answer("00.split_merge_heads", "head count and head width swapped (square case passes)", '''
 def split_heads(x, n_heads):
     B, T, D = x.shape
@@ -115,7 +108,7 @@ class ResidualStack(nn.Module):
         for layer in self.layers:
             x = self.dropout(x + layer(x))
         return x
-''', says=r"sum"),
+''', bug="B00.dropout_on_sum"),
     Answer("00.ResidualStack", "dropout on the branch input", '''
 class ResidualStack(nn.Module):
     def __init__(self, d_model, n_layers, dropout=0.0):
@@ -127,7 +120,7 @@ class ResidualStack(nn.Module):
         for layer in self.layers:
             x = x + layer(self.dropout(x))
         return x
-''', says=r"input", origin="issue 37"),
+''', bug="B00.dropout_branch_input", origin="issue 37"),
     Answer("00.ResidualStack", "one shared dropout mask for all layers (drawn once)", '''
 class ResidualStack(nn.Module):
     def __init__(self, d_model, n_layers, dropout=0.0):
@@ -140,5 +133,5 @@ class ResidualStack(nn.Module):
         for layer in self.layers:
             x = x + keep * layer(x)
         return x
-''', says=r"."),
+''', says=r"independent"),
 ]
