@@ -19,6 +19,7 @@ failed comparison ("expected [...], got <raised ValueError: ...>") and never as 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 import itertools
 import random
 from collections import Counter
@@ -265,6 +266,8 @@ def _bpe_detectors(eow=EOW, toy=False):
         if not isinstance(got, list) or not all(isinstance(m, tuple) and len(m) == 2 for m in got):
             return None
         distinct = len(set(got)) == len(got)
+        if eow != EOW and any(EOW in "".join(map(str, m)) for m in got):
+            return "B01.marker_hard_coded"
         if len(got) >= 2 and distinct and all(eow not in "".join(map(str, m)) for m in got):
             return "B01.no_end_of_word"
         if any(isinstance(m[0], str) and m[0].endswith(eow) for m in got):
@@ -385,6 +388,8 @@ def _symbols(x):
 def _encode_detect(word, eow=EOW):
     def detect(got):
         if isinstance(got, list) and all(isinstance(s, str) for s in got):
+            if eow != EOW and "".join(got) == word + EOW:
+                return "B01.marker_hard_coded"
             if "".join(got) == word:
                 return "B01.no_end_of_word"
             if "".join(got) != word + eow:
@@ -414,6 +419,11 @@ def check_bpe_encode_word(t):
     _compare(t, lambda impl: impl.bpe_encode_word("abc", [("b", "c"), ("a", "b")]), ["a", "bc", EOW],
              "bpe_encode_word('abc', [('b', 'c'), ('a', 'b')]): the pair with the lowest rank (b, c) goes first",
              norm=_symbols, detect=_encode_detect("abc"))
+    # a merge can create a pair ranked below merges already applied: the lowest-ranked pair among the *current*
+    # symbols goes next, so ('a', 'bc') (rank 0) applies once ('b', 'c') (rank 1) has made 'bc'
+    _compare(t, lambda impl: impl.bpe_encode_word("abc", [("a", "bc"), ("b", "c")]), ["abc", EOW],
+             "bpe_encode_word('abc', [('a', 'bc'), ('b', 'c')]): once ('b', 'c') has made 'bc', the pair ('a', 'bc') "
+             "of rank 0 is present", norm=_symbols, detect=_encode_detect("abc"))
     _compare(t, lambda impl: impl.bpe_encode_word("lowest", list(F011), end_of_word="_"), ["low", "est", "_"],
              "bpe_encode_word('lowest', the toy corpus's merges, end_of_word='_'): use the marker given as argument",
              norm=_symbols, detect=_encode_detect("lowest", "_"))
@@ -488,6 +498,23 @@ def _encoding_facts(texts, hindi, special, verdict, unicode_texts):
 UNICODE_TEXTS = ["naïve café — Grüße aus Köln", "東京タワー 🗼🙂", "tab\tand\nnewline  double  space", "x" * 50]
 
 
+@functools.cache
+def _swapped_ranks(path: str) -> tuple[str, list[int]]:
+    """A copy of GPT-2's ranks file in which the tokens 'hello' and ' world' trade ranks (written once per process,
+    in a temporary directory), and the ids of 'hello world' under it, read from the copy."""
+    import base64
+    import tempfile
+
+    lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    index = {base64.b64decode(tok): k for k, (tok, _) in enumerate(lines)}
+    a, b = index[b"hello"], index[b" world"]
+    lines[a][1], lines[b][1] = lines[b][1], lines[a][1]
+    folder = Path(tempfile.mkdtemp(prefix="llmcourse-u01-"))
+    out = folder / "gpt2-swapped.tiktoken"
+    out.write_text("".join(f"{tok} {rank}\n" for tok, rank in lines), encoding="utf-8")
+    return str(out), [int(lines[a][1]), int(lines[b][1])]
+
+
 @check(f"{U}.load_gpt2_encoding", ["load_gpt2_encoding"], _ref)
 def check_load_gpt2_encoding(t):
     texts = [s for s, _ in F013[1:]]
@@ -533,6 +560,12 @@ def check_load_gpt2_encoding(t):
         got = _run(t, lambda impl, a=arg: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
         t.expect(got == [31373, 995], f"load_gpt2_encoding({type(arg).__name__} path).encode('hello world') must be "
                  f"[31373, 995]; got {got}")
+    # the file named by `path` is the one read: a copy in which 'hello' and ' world' trade ranks
+    swapped, swapped_ids = _swapped_ranks(str(path))
+    got = _run(t, lambda impl, a=swapped: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
+    t.expect(got == swapped_ids, "load_gpt2_encoding(path) with a copy of the ranks file in which the tokens 'hello' "
+             f"and ' world' trade ranks must encode 'hello world' as {swapped_ids}; got {got}: the file named by "
+             "`path` was not the one read")
 
 
 # ================================================================== 01.GPTWindowDataset
@@ -597,6 +630,24 @@ def check_gpt_window_dataset(t):
 
         return probe
 
+    # ids given as an int32 (or int16) tensor are still stored, and served, as torch.long
+    def narrow_items(impl):
+        out = {}
+        for dt in (torch.int32, torch.int16):
+            ds = impl.GPTWindowDataset(torch.tensor(ids[:40], dtype=dt), 4, 3)
+            item = _item(ds, 2)
+            out[str(dt).replace("torch.", "")] = item if _is_raised(item) else [str(v.dtype) if isinstance(v, torch.Tensor)
+                                                                               else type(v).__name__ for v in item]
+        return out
+
+    narrow = _run(t, narrow_items)
+    for dt, got in narrow.items():
+        t.expect(not isinstance(got, Raised), f"GPTWindowDataset(an {dt} tensor of 40 ids, 4, 3)[2] failed: {got}")
+        t.expect(got == ["torch.int64", "torch.int64"],
+                 f"GPTWindowDataset(an {dt} tensor of ids, 4, 3)[2] gave (x, y) of dtypes {got}: whatever integer type "
+                 "the ids arrive in, the dataset holds them as one torch.long tensor (embedding lookups and "
+                 "cross-entropy targets take int64)")
+
     for n, L, stride in [(300, 8, 3), (101, 10, 10), (50, 7, 11), (12, 11, 1), (40, 4, 5)]:
         data = ids[:n]
         starts = range(0, n - L, stride)
@@ -644,10 +695,36 @@ def check_gpt_window_dataset(t):
     _, again = t.run(lambda impl: batches(impl, n=3))
     t.expect(all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, again)),
              "two loaders with the same seed must give identical batches: shuffle with torch.Generator().manual_seed(seed)")
+    # the order depends on `seed` only: not on torch's global random state, which the loader leaves alone
+    def global_state(impl):
+        torch.manual_seed(123)
+        expected_draw = torch.rand(3)
+        torch.manual_seed(123)
+        loader = impl.create_dataloader(ids, batch_size=8, context_length=4, stride=4, shuffle=True, drop_last=True,
+                                        seed=0)
+        after_build = torch.rand(3)
+        orders = []
+        for g in (5, 6):  # two loaders built alike, iterated after different global seeds
+            fresh = loader if g == 5 else impl.create_dataloader(ids, batch_size=8, context_length=4, stride=4,
+                                                                  shuffle=True, drop_last=True, seed=0)
+            torch.manual_seed(g)
+            orders.append(_try(lambda it=fresh: [b[0] for b in itertools.islice(iter(it), 2)]))
+        return {"kept": bool(torch.equal(after_build, expected_draw)), "orders": orders}
+
+    state = _run(t, global_state)
+    t.expect(state["kept"], "building create_dataloader(..., seed=0) changed torch's global random state (the "
+             "numbers torch.rand draws next): the loader must not reseed the notebook's generator",
+             bug="B01.loader_global_seed")
+    o5, o6 = state["orders"]
+    t.expect(not (isinstance(o5, list) and isinstance(o6, list))
+             or all(torch.equal(a, b) for a, b in zip(o5, o6)),
+             "two loaders built with seed=0, one iterated after torch.manual_seed(5), the other after "
+             "torch.manual_seed(6), gave two different orders: its shuffling draws from torch's global random state, so the order depends "
+             "on what ran before, not on `seed` alone", bug="B01.loader_global_seed")
     _, ref = batches(t.reference, n=3)
     t.expect(all(torch.equal(a[0], b[0]) for a, b in zip(got, ref)),
-             "with seed=0 the batches differ from DataLoader(dataset, batch_size, shuffle=True, drop_last=…, "
-             "num_workers=0, generator=torch.Generator().manual_seed(seed)); shuffle through the DataLoader's generator")
+             "with seed=0 the order of the windows differs from the course's loader, a DataLoader whose shuffle draws "
+             "from its own random generator seeded with `seed`")
     _, other = t.run(lambda impl: batches(impl, seed=1, n=3))
     t.expect(not all(torch.equal(a[0], b[0]) for a, b in zip(got, other)), "seed=1 gave the same batches as seed=0")
     _, ordered = t.run(lambda impl: batches(impl, shuffle=False, n=2))

@@ -82,7 +82,7 @@ class CharTokenizer:
 
     def decode(self, ids):
         return "".join(self.chars[i] for i in ids)
-''', says=r"sort"),
+''', bug="B01.char_vocab_unsorted"),
     # -- 01.bpe_train ----------------------------------------------------------------------------------------
     Answer("01.bpe_train", "pairs counted once per distinct word (count ignored)", '''
 def bpe_train(word_counts, num_merges, end_of_word="</w>"):
@@ -109,7 +109,7 @@ def bpe_train(word_counts, num_merges, end_of_word="</w>"):
                     i += 1
             words[w] = out
     return merges
-''', says=r"count|weight"),
+''', bug="B01.unweighted_counts"),
     Answer("01.bpe_train", "merge by str.replace on space-joined symbols (matches across symbol boundaries)", '''
 def bpe_train(word_counts, num_merges, end_of_word="</w>"):
     words = {" ".join(list(w) + [end_of_word]): c for w, c in word_counts.items()}
@@ -127,7 +127,7 @@ def bpe_train(word_counts, num_merges, end_of_word="</w>"):
         merges.append(pair)
         words = {w.replace(" ".join(pair), "".join(pair)): c for w, c in words.items()}
     return merges
-''', says=r"."),
+''', says=r"not an adjacent pair|had count"),
     Answer("01.bpe_train", "ties broken by the first pair counted (Counter.most_common)", '''
 def bpe_train(word_counts, num_merges, end_of_word="</w>"):
     words = {w: list(w) + [end_of_word] for w in sorted(word_counts)}
@@ -152,7 +152,33 @@ def bpe_train(word_counts, num_merges, end_of_word="</w>"):
                     i += 1
             words[w] = out
     return merges
-''', says=r"tie|smallest|lexicograph"),
+''', bug="B01.tie_first_seen"),
+    Answer("01.bpe_train", "end-of-word marker hard-coded", '''
+def bpe_train(word_counts, num_merges, end_of_word="</w>"):
+    words = {w: list(w) + ["</w>"] for w in word_counts}
+    merges = []
+    for _ in range(num_merges):
+        counts = Counter()
+        for w, syms in words.items():
+            for a, b in zip(syms, syms[1:]):
+                counts[(a, b)] += word_counts[w]
+        if not counts:
+            break
+        best = max(counts.values())
+        pair = min(p for p, c in counts.items() if c == best)
+        merges.append(pair)
+        for w, syms in words.items():
+            out, i = [], 0
+            while i < len(syms):
+                if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
+                    out.append(syms[i] + syms[i + 1])
+                    i += 2
+                else:
+                    out.append(syms[i])
+                    i += 1
+            words[w] = out
+    return merges
+''', bug="B01.marker_hard_coded"),
     # -- 01.bpe_encode_word ----------------------------------------------------------------------------------
     Answer("01.bpe_encode_word", "merges applied once each, in list order (one pass)", '''
 def bpe_encode_word(word, merges, end_of_word="</w>"):
@@ -168,7 +194,7 @@ def bpe_encode_word(word, merges, end_of_word="</w>"):
                 i += 1
         syms = out
     return syms
-''', says=r"rank|lowest"),
+''', bug="B01.encode_one_pass"),
     Answer("01.bpe_encode_word", "end-of-word marker hard-coded", '''
 def bpe_encode_word(word, merges, end_of_word="</w>"):
     rank = {p: r for r, p in enumerate(merges)}
@@ -187,7 +213,7 @@ def bpe_encode_word(word, merges, end_of_word="</w>"):
                 out.append(syms[i])
                 i += 1
         syms = out
-''', says=r"end_of_word|marker"),
+''', bug="B01.marker_hard_coded"),
     Answer("01.bpe_encode_word", "the first mergeable pair in the word, not the lowest rank", '''
 def bpe_encode_word(word, merges, end_of_word="</w>"):
     known = set(merges)
@@ -205,7 +231,7 @@ def bpe_encode_word(word, merges, end_of_word="</w>"):
                 out.append(syms[i])
                 i += 1
         syms = out
-''', says=r"rank|lowest"),
+''', bug="B01.encode_in_scan_order"),
     # -- 01.load_gpt2_encoding -------------------------------------------------------------------------------
     Answer("01.load_gpt2_encoding", "path ignored (always the course's copy)", '''
 def load_gpt2_encoding(path=None):
@@ -223,7 +249,7 @@ def load_gpt2_encoding(path=None):
     ranks = tiktoken.load.load_tiktoken_bpe(str(path))
     return tiktoken.Encoding(name="gpt2", pat_str=r""" ?\\w+| ?[^\\w\\s]+|\\s+""", mergeable_ranks=ranks,
                              special_tokens={"<|endoftext|>": 50256})
-''', says=r"pattern|pre-?token|ids"),
+''', says=r"the-verdict must encode|encode\("),
     # -- 01.GPTWindowDataset ---------------------------------------------------------------------------------
     Answer("01.GPTWindowDataset", "ids not forced to torch.long (an int32 input stays int32)", '''
 class GPTWindowDataset(Dataset):
@@ -243,13 +269,13 @@ class GPTWindowDataset(Dataset):
     Answer("01.GPTWindowDataset", "stride ignored in __getitem__ (window i starts at i)", _DS_OK_INIT + '''
     def __getitem__(self, i):
         return self.ids[i:i + self.L], self.ids[i + 1:i + self.L + 1]
-''', says=r"stride|window"),
+''', bug="B01.stride_ignored"),
     Answer("01.GPTWindowDataset", "create_dataloader seeds the global RNG instead of a generator", '''
 def create_dataloader(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True, seed=0):
     torch.manual_seed(seed)
     ds = GPTWindowDataset(token_ids, context_length, stride)
     return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=0)
-''', says=r"seed|generator|global|order"),
+''', bug="B01.loader_global_seed"),
     Answer("01.GPTWindowDataset", "drop_last ignored (always True)", '''
 def create_dataloader(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True, seed=0):
     ds = GPTWindowDataset(token_ids, context_length, stride)
