@@ -19,7 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import CheckFailure, check, forbid, module_facts, unwrap
+from ..core import CheckFailure, LearnerError, check, forbid, module_facts, unwrap
 from ..runner import also_blocked
 
 U = "02"
@@ -142,7 +142,10 @@ def check_embedding_lookup(t):
             w = w11.clone().requires_grad_(True)
             with _no_builtin_embedding():
                 out = getattr(impl, fname)(ids, w)
-            out.sum().backward()
+            try:
+                out.sum().backward()
+            except RuntimeError:  # nothing of the output depends on w through the graph
+                return None
             return w.grad
 
         grad = t.run(grad_probe)
@@ -187,6 +190,20 @@ def check_input_embeddings(t):
     ids3 = _ids(50, 2, 3, 4, seed=9)
     t.compare(lambda impl: _loaded("InputEmbeddings", st, 50, 16)(impl)(ids3), ref(ids3).detach(),
               "InputEmbeddings(50, 16) on ids of shape (2, 3, 4)", atol=1e-5)
+
+    # every row of the table is trained: for loss = out.sum(), row r's gradient is count(r)·√d_model·ones(D)
+    ids_g = T([[0, 3, 3], [1, 0, 4]])
+
+    def grad_rows(impl):
+        mm = _loaded("InputEmbeddings", state, 5, 3)(impl)
+        unwrap(mm).train()
+        mm(ids_g).sum().backward()
+        return unwrap(mm).embedding.weight.grad
+
+    counts = torch.bincount(ids_g.flatten(), minlength=5).float()
+    t.compare(grad_rows, (counts * math.sqrt(3))[:, None].expand(5, 3),
+              f"InputEmbeddings(5, 3) with ids {ids_g.tolist()} and loss = out.sum(): embedding.weight.grad[r] must be "
+              "count(r)·√3 for every row (ids 0 and 3 appear twice, 2 never)", atol=1e-5)
 
 
 # ================================================================== 02.sinusoidal_pe
@@ -268,9 +285,11 @@ def check_positional_encoding(t):
     t.expect(facts["pe_after_to_float64"] in (None, torch.float64),
              "after module.to(torch.float64) self.pe is still float32: a plain tensor attribute does not follow the "
              "module", bug="B02.pe_attribute")
-    t.expect("pe" in facts["buffers"], "register the table with self.register_buffer('pe', ..., persistent=False)")
+    t.expect("pe" in facts["buffers"], "self.pe is not among the module's buffers (named_buffers()): the module "
+             "does not know it holds the table")
     keys = list(facts["state_dict"])
-    t.expect(not keys, f"state_dict() must be empty (register the buffer with persistent=False); got {keys}")
+    t.expect(not keys, f"state_dict() must be empty: the table is recomputed from max_len and d_model, so a checkpoint "
+             f"does not carry it; got the keys {keys}", bug="B02.pe_persistent" if keys == ["pe"] else None)
 
     t.compare(lambda impl: unwrap(impl.PositionalEncoding(d, max_len, dropout=0.0)).pe, ref_pe,
               f"the pe buffer of PositionalEncoding({d}, {max_len}) vs the sinusoidal table", atol=1e-5)
@@ -441,6 +460,31 @@ def check_gpt_embedding(t):
     t.expect(0.35 < frac < 0.65, f"with dropout=0.5 in train mode about half of the entries must be zeroed; got {frac:.2f}")
     t.compare(forward(idx, pos_state, train=True), clean,
               "with the default dropout (0.0) train mode must give tok_emb(idx) + pos_emb(positions)", atol=1e-5)
+
+    # the positions are made where idx lives: module and idx moved to the 'meta' device (it exists on every
+    # machine); a forward pre-hook on pos_emb records the device of the position ids it receives
+    def meta_positions(impl):
+        mm = impl.GPTEmbedding(V, C, D)
+        mod = unwrap(mm)
+        pos = getattr(mod, "pos_emb", None)
+        seen = []
+        if isinstance(pos, torch.nn.Module):
+            pos.register_forward_pre_hook(lambda m, args: seen.append(
+                args[0].device.type if args and isinstance(args[0], torch.Tensor) else None))
+        mod.to("meta")
+        mod.eval()
+        try:
+            out = mm(torch.zeros(2, 5, dtype=torch.long, device="meta"))
+        except LearnerError:  # code that cannot run on 'meta' at all is not penalised here
+            return None
+        return {"seen": seen, "out": out.device.type if isinstance(out, torch.Tensor) else None}
+
+    meta = t.run(meta_positions)
+    if meta is not None:
+        where = sorted({d for d in meta["seen"] if d is not None and d != "meta"})
+        t.expect(not where, f"GPTEmbedding moved to the 'meta' device and called with idx on 'meta' looked up position "
+                 f"ids that live on {', '.join(where)}: on a GPU the same code fails (or copies every step)",
+                 bug="B02.positions_default_device")
 
     got = t.raised(lambda impl: impl.GPTEmbedding(V, C, D)(_ids(V, 1, C + 1, seed=9)))
     t.expect(got == "ValueError", f"a sequence longer than context_length (T={C + 1} > {C}) must raise ValueError; "

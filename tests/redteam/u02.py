@@ -36,7 +36,7 @@ class InputEmbeddings(nn.Module):
 
     def forward(self, ids):
         return self.embedding(ids) * math.sqrt(self.d_model)
-''', says=r"."),
+''', says=r"grad"),
     Answer("02.InputEmbeddings", "the table scaled once at construction instead of in forward", '''
 class InputEmbeddings(nn.Module):
     def __init__(self, vocab_size, d_model):
@@ -47,7 +47,7 @@ class InputEmbeddings(nn.Module):
 
     def forward(self, ids):
         return self.embedding(ids)
-''', says=r"."),
+''', bug="B02.no_scale"),
     # -- 02.sinusoidal_pe ------------------------------------------------------------------------------------
     Answer("02.sinusoidal_pe", "sines and cosines in two halves, not interleaved", '''
 def sinusoidal_pe(max_len, d_model):
@@ -56,7 +56,7 @@ def sinusoidal_pe(max_len, d_model):
     p = torch.arange(max_len, dtype=torch.float32)[:, None]
     w = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
     return torch.cat([torch.sin(p * w), torch.cos(p * w)], dim=1)
-''', says=r"interleav|even|odd"),
+''', bug="B02.concat_halves"),
     Answer("02.sinusoidal_pe", "frequency 10000^(-i/D) per pair (the 2 forgotten)", '''
 def sinusoidal_pe(max_len, d_model):
     if d_model % 2:
@@ -67,7 +67,7 @@ def sinusoidal_pe(max_len, d_model):
     pe[:, 0::2] = torch.sin(p * w)
     pe[:, 1::2] = torch.cos(p * w)
     return pe
-''', says=r"frequen"),
+''', bug="B02.positive_exponent"),
     Answer("02.sinusoidal_pe", "float64 table returned", '''
 def sinusoidal_pe(max_len, d_model):
     if d_model % 2:
@@ -92,7 +92,7 @@ class PositionalEncoding(nn.Module):
         if T > self.pe.shape[1]:
             raise ValueError(f"T={T} > max_len={self.pe.shape[1]}")
         return x + self.dropout(self.pe[:, :T])
-''', says=r"sum|dropout"),
+''', bug="B02.pe_dropout_only"),
     Answer("02.PositionalEncoding", "dropout probability hard-coded to 0.1", '''
 class PositionalEncoding(nn.Module):
     def __init__(self, d_model, max_len, dropout=0.1):
@@ -118,13 +118,26 @@ class PositionalEncoding(nn.Module):
         if T > self.pe.shape[1]:
             raise ValueError(f"T={T} > max_len={self.pe.shape[1]}")
         return self.dropout(x + self.pe[:, :T])
-''', says=r"buffer"),
+''', bug="B02.pe_attribute"),
+    Answer("02.PositionalEncoding", "a persistent buffer (the table saved in every checkpoint)", '''
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model, max_len, dropout=0.1):
+        super().__init__()
+        self.register_buffer("pe", sinusoidal_pe(max_len, d_model)[None])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        T = x.shape[1]
+        if T > self.pe.shape[1]:
+            raise ValueError(f"T={T} > max_len={self.pe.shape[1]}")
+        return self.dropout(x + self.pe[:, :T])
+''', bug="B02.pe_persistent"),
     # -- 02.shift_matrix -------------------------------------------------------------------------------------
     Answer("02.shift_matrix", "the transposed rotation (rotates backwards)", '''
 def shift_matrix(k, omega):
     c, s = math.cos(omega * k), math.sin(omega * k)
     return torch.tensor([[c, -s], [s, c]])
-''', says=r"."),
+''', bug="B02.shift_transposed"),
     Answer("02.shift_matrix", "the angle omega + k instead of omega * k", '''
 def shift_matrix(k, omega):
     c, s = math.cos(omega + k), math.sin(omega + k)
@@ -137,7 +150,7 @@ def shift_matrix(k, omega):
         if T > self.context_length:
             raise ValueError(f"T={T} > context_length={self.context_length}")
         return self.drop(self.tok_emb(idx) + self.pos_emb(torch.arange(T)))
-''', says=r"device", origin="issue 37"),
+''', bug="B02.positions_default_device", origin="issue 37"),
     Answer("02.GPTEmbedding", "the sum scaled by sqrt(d_model) as in the Transformer", _GPT_INIT + '''
     def forward(self, idx):
         T = idx.shape[1]
@@ -146,7 +159,7 @@ def shift_matrix(k, omega):
         pos = torch.arange(T, device=idx.device)
         d = self.tok_emb.embedding_dim
         return self.drop(self.tok_emb(idx) * math.sqrt(d) + self.pos_emb(pos))
-''', says=r"sqrt|√|scale"),
+''', says=r"GPTEmbedding\(50, 8, 12\) on idx"),
     Answer("02.GPTEmbedding", "dropout on the token vectors only", _GPT_INIT + '''
     def forward(self, idx):
         T = idx.shape[1]
