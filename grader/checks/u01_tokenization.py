@@ -19,11 +19,11 @@ failed comparison ("expected [...], got <raised ValueError: ...>") and never as 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 

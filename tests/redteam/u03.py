@@ -26,7 +26,7 @@ def softmax_stable(x, dim=-1):
 def softmax_stable(x, dim=-1):
     e = torch.exp(x - x.max())
     return e / e.sum(dim=dim, keepdim=True)
-''', says=r"finite|nan|row|max"),
+''', bug="B03.naive_softmax"),
     Answer("03.softmax_stable", "inputs clamped to [-80, 80] before exp", '''
 def softmax_stable(x, dim=-1):
     e = torch.exp(x.clamp(-80, 80))
@@ -38,13 +38,13 @@ def simple_attention(x):
     scores = x @ x.transpose(-2, -1)
     weights = torch.softmax(scores, dim=1)
     return weights @ x, weights
-''', says=r"sum|row|dim"),
+''', bug="B03.softmax_dim"),
     Answer("03.simple_attention", "scores scaled by 1/sqrt(d) though the task says no scaling", '''
 def simple_attention(x):
     scores = x @ x.transpose(-2, -1) / math.sqrt(x.shape[-1])
     weights = torch.softmax(scores, dim=-1)
     return weights @ x, weights
-''', says=r"scal|sqrt|√"),
+''', bug="B03.simple_scaled"),
     # -- 03.scaled_dot_product_attention ---------------------------------------------------------------------
     Answer("03.scaled_dot_product_attention", "masked_fill(~mask, -1e9) instead of -inf", '''
 def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
@@ -54,7 +54,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
     weights = torch.softmax(scores, dim=-1)
     p = weights if dropout is None else dropout(weights)
     return p @ v, weights
-''', says=r"-inf|1e9|float16|half", origin="issue 37"),
+''', bug="B03.mask_fill_finite", origin="issue 37"),
     Answer("03.scaled_dot_product_attention", "weights returned after dropout", '''
 def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
@@ -73,7 +73,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
         weights = weights * mask
     p = weights if dropout is None else dropout(weights)
     return p @ v, weights
-''', says=r"sum|before"),
+''', bug="B03.mask_after_softmax"),
     Answer("03.scaled_dot_product_attention", "dropout on the context, not on the weights", '''
 def scaled_dot_product_attention(q, k, v, mask=None, dropout=None):
     scores = q @ k.transpose(-2, -1) / math.sqrt(k.shape[-1])
@@ -97,7 +97,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
         w = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_in), dim=-1)
         return w @ v
-''', says=r"scal|sqrt|d_out|√"),
+''', bug="B03.scale_d_in"),
     Answer("03.SelfAttention", "qkv_bias ignored (no bias ever)", '''
 class SelfAttention(nn.Module):
     def __init__(self, d_in, d_out, qkv_bias=False):
@@ -122,7 +122,7 @@ class SelfAttention(nn.Module):
         w = self.dropout(torch.softmax(s, dim=-1))
         self.last_weights = w.detach()
         return w @ v
-''', says=r"last_weights|dropout|sum", origin="issue 37"),
+''', bug="B03.last_weights_after_dropout", origin="issue 37"),
     Answer("03.CausalSelfAttention", "dropout on the output instead of the weights", _CSA_INIT + '''
     def forward(self, x):
         B, T, _ = x.shape
@@ -133,7 +133,7 @@ class SelfAttention(nn.Module):
         w = torch.softmax(s, dim=-1)
         self.last_weights = w.detach()
         return self.dropout(w @ v)
-''', says=r"dropout"),
+''', bug="B03.dropout_not_on_weights"),
     Answer("03.CausalSelfAttention", "mask buffer stored as True = blocked (upper triangle)", '''
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False):
@@ -154,7 +154,7 @@ class CausalSelfAttention(nn.Module):
         w = torch.softmax(s, dim=-1)
         self.last_weights = w.detach()
         return self.dropout(w) @ v
-''', says=r"mask"),
+''', bug="B03.mask_buffer_blocked"),
     Answer("03.CausalSelfAttention", "qkv_bias ignored", '''
 class CausalSelfAttention(nn.Module):
     def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False):
