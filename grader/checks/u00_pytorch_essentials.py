@@ -21,6 +21,7 @@ from torch import nn
 from ..core import CheckFailure, LearnerError, check, forbid, unwrap
 from ..plain import Opaque
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "00"
 T = torch.tensor
@@ -601,3 +602,52 @@ def check_residual_stack(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # noam_schedule: the schedule widget's curve is the Noam multiplier at steps 1 … n
 also_blocked(f"{U}.noam_schedule", "llmcourse.viz.essentials:noam_curve")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.split_merge_heads",
+    "split_heads re-views the feature axis as H consecutive slices and moves the head axis before T; merge_heads is "
+    "its exact inverse and returns a contiguous tensor, whatever the input's layout",
+    probe="outputs compared bit-exactly with x.view(B, T, H, hd).transpose(1, 2) for five (D, H) pairs (non-square "
+          "ones included); round trips on non-contiguous inputs; is_contiguous() read where the learner's code ran")
+defining_property(
+    f"{U}.causal_mask",
+    "entry (i, j) is True exactly when key j is at or before query i's absolute position offset + i (the queries are "
+    "the last t_q positions by default), as a bool tensor made on the requested device",
+    probe="30 random (t_q, t_k, offset) compared with ones(t_q, t_k).tril(offset), an explicit offset=0 among them; "
+          "dtype read; a mask requested on the 'meta' device")
+defining_property(
+    f"{U}.einsum_attention",
+    "both attention products are einsum contractions whose summed axis carries the same letter in both inputs",
+    probe="torch's einsum kernel counted during each call (@, matmul and bmm blocked); values against @ with "
+          "T_q != T_k, d != d_v and unnormalised weights")
+defining_property(
+    f"{U}.label_smoothed_cross_entropy",
+    "the loss mixes (1 - eps) of the target's negative log-probability with eps spread over all C classes, averaged "
+    "over the positions whose target is not ignore_index",
+    probe="F.cross_entropy(label_smoothing=eps, ignore_index=...) computed by the grader (blocked for the learner) "
+          "on 2-D and 3-D logits, eps in {0, 0.1, 0.25}, ignore_index -100 and 0, logits of magnitude 1e4")
+defining_property(
+    f"{U}.noam_schedule",
+    "the lr used by the n-th optimizer step equals factor * noam_lambda(n) in every param group, whatever lr the "
+    "optimizer was built with",
+    probe="a real SGD with two param groups (lr 1e-4 and 0.5) driven by the learner's scheduler; the lr of each group "
+          "read before steps 1-7 (factor 1 and 2) and at the peak step 4000")
+defining_property(
+    f"{U}.ResidualStack",
+    "each registered layer adds its own dropped-out branch to the residual stream (x <- x + dropout(layer(x))); the "
+    "residual path itself is never dropped",
+    probe="train-mode out - x with constant branches: values in {0, 1/(1-p)}, about p dropped, independent draws per "
+          "layer; an identity branch separates dropout on the input; eval determinism; one optimizer step updates "
+          "all six tensors")
+
+decision(f"{U}.noam_schedule",
+         "how LambdaLR's multiplier becomes an absolute learning rate whatever lr the optimizer was built with",
+         forms=[r"\[\s*[\"']lr[\"']\s*\]\s*=\s*factor", r"\[\s*[\"']initial_lr[\"']\s*\]\s*=",
+                r"base lr(s)? to `?factor", r"sets? (every|each) (param )?group's (base )?lr"],
+         wrong=("B00.noam_base_lr",))
+decision(f"{U}.noam_schedule",
+         "which value of LambdaLR's step counter corresponds to the n-th optimizer step",
+         forms=[r"noam_lambda\(\s*\w+\s*\+\s*1\b", r"λ\(\s*e\s*\+\s*1\s*\)", r"\b(e|step|epoch|count) \+ 1\b"],
+         wrong=("B00.noam_off_by_one",))

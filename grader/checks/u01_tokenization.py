@@ -38,6 +38,7 @@ from ..core import (
 )
 from ..plain import Opaque
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "01"
 EOW = "</w>"
@@ -748,3 +749,45 @@ also_blocked(f"{U}.bpe_train", "llmcourse.data.tokenizers:bpe_trace", "llmcourse
 also_blocked(f"{U}.load_gpt2_encoding",
              "llmcourse.data.gpt2_tokenizer:gpt2_encoding",
              "llmcourse.data.gpt2_tokenizer:_read_ranks")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.CharTokenizer",
+    "a character's id is its position in the given characters (sorted by from_text), encode and decode are inverse, "
+    "and an unknown character raises ValueError naming it",
+    probe="tokenizers built from tinyshakespeare and from unsorted characters; ids compared with the fixture; round "
+          "trips; the error's type and message read")
+defining_property(
+    f"{U}.bpe_train",
+    "each merge is the adjacent pair with the highest count weighted by word frequency at its step (ties: the smallest "
+    "pair), pairs never spanning two words, all occurrences merged left to right",
+    probe="the learner's merges replayed with an independent recount on 20 random corpora and the toy fixture; "
+          "invariance to the dict's order; a non-default end_of_word")
+defining_property(
+    f"{U}.bpe_encode_word",
+    "encoding repeatedly merges the lowest-ranked pair among the current symbols until no adjacent pair is a merge",
+    probe="hand-made merge lists whose rank order differs from scan order and from list order; 200 words against the "
+          "reference; a non-default end_of_word")
+defining_property(
+    f"{U}.load_gpt2_encoding",
+    "the Encoding is built from the ranks file named by path, with GPT-2's pre-tokenisation pattern and special token, "
+    "so its ids are GPT-2's",
+    probe="ids on fixtures and on the-verdict; a copy of the ranks file in which two tokens trade ranks; special-token "
+          "handling; Unicode round trips; identity with the course's own object refused")
+defining_property(
+    f"{U}.GPTWindowDataset",
+    "window i is ids[i*stride : i*stride + L + 1] split into x and its one-token shift y, the dataset holds exactly "
+    "the complete windows as torch.long, and the loader's order depends on seed alone",
+    probe="every item of five datasets from lists, int64/int32/int16 tensors; lengths; torch's global random state "
+          "before and after building a loader; two loaders iterated under different global seeds; shuffle/drop_last")
+
+decision(f"{U}.GPTWindowDataset",
+         "how many windows a stream of N ids holds (where the last start may lie)",
+         forms=[r"room for L ?\+ ?1", r"L ?\+ ?1 tokens", r"\b(len\(\w+\)|n|N)\s*-\s*(L|context_length)\s*-\s*1\)?\s*//",
+                r"range\(0, len\([\w.]+\) - (L|context_length|self\.\w+)\s*,"],
+         wrong=("B01.window_range_plus_one", "B01.window_range_short"))
+decision(f"{U}.GPTWindowDataset",
+         "what ties the loader's order to `seed` alone",
+         forms=[r"generator\s*=\s*(torch\.Generator|g\b|gen\b)", r"Generator\(\)\.manual_seed\(\s*seed"],
+         wrong=("B01.loader_global_seed",))

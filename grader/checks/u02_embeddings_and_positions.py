@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..core import CheckFailure, LearnerError, check, forbid, module_facts, unwrap
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "02"
 T = torch.tensor
@@ -498,3 +499,45 @@ def check_gpt_embedding(t):
 also_blocked(f"{U}.sinusoidal_pe",
              "llmcourse.viz.positions:sinusoidal_pe_float64",
              "llmcourse.nn.positions:inverse_frequencies")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.embedding_lookup",
+    "an embedding lookup is row selection, equal to a one-hot matrix product, keeping the table's dtype and sending "
+    "gradient count(r) to row r",
+    probe="both functions against F.embedding (blocked for the learner) on 1-D to 3-D ids and a float64 table; "
+          "weight.grad compared with the id counts")
+defining_property(
+    f"{U}.InputEmbeddings",
+    "a token's vector is its trainable table row times sqrt(d_model)",
+    probe="the worked example and shared random weights; the gradient of every row for loss = out.sum()")
+defining_property(
+    f"{U}.sinusoidal_pe",
+    "PE[p, 2i] = sin(p w_i) and PE[p, 2i+1] = cos(p w_i) with one frequency w_i = 10000^(-2i/D) per pair",
+    probe="against an exact float64 formula; each pair on the unit circle; the slowest pair's movement; dtype; odd D")
+defining_property(
+    f"{U}.PositionalEncoding",
+    "a fixed table, neither trained nor saved, that follows the module's device and dtype, added to x with dropout on "
+    "the sum",
+    probe="parameters and state_dict read; self.pe's dtype after .to(float64); eval outputs against x + pe[:, :T]; "
+          "train-mode entries 0 or (x + pe)/(1 - p) with p read from the argument")
+defining_property(
+    f"{U}.shift_matrix",
+    "moving k positions is one rotation by w*k, the same for every position p",
+    probe="M_k applied to (sin wp, cos wp) for many p and compared with position p + k; orthogonality")
+defining_property(
+    f"{U}.GPTEmbedding",
+    "the input is a learned token row plus the learned row of positions 0..T-1, made where idx lives, with dropout on "
+    "the sum",
+    probe="a zero token table exposes the position rows; shared weights; train-mode dropout form; module and idx on the "
+          "'meta' device with a hook on pos_emb recording the device of the position ids")
+
+decision(f"{U}.PositionalEncoding",
+         "how the table is held so that it follows .to() yet is neither a parameter nor saved in the state_dict",
+         forms=[r"persistent\s*=\s*False", r"register_buffer\(\s*[\"']pe"],
+         wrong=("B02.pe_parameter", "B02.pe_attribute", "B02.pe_persistent"))
+decision(f"{U}.GPTEmbedding",
+         "where the position ids are created",
+         forms=[r"arange\([^)]*device\s*=\s*idx\.device", r"on `?idx`?'s device", r"device\s*=\s*idx\.device"],
+         wrong=("B02.positions_default_device",))

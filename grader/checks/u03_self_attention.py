@@ -17,6 +17,7 @@ from torch import nn
 from ..core import check, forbid, module_facts, unwrap
 from ..dropout import weight_dropout_problem
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "03"
 # train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
@@ -520,3 +521,43 @@ also_blocked(f"{U}.SelfAttention", "llmcourse.viz.attention:masked_attention")
 # CausalSelfAttention: the attention lab's masked_attention(q, k, v, method, scale, causal) is (context,
 # weights) of plain, scaled and causal attention
 also_blocked(f"{U}.CausalSelfAttention", "llmcourse.viz.attention:masked_attention")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.softmax_stable",
+    "a softmax along any dim that stays finite for any finite input (softmax is unchanged by a shift of each slice)",
+    probe="inputs of magnitude 1e3 and 1e4 with every built-in softmax blocked; every dim of 2-D and 3-D inputs against "
+          "torch.softmax; -inf entries")
+defining_property(
+    f"{U}.simple_attention",
+    "the weights are the row-wise softmax of the raw dot products x x^T, the context is weights @ x",
+    probe="the lesson's six-token example against fixture values; batched inputs against the formula; row and "
+          "column sums")
+defining_property(
+    f"{U}.scaled_dot_product_attention",
+    "softmax(q k^T / sqrt(d_k)) v where a blocked key gets weight exactly 0 whatever the scores, and dropout acts only "
+    "on the weights that multiply v",
+    probe="against F.scaled_dot_product_attention on 2-D to 4-D inputs with causal and padding masks; scores below "
+          "-1e9; future perturbation; duplicated value channels read the dropout draw")
+defining_property(
+    f"{U}.SelfAttention",
+    "three learned projections whose scores are scaled by this module's key width",
+    probe="a fresh namespace with d_out = 5 != d_in; the worked example; qkv_bias=True with shared weights")
+defining_property(
+    f"{U}.CausalSelfAttention",
+    "query t attends to keys 0..t only, through a bool buffer of the allowed pairs; dropout acts on the weights; "
+    "last_weights holds the pre-dropout softmax in every mode",
+    probe="future perturbation on every row; the buffer's values; last_weights' row sums in train mode; tokens e_j "
+          "with duplicated value channels for the dropout draw; the mean of 400 train-mode passes")
+
+decision(f"{U}.softmax_stable",
+         "which constant to subtract before exp so that no finite input overflows, and along which axis",
+         forms=[r"x\s*-\s*(x\.)?max\b", r"exp\(\s*x\s*-\s*m\b", r"subtract(ing)? the (row |largest |maximum)",
+                r"\bx\.amax\(", r"max\(\s*dim\s*=\s*dim"],
+         wrong=("B03.naive_softmax",))
+decision(f"{U}.CausalSelfAttention",
+         "how a (context_length, context_length) buffer serves a sequence of T < context_length tokens",
+         forms=[r"mask\[\s*:\s*T\s*,\s*:\s*T\s*\]", r"\[\s*:\s*T\s*\]\s*\[\s*:\s*,\s*:\s*T\s*\]",
+                r"slice (the buffer|it) to"],
+         wrong=("B03.mask_not_sliced",))

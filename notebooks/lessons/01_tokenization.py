@@ -20,6 +20,7 @@
 # %%
 import collections
 import os
+import random
 import re
 import time
 
@@ -723,7 +724,7 @@ for i in range(1, 5):
 # the input is `x = ids[s : s+L]`, and the target is the same window shifted left by one token,
 # `y = ids[s+1 : s+L+1]`. Position `t` of `y` is the token that follows `x[: t+1]`, so one window holds L
 # training examples. The window starts advance by a **stride**: stride 1 gives heavily overlapping windows,
-# stride L gives disjoint ones. The last start must leave room for L + 1 tokens.
+# stride L gives disjoint ones. A window counts only if both its `x` and its `y` are complete.
 
 # %%
 ds1 = GPTWindowDataset(ids, context_length=4, stride=1)
@@ -756,7 +757,8 @@ show_sliding_window([enc.decode([i]) for i in ids[:40]])
 # %%
 def split_windows_shuffled(token_ids, L, stride, val_fraction=0.1, seed=0):
     ds = GPTWindowDataset(token_ids, L, stride)
-    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
     n_val = int(len(ds) * val_fraction)
     return [ds[i] for i in order[n_val:]], [ds[i] for i in order[:n_val]]
 
@@ -812,8 +814,8 @@ def split_windows_reference(token_ids, L, stride, val_fraction=0.1):
 assert self_check_split(split_windows_reference)
 
 # %% [markdown]
-# Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Shuffling
-# uses its own seeded `torch.Generator`, so the same seed always gives the same batches:
+# Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Its order
+# depends on its `seed` only, so the same seed always gives the same batches:
 
 # %%
 loader = create_dataloader(ids, batch_size=8, context_length=4, stride=4, shuffle=True, seed=0)
@@ -837,7 +839,7 @@ assert len(loader) == len(ds4) // 8
 # * GPT-2's byte-level BPE starts from the 256 byte values, so it encodes any string:
 #   256 + 50,000 + 1 = 50,257 ids, with `<|endoftext|>` = 50256 accepted only when explicitly allowed.
 # * A sliding window turns a token stream into `(x, y)` pairs with `y` = `x` shifted by one;
-#   the last start must leave room for L + 1 tokens.
+#   only complete windows count.
 #
 # * Byte-level BPE splits text with a regular expression (leading spaces kept), uses the 256 bytes as its
 #   alphabet and never meets an unknown symbol; its pitfalls are digits, leading spaces, case variants and

@@ -180,9 +180,10 @@ assert torch.allclose(torch.softmax(z + 100.0, dim=0), p_soft)   # shift invaria
 # %% [markdown]
 # **Overflow.** $e^{1000}$ is far beyond the largest float32 (about $3.4\times10^{38}$), so the
 # textbook formula gives `inf / inf = nan` for `[1000, 1001]`, although the answer is perfectly
-# ordinary. Shift invariance is the cure: subtract the row maximum first. The largest exponent is then
-# $e^0 = 1$, nothing overflows, and the result is unchanged. Entries equal to $-\infty$ become
-# $e^{-\infty} = 0$, which is exactly what masking will need.
+# ordinary. Shift invariance is the cure: $\operatorname{softmax}(z) = \operatorname{softmax}(z - c)$ for any
+# constant $c$ (the cell above checked $c = -100$), so a well-chosen shift keeps every exponent small without
+# changing the result. Which shift, taken along which axis, is yours to decide in exercise 1. Entries equal to
+# $-\infty$ become $e^{-\infty} = 0$, which is exactly what masking will need.
 #
 # Below, `softmax_stable` is the library's version (you write your own in the exercises). The tests it
 # must pass: no `nan` for huge inputs, the same values as `torch.softmax`, weight 0 for $-\infty$, and
@@ -848,9 +849,10 @@ viz.show_dropout_on_weights()
 # is also left out of the `state_dict`, because it can always be rebuilt. A plain tensor attribute would
 # stay behind on the CPU.
 #
-# **Slicing to `T`.** The buffer is built once for the longest sequence, `context_length`. A shorter
-# batch uses its top-left `T × T` corner: `mask[:T, :T]`. A batch longer than `context_length` is an
-# error, raised with a clear message.
+# **Shorter sequences.** The buffer is built once for the longest sequence, `context_length`, yet most
+# batches are shorter. How a batch of `T < context_length` tokens uses it is a decision of exercise 5; the
+# cell below shows the property it must keep (the first 4 outputs of a 6-token batch equal the outputs of
+# its 4-token prefix). A batch longer than `context_length` is an error, raised with a clear message.
 #
 # Here is the library's module (you write your own in the exercises), with the weights of section 4
 # loaded.
@@ -886,7 +888,7 @@ class WithPlainAttribute(nn.Module):
 
 assert "mask" not in dict(WithPlainAttribute().named_buffers())   # so .to(device) would not move it
 
-# shorter sequences use the top-left corner of the buffer; longer ones are refused
+# shorter sequences work; longer ones are refused
 with torch.no_grad():
     out4 = ca(batch[:, :4])
 assert torch.allclose(out4, out[:, :4], atol=1e-6)   # causal: the first 4 outputs do not depend on tokens 4, 5
@@ -999,7 +1001,7 @@ assert self_check_causal_weights()
 #
 # * Attention replaces a fixed-size summary with a weighted average over all positions; the weights come
 #   from a softmax over query–key dot products, and the output mixes **value** vectors.
-# * Compute softmax stably by subtracting the row maximum; fill blocked scores with $-\infty$.
+# * Compute softmax stably through its shift invariance; fill blocked scores with $-\infty$.
 # * Divide the scores by $\sqrt{d_k}$, the key width of *this* attention: dot products of width-$d_k$ vectors
 #   have variance $d_k$, and large scores saturate the softmax and kill its gradients.
 # * Initialisation matters: `torch.rand` weights saturate attention at realistic widths; `nn.Linear`'s
