@@ -748,24 +748,24 @@ assert torch.allclose(ctx_e, weights @ v, atol=1e-6)
 # %% [markdown]
 # ### Spot the bug: the right shape, the wrong numbers
 #
-# A popular write-up computes the context with `"bhqk,bhvd->bhqd"`. The output shape is correct, so
-# nothing crashes. But `k` and `v` are now *different* letters, so einsum sums over each separately:
-# every query receives `(Σ_k w_qk) · (Σ_v V_v)`, its row sum (1 after a softmax) times the sum of **all**
-# value vectors. Every query gets the same vector.
+# A popular write-up computes the context with the einsum below. The output has the right shape, so
+# nothing crashes. The cell compares it with `weights @ v` and prints what every query received; find
+# why.
 
 # %%
 ctx_bug = torch.einsum("bhqk,bhvd->bhqd", weights, v)
 print("shape", tuple(ctx_bug.shape), "matches weights @ v?", torch.allclose(ctx_bug, weights @ v, atol=1e-5))
 all_values = v.sum(dim=-2, keepdim=True)                         # (B, H, 1, d_v)
-print("every query got row_sum × Σ V?",
+print("every query got (its row sum) × (the sum of all value vectors)?",
       torch.allclose(ctx_bug, weights.sum(-1, keepdim=True) * all_values, atol=1e-5))
+print("queries 0 and 1 got the same vector?", torch.allclose(ctx_bug[..., 0, :], ctx_bug[..., 1, :], atol=1e-6))
 
 # %% [markdown]
 # **Your turn:** fix the equation string in `context_fixed` (the self-check compares with `weights @ v`).
 
 # %%
 def context_fixed(weights, v):
-    # TODO: the axis summed over must carry the same letter in the weights and in the values
+    # TODO: every query must get its own weighted mix of the values
     return torch.einsum("bhqk,bhvd->bhqd", weights, v)
 
 
@@ -779,8 +779,10 @@ def self_check_context(fn):
 self_check_context(context_fixed)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix: give the key axis of `weights` and the key axis of `v` the same letter (the course's
-# finished version is llmcourse.nn.attention_output_einsum; writing it is exercise 3).
+# Reference fix: in "bhqk,bhvd->bhqd" the key axis of the weights (k) and of the values (v) carry different
+# letters, so einsum sums over each separately: every query gets (sum of its weights) x (sum of all value
+# vectors). Give both key axes the same letter (the course's finished version is
+# llmcourse.nn.attention_output_einsum; writing it is exercise 3).
 assert self_check_context(llmcourse.nn.attention_output_einsum)
 
 # %% [markdown]

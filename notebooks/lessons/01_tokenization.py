@@ -533,8 +533,9 @@ show_tokenizer_comparison(first_sentence, word=WordTokenizer.from_text(verdict),
 # `split()`. GPT-2's design removes both, and we can rebuild it with the pieces we have.
 #
 # **Pre-tokenization.** GPT-2 first cuts text with a regular expression into runs of letters, runs of
-# digits, runs of other symbols and runs of whitespace, each allowed to carry **one leading space**, plus
-# the English contractions (`'s`, `'t`, `'re`, …). Merges never cross those boundaries (the job `</w>` does
+# digits and runs of other symbols, each allowed to carry **one leading space**, runs of whitespace (which
+# take no extra space: before a word, a run of spaces leaves its last space to that word), plus the English
+# contractions (`'s`, `'t`, `'re`, …). Merges never cross those boundaries (the job `</w>` does
 # in our BPE), and because the space sits *in front of* a word, nothing is lost: joining the pieces gives
 # the text back. The pattern below is GPT-2's (it needs the `regex` package for `\p{L}`, "any letter",
 # and `\p{N}`, "any digit"). If it is the same split tiktoken uses, encoding the pieces one by one gives
@@ -546,6 +547,9 @@ pieces = GPT2_SPLIT.findall(verdict)
 print(f"{len(pieces):,} pieces; the first 12: {pieces[:12]}")
 print(GPT2_SPLIT.findall("It's 2024, and   she said: héllo!\n"))
 assert "".join(pieces) == verdict, "nothing is lost"
+spaced = GPT2_SPLIT.findall("a   b")
+print("'a   b' (three spaces) ->", spaced)
+assert spaced == ["a", "  ", " b"]   # the whitespace run keeps two spaces, the word takes the third
 assert [t for piece in pieces for t in enc.encode(piece)] == enc.encode(verdict), "the same split as tiktoken's"
 
 # %% [markdown]
@@ -745,14 +749,12 @@ assert all(torch.equal(ds1[i][0][1:], ds1[i][1][:-1]) for i in range(len(ds1))) 
 show_sliding_window([enc.decode([i]) for i in ids[:40]])
 
 # %% [markdown]
-# ### Spot the bug: a validation split that overlaps the training text
+# ### Spot the bug: a validation split
 #
-# To see overfitting, part of the text is held out for validation. A tempting way: make all windows,
-# shuffle them, keep 10 % for validation. With stride 1, neighbouring windows share all but one of their
-# tokens, so nearly every token a validation window reads also sits in some training window: the
-# "held-out" loss is measured on text the model trained on. To see it, run the split on token
-# **positions** (`torch.arange(n)` in place of the ids), so that every window says which positions of
-# the text it reads:
+# To see overfitting, part of the text is held out for validation: the model must never train on it. A
+# tempting way is below: make all windows, shuffle them, keep 10 % for validation. Run it on token
+# **positions** (`torch.arange(n)` in place of the ids), so that every window says which positions of the
+# text it reads, and look at what the two sides share:
 
 # %%
 def split_windows_shuffled(token_ids, L, stride, val_fraction=0.1, seed=0):
@@ -805,7 +807,9 @@ def self_check_split(split):
 self_check_split(split_windows)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (folded): cut the token stream once, then make the windows on each side of the cut.
+# Reference fix (folded): with stride 1, neighbouring windows share all but one of their tokens, so after a
+# shuffle nearly every position a validation window reads is also read by some training window. Cut the token
+# stream once, then make the windows on each side of the cut.
 def split_windows_reference(token_ids, L, stride, val_fraction=0.1):
     cut = int(len(token_ids) * (1 - val_fraction))
     return GPTWindowDataset(token_ids[:cut], L, stride), GPTWindowDataset(token_ids[cut:], L, stride)

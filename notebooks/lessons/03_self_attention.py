@@ -933,18 +933,17 @@ print(f"largest |mean of 400 train passes - eval output| = {worst:.2f} standard 
 assert worst < 4, "inverted dropout should be unbiased"
 
 # %% [markdown]
-# ### Spot the bug 3: `softmax(..., dim=1)` in a batched module
+# ### Spot the bug 3: a last row far too large
 #
-# In a single-sequence version, `softmax(scores, dim=1)` and `dim=-1` are the same thing, because scores
-# are `(T, T)`. A batched version that keeps `dim=1` normalises over the **queries** of `(B, T, T)` scores:
-# the *columns* sum to 1 instead of the rows. The output of one widely read notebook was produced this
-# way; its last row looks far too large. Here is its weight computation, run on the projections of the
-# module above; inspect the sums:
+# One widely read notebook batches its causal attention, and the last row of its output looks far too
+# large. Here is its weight computation, run on the projections of the module above. The cell prints the
+# sums of the weights along each axis and the last output row next to the library module's: find the line
+# that breaks the property.
 
 # %%
 def causal_weights_dim1(scores, mask):
     """(B, T, T) scaled scores and a (T, T) bool mask -> attention weights, as the buggy notebook does it."""
-    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)   # <- the bug
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)
 
 
 with torch.no_grad():
@@ -965,16 +964,13 @@ def rows_are_distributions(weights):
 print("rows are distributions?", rows_are_distributions(w_buggy))
 
 # %% [markdown]
-# The last key (column 5) is allowed for only one query, so after a column-wise softmax that single entry
-# is 1 and token 5's whole value vector is added to the last output: the "far too large" last row.
-#
 # **Your fix.** Rewrite `causal_weights(scores, mask)` (same inputs as above, any number of leading batch
 # dimensions) so that every query's weights form a distribution over the keys it may see. The
 # self-check also compares the resulting output with the library module's.
 
 # %%
 def causal_weights(scores, mask):
-    # TODO: normalise over the keys, whatever the number of batch dimensions
+    # TODO: every query's weights must form a distribution over the keys it may see
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)
 
 
@@ -989,7 +985,9 @@ def self_check_causal_weights():
 fixed_3 = self_check_causal_weights()
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (collapsed): one character, dim=-1. Running it replaces your version of causal_weights.
+# Reference fix (collapsed): dim=1 of (B, T, T) scores is the query axis, so the columns were normalised:
+# the last key, allowed for only one query, got weight 1 there, and token 5's whole value vector was added
+# to the last output. Normalise over the keys, dim=-1. Running it replaces your version of causal_weights.
 def causal_weights(scores, mask):
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
 
