@@ -22,6 +22,7 @@ from ..core import CheckFailure, LearnerError, check, forbid, unwrap
 from ..plain import Opaque
 from ..runner import also_blocked
 from ..strength import decision, defining_property
+from ._gradients import check_gradients, input_gradients
 
 U = "00"
 T = torch.tensor
@@ -114,6 +115,12 @@ def check_split_merge_heads(t):
                  f"merge_heads(split_heads(x, {h})) must give back x exactly for {what}; got "
                  + (f"shape {_shape(back)}" if not _is_tensor(back, x.shape) else
                     f"max abs difference {(back - x).abs().max().item():.3g}"))
+
+    # gradients flow through both
+    check_gradients(t, input_gradients("split_heads", (_rand(2, 6, 12, seed=8), 3), (0,)),
+                    "split_heads(x of shape (2, 6, 12), 3)")
+    check_gradients(t, input_gradients("merge_heads", (_rand(2, 3, 6, 4, seed=9),), (0,)),
+                    "merge_heads(x of shape (2, 3, 6, 4))")
 
     # D % n_heads != 0 -> ValueError
     got = t.raised(lambda impl: impl.split_heads(_rand(2, 6, 15), 4))
@@ -259,6 +266,10 @@ def check_einsum_attention(t):
                   atol=1e-6, rtol=1e-5)
         t.compare(output(raw, v), raw @ v, f"attention_output_einsum with unnormalised weights {tuple(raw.shape)} "
                   "vs weights @ v", atol=1e-5, rtol=1e-5)
+    check_gradients(t, input_gradients("attention_scores_einsum", (q0, k0), (0, 1), guard=_no_matmul),
+                    "attention_scores_einsum(q, k)")
+    check_gradients(t, input_gradients("attention_output_einsum", (w0, v0), (0, 1), guard=_no_matmul),
+                    "attention_output_einsum(weights, v)")
 
 
 # ================================================================== 00.label_smoothed_cross_entropy
@@ -307,6 +318,10 @@ def check_label_smoothed_cross_entropy(t):
     y3b = torch.randint(0, 6, (2, 5), generator=g)
     t.compare(call(z3, y3b), _oracle_ce(z3, y3b, 0.0), "(2, 5, 6) logits, eps=0 (plain cross-entropy), vs "
               "F.cross_entropy", atol=1e-5, rtol=1e-5)
+
+    # the loss trains the logits: its gradient reaches them (ignored positions get none)
+    check_gradients(t, input_gradients("label_smoothed_cross_entropy", (z3, y3, 0.1, 0), (0,), guard=_no_builtin_ce),
+                    "label_smoothed_cross_entropy((2, 5, 6) logits, eps=0.1, ignore_index=0)")
 
     # P: huge logits stay finite
     zh = torch.randn(4, 5, generator=g) * 1e4

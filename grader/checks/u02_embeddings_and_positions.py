@@ -198,7 +198,10 @@ def check_input_embeddings(t):
     def grad_rows(impl):
         mm = _loaded("InputEmbeddings", state, 5, 3)(impl)
         unwrap(mm).train()
-        mm(ids_g).sum().backward()
+        out = mm(ids_g)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None  # detached from the table: nothing trains it
+        out.sum().backward()
         return unwrap(mm).embedding.weight.grad
 
     counts = torch.bincount(ids_g.flatten(), minlength=5).float()
@@ -318,6 +321,20 @@ def check_positional_encoding(t):
               "return x + pe[:, :7]", atol=1e-5)
     x10 = _rand(3, max_len, d, seed=4)
     t.compare(eval_out(max_len), x10 + ref_pe, f"eval mode with T = max_len = {max_len}", atol=1e-5)
+
+    # the module sits inside a model: the gradient of the output reaches x unchanged (eval mode: d(x + pe)/dx = 1)
+    def x_gradient(impl):
+        mm = impl.PositionalEncoding(d, max_len, dropout=0.1)
+        unwrap(mm).eval()
+        xg = x.clone().requires_grad_(True)
+        out = mm(xg)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None
+        out.sum().backward()
+        return xg.grad
+
+    t.compare(x_gradient, torch.ones_like(x), "in eval mode, the gradient of PositionalEncoding(x).sum() with respect "
+              "to x (no gradient means the output was detached from x)", atol=1e-6)
 
     # train mode, p = 0.5: dropout acts on the sum
     def train_out(inp, seed, p=0.5):
@@ -461,6 +478,25 @@ def check_gpt_embedding(t):
     t.expect(0.35 < frac < 0.65, f"with dropout=0.5 in train mode about half of the entries must be zeroed; got {frac:.2f}")
     t.compare(forward(idx, pos_state, train=True), clean,
               "with the default dropout (0.0) train mode must give tok_emb(idx) + pos_emb(positions)", atol=1e-5)
+
+    # both tables train: for loss = out.sum(), tok_emb.weight.grad[r] = count(r) and pos_emb.weight.grad[t] = B
+    idx_g = _ids(V, 3, 5, seed=10)
+
+    def table_grads(impl):
+        mm = _loaded("GPTEmbedding", st, V, C, D)(impl)
+        unwrap(mm).train()
+        out = mm(idx_g)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None
+        out.sum().backward()
+        mod = unwrap(mm)
+        return mod.tok_emb.weight.grad, mod.pos_emb.weight.grad
+
+    counts = torch.bincount(idx_g.flatten(), minlength=V).float()[:, None].expand(V, D)
+    per_position = torch.cat([torch.full((5, D), 3.0), torch.zeros(C - 5, D)])
+    t.compare(table_grads, (counts, per_position), "gradients of GPTEmbedding(idx (3, 5)).sum(): tok_emb.weight.grad[r] "
+              "= count of id r, pos_emb.weight.grad[t] = 3 for t < 5 (no gradient means the output was detached)",
+              atol=1e-5)
 
     # the positions are made where idx lives: module and idx moved to the 'meta' device (it exists on every
     # machine); a forward pre-hook on pos_emb records the device of the position ids it receives

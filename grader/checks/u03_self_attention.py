@@ -18,6 +18,7 @@ from ..core import check, forbid, module_facts, unwrap
 from ..dropout import weight_dropout_problem
 from ..runner import also_blocked
 from ..strength import decision, defining_property
+from ._gradients import check_gradients, input_gradients
 
 U = "03"
 # train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
@@ -115,6 +116,8 @@ def check_softmax_stable(t):
         x = _rand(*shape, seed=sum(shape) + dim)
         t.compare(call(x, dim), torch.softmax(x, dim=dim), f"softmax_stable(x of shape {shape}, dim={dim}) vs torch.softmax",
                   atol=1e-6, rtol=1e-5)
+    check_gradients(t, input_gradients("softmax_stable", (_rand(3, 5, seed=4), 0), (0,), guard=_no_builtin_softmax),
+                    "softmax_stable(x of shape (3, 5), dim=0)")
     x = _rand(4, 5, seed=3)
     x[:, 2:] = float("-inf")
     out = t.compare(call(x), torch.softmax(x, dim=-1), "rows with -inf entries", atol=1e-6)
@@ -150,6 +153,7 @@ def check_simple_attention(t):
               pick=lambda o: o[1])
     t.compare(lambda impl: impl.simple_attention(xb), ref_c, "context for a batched (2, 5, 4) input", atol=1e-6,
               pick=lambda o: o[0])
+    check_gradients(t, input_gradients("simple_attention", (xb,), (0,)), "simple_attention(x of shape (2, 5, 4))")
 
 
 def simple_ref(x):
@@ -245,6 +249,12 @@ def check_sdpa(t):
              f"with scores near −1.8e9 for every key a query may see (q and k of size 3e4) and a causal mask, blocked "
              f"keys received weight up to {leaked:.3g}: a blocked key must get weight exactly 0 whatever the scores",
              bug="B03.mask_fill_finite")
+
+    # gradients reach q, k and v (through the context and the weights)
+    qg, kg, vg = _sdpa_case((2, 4, 8), (2, 6, 8), 5, seed=61)
+    mg = torch.ones(4, 6, dtype=torch.bool).tril(2)
+    check_gradients(t, input_gradients("scaled_dot_product_attention", (qg, kg, vg, mg), (0, 1, 2)),
+                    "scaled_dot_product_attention(q, k, v, a causal mask)")
 
     # future perturbation: keys/values after position t never change context rows <= t
     q, k, v = _sdpa_case((1, 7, 4), (1, 7, 4), 4, seed=31)
