@@ -344,7 +344,7 @@ def _noam(step, d_model, warmup):
     return d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
 
 
-def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None):
+def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None, resumed=False):
     """A probe: SGD with two param groups (lr0 and 0.5), the learner's scheduler, n_steps updates.
 
     Returns the lr of each group before each optimizer step (the lr that step uses), or only the steps
@@ -354,6 +354,8 @@ def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None):
     def probe(impl):
         p1, p2 = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(3))
         opt = torch.optim.SGD([{"params": [p1]}, {"params": [p2], "lr": 0.5}], lr=lr0)
+        if resumed:  # an optimizer that an earlier scheduler already drove: its groups carry "initial_lr"
+            torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
         sched = impl.make_noam_scheduler(opt, d_model, warmup, factor=factor)
         if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
             raise CheckFailure(f"make_noam_scheduler must return a torch.optim.lr_scheduler.LambdaLR; got "
@@ -439,6 +441,9 @@ def check_noam_schedule(t):
     _compare_rel(t, _drive(64, 3, 2.0, 7), expected,
                  "lr of the two param groups before optimizer steps 1…7 with d_model=64, warmup=3, factor=2.0 "
                  "(expected 2·λ(1) … 2·λ(7))", index_label=_step_group)
+    _compare_rel(t, _drive(64, 3, 2.0, 4, resumed=True), expected[:4],
+                 "the same with an optimizer that an earlier LambdaLR already drove (its groups carry 'initial_lr', "
+                 "the base lr a new LambdaLR starts from)", index_label=_step_group)
     # the peak through the real scheduler (F00.3)
     got = t.run(_drive(512, 4000, 1.0, 4000, record={4000}))
     t.expect(bool(torch.allclose(got, torch.full_like(got, F003[4000]), rtol=1e-5, atol=0)),

@@ -734,6 +734,11 @@ def check_gpt_window_dataset(t):
     loader, full = t.run(lambda impl: batches(impl, shuffle=False))
     t.expect(len(full) == 1286 // 8, f"with drop_last=True, 1,286 windows in batches of 8 give {1286 // 8} batches; "
              f"got {len(full)}")
+    _, odd = t.run(lambda impl: batches(impl, shuffle=False, n=1, bs=4, L=6, stride=3))
+    t.expect(tuple(odd[0][0].shape) == (4, 6) and odd[0][0][1].tolist() == ids[3:9],
+             "create_dataloader(the-verdict, batch_size=4, context_length=6, stride=3, shuffle=False): the first batch "
+             f"must be (4, 6) with row 1 = ids[3:9]; got shape {tuple(odd[0][0].shape)}, row 1 "
+             f"{odd[0][0][1].tolist() if odd[0][0].shape[0] > 1 else None}")
     _, full = t.run(lambda impl: batches(impl, shuffle=False, drop_last=False))
     t.expect(len(full) == 1286 // 8 + 1 and full[-1][0].shape[0] == 1286 % 8,
              f"with drop_last=False the last batch holds the {1286 % 8} remaining windows; got {len(full)} batches, "
