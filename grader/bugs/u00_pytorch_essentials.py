@@ -159,10 +159,12 @@ def _scheduler_off_by_one(optimizer, d_model, warmup, factor=1.0):
 
 
 bug_group("B00.noam_base_lr", f"{U}.noam_schedule",
-          "`LambdaLR` multiplies the base lr; set it to `factor` (1.0 for true Noam).",
+          "Build the optimizer with lr=1e-4, attach your scheduler and print the lr of the first steps: what "
+          "does LambdaLR multiply your lambda by?",
           {"noam_lambda": _noam_lambda, "make_noam_scheduler": _scheduler_keeps_base_lr}, detect="detector")
 bug_group("B00.noam_off_by_one", f"{U}.noam_schedule",
-          "The n-th update must use step n; LambdaLR's counter starts at 0.",
+          "Record the values your lambda is called with and the lr of optimizer steps 1 and 2: which λ(n) does "
+          "each step use?",
           {"noam_lambda": _noam_lambda, "make_noam_scheduler": _scheduler_off_by_one})
 
 # ---------------------------------------------------------------- ResidualStack

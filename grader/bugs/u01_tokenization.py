@@ -223,6 +223,8 @@ def _register_windows(bug_id, hint, cls, detect="mutant"):
 
 _register_windows("B01.target_not_shifted", "The target is the input shifted left by one token.", WindowsNotShifted,
                   "detector")
-_register_windows("B01.window_range_plus_one", "The target needs L+1 tokens from the start.", WindowsPlusOne)
-_register_windows("B01.window_range_short", "Count the last complete window too.", WindowsShort)
+_register_windows("B01.window_range_plus_one", "Look at the last item of your dataset: is its target y as long as "
+                  "x?", WindowsPlusOne)
+_register_windows("B01.window_range_short", "Count by hand the complete windows of 6 ids with L = 4 and stride 1, "
+                  "and compare with len(dataset).", WindowsShort)
 _register_windows("B01.stride_ignored", "Advance the start by `stride`.", WindowsStrideIgnored)

@@ -25,7 +25,8 @@ def _naive_softmax(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
-bug_group("B03.naive_softmax", f"{U}.softmax_stable", "Subtract the row maximum first.",
+bug_group("B03.naive_softmax", f"{U}.softmax_stable",
+          "Run it on [1000., 1001.]: which step overflows, and which shift of the inputs leaves a softmax unchanged?",
           {"softmax_stable": _naive_softmax}, detect="detector")
 
 # ---------------------------------------------------------------- simple_attention
@@ -237,7 +238,9 @@ _register_causal("B03.mask_after_softmax", "mask_after_softmax",
                  "Mask before the softmax, or renormalise each row after zeroing.", "detector")
 _register_causal("B03.mask_inverted", "mask_inverted", "Course masks are True where attention is allowed.", "detector")
 _register_causal("B03.mask_no_diagonal", "mask_no_diagonal", "A token must be able to attend to itself.", "detector")
-_register_causal("B03.mask_not_sliced", "mask_not_sliced", "Slice the buffer to `[:T, :T]`.")
+_register_causal("B03.mask_not_sliced", "mask_not_sliced",
+                 "Call the module on a batch shorter than context_length and compare the shapes of the scores and of "
+                 "the mask.")
 _register_causal("B03.softmax_dim", "softmax_dim", "Normalise over the keys: `dim=-1`.", "detector")
 _register_causal("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
 _register_causal("B03.dropout_in_eval", "dropout_in_eval",

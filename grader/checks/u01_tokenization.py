@@ -601,7 +601,7 @@ def check_gpt_window_dataset(t):
         return lambda impl: _len(impl.GPTWindowDataset(list(data), L, stride))
 
     _compare(t, lengths(4, 1), 5141, "len(GPTWindowDataset(the-verdict's 5,145 ids, context_length=4, stride=1)) "
-             "(starts range(0, len − L, stride))")
+             "(every complete window and no more)")
     item0 = _run(t, lambda impl: _item(impl.GPTWindowDataset(ids, 4, 1), 0))
     t.expect(not isinstance(item0, Raised), f"dataset[0] failed: {item0}")
     x, y = item0
