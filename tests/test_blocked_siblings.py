@@ -48,11 +48,13 @@ SIBLINGS: dict[str, str] = {
         "    return list(bpe_trace(word_counts, num_merges, end_of_word)[-1].merges)\n"),
     "01.load_gpt2_encoding/gpt2_encoding": (
         "import tiktoken\n"
+        "import tiktoken.load\n"
         "import llmcourse\n"
         "\n"
         "def load_gpt2_encoding(path=None):\n"
         "    e = llmcourse.gpt2_encoding()\n"
-        "    return tiktoken.Encoding(name='gpt2', pat_str=e._pat_str, mergeable_ranks=e._mergeable_ranks,\n"
+        "    ranks = e._mergeable_ranks if path is None else tiktoken.load.load_tiktoken_bpe(str(path))\n"
+        "    return tiktoken.Encoding(name='gpt2', pat_str=e._pat_str, mergeable_ranks=ranks,\n"
         "                             special_tokens=e._special_tokens, explicit_n_vocab=50257)\n"),
     "02.sinusoidal_pe/viz": (
         "from llmcourse.viz.positions import sinusoidal_pe_float64\n"

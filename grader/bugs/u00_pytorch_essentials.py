@@ -159,10 +159,12 @@ def _scheduler_off_by_one(optimizer, d_model, warmup, factor=1.0):
 
 
 bug_group("B00.noam_base_lr", f"{U}.noam_schedule",
-          "`LambdaLR` multiplies the base lr; set it to `factor` (1.0 for true Noam).",
+          "Build the optimizer with lr=1e-4, attach your scheduler and print the lr of the first steps: what "
+          "does LambdaLR multiply your lambda by?",
           {"noam_lambda": _noam_lambda, "make_noam_scheduler": _scheduler_keeps_base_lr}, detect="detector")
 bug_group("B00.noam_off_by_one", f"{U}.noam_schedule",
-          "The n-th update must use step n; LambdaLR's counter starts at 0.",
+          "Record the values your lambda is called with and the lr of optimizer steps 1 and 2: which λ(n) does "
+          "each step use?",
           {"noam_lambda": _noam_lambda, "make_noam_scheduler": _scheduler_off_by_one})
 
 # ---------------------------------------------------------------- ResidualStack
@@ -194,4 +196,34 @@ class ResidualStackFunctionalDropout(nn.Module):
     def forward(self, x):
         for layer in self.layers:
             x = x + F.dropout(layer(x), self.p)   # training=True by default, also after .eval()
+        return x
+
+
+@bug("B00.dropout_branch_input", f"{U}.ResidualStack",
+     "Look at what dropout must act on: with a constant branch, does out − x ever lose an entry?",
+     detect="detector", name="ResidualStack")
+class ResidualStackDropoutOnInput(nn.Module):
+    def __init__(self, d_model, n_layers, dropout=0.0):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(n_layers)])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(self.dropout(x))   # dropout on what the branch reads, not on what it adds
+        return x
+
+
+@bug("B00.dropout_on_sum", f"{U}.ResidualStack",
+     "In train mode, out − x should be 0 or the branch scaled by 1/(1−p): compare the values you get.",
+     detect="detector", name="ResidualStack")
+class ResidualStackDropoutOnSum(nn.Module):
+    def __init__(self, d_model, n_layers, dropout=0.0):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(n_layers)])
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.dropout(x + layer(x))   # the residual path is dropped too
         return x

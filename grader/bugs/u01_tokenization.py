@@ -125,6 +125,23 @@ _register_encode("B01.encode_in_scan_order", "Always apply the pair with the low
                  lambda w, m, e: _encode(w, m, e, scan_order=True))
 _register_encode("B01.no_end_of_word", H_NO_EOW, lambda w, m, e: _encode(w, m, e, marker=False))
 
+
+def _encode_one_pass(word, merges, end_of_word=EOW):
+    """Each merge applied once, in list order: a pair created by a later merge is never looked at again."""
+    symbols = list(word) + [end_of_word]
+    for pair in merges:
+        symbols = _tok.merge_pair(symbols, tuple(pair))
+    return symbols
+
+
+_register_encode("B01.encode_one_pass",
+                 "Merging can create a pair whose rank is lower than merges already passed: check which pairs are "
+                 "present after each merge.", _encode_one_pass)
+
+H_MARKER = "Encode a word with end_of_word='_': does the marker you were given appear in the symbols?"
+_register_encode("B01.marker_hard_coded", H_MARKER, lambda w, m, e: _encode(w, m, EOW), detect="detector")
+_register_train("B01.marker_hard_coded", H_MARKER, lambda wc, n, e: _train(wc, n, EOW), detect="detector")
+
 # ---------------------------------------------------------------- CharTokenizer
 
 
@@ -185,12 +202,29 @@ class WindowsStrideIgnored(_win.GPTWindowDataset):
         self.starts = range(0, len(self.ids) - context_length, 1)
 
 
+def _create_dataloader_global_seed(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True,
+                                   seed=0):
+    import torch
+
+    torch.manual_seed(seed)  # the notebook's generator reseeded; the loader shuffles from it when iterated
+    ds = _win.GPTWindowDataset(token_ids, context_length, stride)
+    return torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=0)
+
+
+bug_group("B01.loader_global_seed", f"{U}.GPTWindowDataset",
+          "Build two loaders with the same seed and draw a random number in between: does the order still agree, "
+          "and is the notebook's own random sequence unchanged?",
+          {"create_dataloader": _create_dataloader_global_seed}, detect="detector")
+
+
 def _register_windows(bug_id, hint, cls, detect="mutant"):
     bug_group(bug_id, f"{U}.GPTWindowDataset", hint, {"GPTWindowDataset": cls}, detect)
 
 
 _register_windows("B01.target_not_shifted", "The target is the input shifted left by one token.", WindowsNotShifted,
                   "detector")
-_register_windows("B01.window_range_plus_one", "The target needs L+1 tokens from the start.", WindowsPlusOne)
-_register_windows("B01.window_range_short", "Count the last complete window too.", WindowsShort)
+_register_windows("B01.window_range_plus_one", "Look at the last item of your dataset: is its target y as long as "
+                  "x?", WindowsPlusOne)
+_register_windows("B01.window_range_short", "Count by hand the complete windows of 6 ids with L = 4 and stride 1, "
+                  "and compare with len(dataset).", WindowsShort)
 _register_windows("B01.stride_ignored", "Advance the start by `stride`.", WindowsStrideIgnored)

@@ -113,6 +113,8 @@ class _PositionalEncodingBase(nn.Module):
             self.pe = nn.Parameter(pe)
         elif self.variant == "pe_attribute":
             self.pe = pe
+        elif self.variant == "pe_persistent":
+            self.register_buffer("pe", pe)
         else:
             self.register_buffer("pe", pe, persistent=False)
         self.max_len = max_len
@@ -134,9 +136,12 @@ def _register_module(bug_id, hint, variant="", table="", detect="detector"):
     bug(bug_id, f"{U}.PositionalEncoding", hint, detect=detect, name="PositionalEncoding")(cls)
 
 
-_register_module("B02.pe_parameter", "The fixed encoding is a buffer, not a trainable weight.", "pe_parameter")
-_register_module("B02.pe_attribute", "`register_buffer(..., persistent=False)` makes it follow the module.",
+_register_module("B02.pe_parameter", "Count the module's parameters: an optimizer would train the fixed table, and "
+                 "every checkpoint would carry it.", "pe_parameter")
+_register_module("B02.pe_attribute", "Call module.to(torch.float64) and look at the dtype of self.pe afterwards.",
                  "pe_attribute")
+_register_module("B02.pe_persistent", "List the keys of state_dict(): the table can be recomputed from max_len and "
+                 "d_model, so a checkpoint should not carry it.", "pe_persistent")
 _register_module("B02.pe_dropout_only", "Dropout goes on the sum x + PE.", "pe_dropout_only")
 _register_module("B02.pe_not_sliced", "Slice `pe[:, :T]`.", "pe_not_sliced")
 for _v in ("sin_cos_swapped", "concat_halves", "arange_step1"):
@@ -175,3 +180,17 @@ class _GPTEmbeddingFromOne(nn.Module):
 
 
 bug("B02.positions_from_one", f"{U}.GPTEmbedding", "Positions start at 0.", name="GPTEmbedding")(_GPTEmbeddingFromOne)
+
+
+class _GPTEmbeddingPositionsOnCPU(_GPTEmbeddingFromOne):
+    def forward(self, idx):
+        t = idx.shape[1]
+        if t > self.context_length:
+            raise ValueError("sequence longer than context_length")
+        positions = torch.arange(t)  # made on the default device, wherever idx lives
+        return self.dropout(self.tok_emb(idx) + self.pos_emb(positions))
+
+
+bug("B02.positions_default_device", f"{U}.GPTEmbedding",
+    "Move the module and idx to another device (the 'meta' device exists on every machine) and look at where the "
+    "position ids are made.", detect="detector", name="GPTEmbedding")(_GPTEmbeddingPositionsOnCPU)

@@ -25,7 +25,8 @@ def _naive_softmax(x, dim=-1):
     return e / e.sum(dim=dim, keepdim=True)
 
 
-bug_group("B03.naive_softmax", f"{U}.softmax_stable", "Subtract the row maximum first.",
+bug_group("B03.naive_softmax", f"{U}.softmax_stable",
+          "Run it on [1000., 1001.]: which step overflows, and which shift of the inputs leaves a softmax unchanged?",
           {"softmax_stable": _naive_softmax}, detect="detector")
 
 # ---------------------------------------------------------------- simple_attention
@@ -48,6 +49,17 @@ bug_group("B03.softmax_dim", f"{U}.simple_attention", "Normalise over the keys: 
 bug_group("B03.transpose_T", f"{U}.simple_attention", "Use `x.transpose(-2, -1)` for batched tensors.",
           {"simple_attention": _simple_transpose_T})
 
+
+def _simple_scaled(x):
+    scores = x @ x.transpose(-2, -1) / x.shape[-1] ** 0.5
+    w = torch.softmax(scores, dim=-1)
+    return w @ x, w
+
+
+bug_group("B03.simple_scaled", f"{U}.simple_attention",
+          "This first attention has no trainable weights and no scaling: compare your weights with the softmax of "
+          "the raw dot products of the lesson's example.", {"simple_attention": _simple_scaled})
+
 # ---------------------------------------------------------------- scaled_dot_product_attention
 
 
@@ -66,6 +78,8 @@ def _sdpa(q, k, v, mask=None, dropout=None, variant=""):
             scores = scores.masked_fill(~mask, 0.0)
         elif variant == "mask_inverted":
             scores = scores.masked_fill(mask, float("-inf"))
+        elif variant == "mask_fill_finite":
+            scores = scores.masked_fill(~mask, -1e9)
         else:
             scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-2 if variant == "softmax_dim" else -1)
@@ -105,6 +119,9 @@ _register_sdpa("B03.dropout_not_on_weights", "dropout_on_output",
                "Dropout acts on the attention weights (one draw per query–key pair), not on the output or the "
                "values.", "detector")
 _register_sdpa("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
+_register_sdpa("B03.mask_fill_finite", "mask_fill_finite",
+               "Make every score a query may see lower than your fill value (scale q and k up): where does its weight "
+               "go? The lesson's float16 experiment is the other half of the evidence.", "detector")
 
 # ---------------------------------------------------------------- SelfAttention
 
@@ -123,6 +140,8 @@ class _SelfAttentionBase(nn.Module):
         scores = q @ k.transpose(-2, -1)
         if self.variant == "scale_global":
             scores = scores / D_OUT_GLOBAL ** 0.5  # noqa: F821 (a notebook global that the grader never defines)
+        elif self.variant == "scale_d_in":
+            scores = scores / x.shape[-1] ** 0.5
         elif self.variant != "no_scale":
             scores = scores / k.shape[-1] ** 0.5
         w = torch.softmax(scores, dim=-1)
@@ -138,6 +157,13 @@ class SelfAttentionScaleGlobal(_SelfAttentionBase):
 @bug("B03.no_scale", f"{U}.SelfAttention", "Divide the scores by √d_k before the softmax.", name="SelfAttention")
 class SelfAttentionNoScale(_SelfAttentionBase):
     variant = "no_scale"
+
+
+@bug("B03.scale_d_in", f"{U}.SelfAttention",
+     "With d_in ≠ d_out, which width sets the spread of q·k? Compare the spread of your scores with that of the "
+     "keys' dot products.", name="SelfAttention")
+class SelfAttentionScaleDIn(_SelfAttentionBase):
+    variant = "scale_d_in"
 
 
 @bug("B03.weights_times_x", f"{U}.SelfAttention", "Weights combine the **value** vectors.", name="SelfAttention")
@@ -161,6 +187,8 @@ class _CausalBase(nn.Module):
         ones = torch.ones(context_length, context_length, dtype=torch.bool)
         if self.variant == "mask_no_diagonal":
             mask = ones.tril(-1)
+        elif self.variant == "mask_buffer_blocked":
+            mask = ones.triu(1)  # True = blocked: the buffer's meaning flipped, forward flips it back
         else:
             mask = ones.tril()
         self.register_buffer("mask", mask, persistent=False)
@@ -176,6 +204,8 @@ class _CausalBase(nn.Module):
         if self.variant != "no_scale":
             scores = scores / k.shape[-1] ** 0.5
         mask = self.mask if self.variant == "mask_not_sliced" else self.mask[:t, :t]
+        if self.variant == "mask_buffer_blocked":
+            mask = ~mask
         if self.variant == "dropout_on_scores":
             scores = self.dropout(scores)
         if self.variant == "mask_zero_fill":
@@ -187,13 +217,13 @@ class _CausalBase(nn.Module):
         w = torch.softmax(scores, dim=1 if self.variant == "softmax_dim" else -1)
         if self.variant == "mask_after_softmax":
             w = w.masked_fill(~mask, 0.0)
-        self.last_weights = w.detach()
         if self.variant == "dropout_in_eval":
             used = nn.functional.dropout(w, self.dropout.p, training=True)
         elif self.variant in {"dropout_on_scores", "dropout_missing", "dropout_on_output"}:
             used = w
         else:
             used = self.dropout(w)
+        self.last_weights = (used if self.variant == "last_weights_after_dropout" else w).detach()
         out = used @ (x if self.variant == "weights_times_x" else v)
         return self.dropout(out) if self.variant == "dropout_on_output" else out
 
@@ -208,7 +238,9 @@ _register_causal("B03.mask_after_softmax", "mask_after_softmax",
                  "Mask before the softmax, or renormalise each row after zeroing.", "detector")
 _register_causal("B03.mask_inverted", "mask_inverted", "Course masks are True where attention is allowed.", "detector")
 _register_causal("B03.mask_no_diagonal", "mask_no_diagonal", "A token must be able to attend to itself.", "detector")
-_register_causal("B03.mask_not_sliced", "mask_not_sliced", "Slice the buffer to `[:T, :T]`.")
+_register_causal("B03.mask_not_sliced", "mask_not_sliced",
+                 "Call the module on a batch shorter than context_length and compare the shapes of the scores and of "
+                 "the mask.")
 _register_causal("B03.softmax_dim", "softmax_dim", "Normalise over the keys: `dim=-1`.", "detector")
 _register_causal("B03.dropout_on_scores", "dropout_on_scores", "Dropout acts on the attention weights, after the softmax.")
 _register_causal("B03.dropout_in_eval", "dropout_in_eval",
@@ -222,3 +254,8 @@ _register_causal("B03.dropout_not_on_weights", "dropout_on_output",
 _register_causal("B03.weights_times_x", "weights_times_x", "Weights combine the **value** vectors.")
 _register_causal("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
 _register_causal("B03.no_scale", "no_scale", "Divide the scores by √d_k before the softmax.")
+_register_causal("B03.last_weights_after_dropout", "last_weights_after_dropout",
+                 "Call the module in train() mode with dropout > 0 and add up each row of last_weights.", "detector")
+_register_causal("B03.mask_buffer_blocked", "mask_buffer_blocked",
+                 "Print the mask buffer of a small module: which entries are True, and what does the course's "
+                 "convention say True means?", "detector")

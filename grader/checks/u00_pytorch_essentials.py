@@ -21,6 +21,8 @@ from torch import nn
 from ..core import CheckFailure, LearnerError, check, forbid, unwrap
 from ..plain import Opaque
 from ..runner import also_blocked
+from ..strength import decision, defining_property
+from ._gradients import check_gradients, input_gradients
 
 U = "00"
 T = torch.tensor
@@ -114,6 +116,12 @@ def check_split_merge_heads(t):
                  + (f"shape {_shape(back)}" if not _is_tensor(back, x.shape) else
                     f"max abs difference {(back - x).abs().max().item():.3g}"))
 
+    # gradients flow through both
+    check_gradients(t, input_gradients("split_heads", (_rand(2, 6, 12, seed=8), 3), (0,)),
+                    "split_heads(x of shape (2, 6, 12), 3)")
+    check_gradients(t, input_gradients("merge_heads", (_rand(2, 3, 6, 4, seed=9),), (0,)),
+                    "merge_heads(x of shape (2, 3, 6, 4))")
+
     # D % n_heads != 0 -> ValueError
     got = t.raised(lambda impl: impl.split_heads(_rand(2, 6, 15), 4))
     t.expect(got == "ValueError", "split_heads(x of shape (2, 6, 15), n_heads=4) must raise ValueError "
@@ -183,6 +191,38 @@ def _no_matmul():
                   (torch.Tensor, "bmm"), reason="write these products with torch.einsum.")
 
 
+def _einsum_calls(name, args):
+    """A probe: how many times the learner's ``name(*args)`` reaches torch's einsum kernel.
+
+    ``torch.einsum`` (also when imported as ``from torch import einsum``) ends in ``torch._VF.einsum``,
+    which is counted for the duration of the call."""
+
+    def probe(impl):
+        import importlib
+
+        vf = importlib.import_module("torch._VF")  # by name: cloudpickle cannot send the module object
+        had = "einsum" in vars(vf)
+        original = vf.einsum
+        calls = [0]
+
+        def counted(*a, **kw):
+            calls[0] += 1
+            return original(*a, **kw)
+
+        vf.einsum = counted
+        try:
+            with _no_matmul():
+                getattr(impl, name)(*args)
+        finally:
+            if had:
+                vf.einsum = original
+            else:
+                del vf.einsum
+        return calls[0]
+
+    return probe
+
+
 @check(f"{U}.einsum_attention", ["attention_scores_einsum", "attention_output_einsum"], _ref)
 def check_einsum_attention(t):
     def scores(q, k):
@@ -196,6 +236,16 @@ def check_einsum_attention(t):
             with _no_matmul():
                 return impl.attention_output_einsum(w, v)
         return probe
+
+    # the defining property: both products go through torch.einsum (counted where the learner's code runs; a
+    # count can only make the check fail, the values are compared below)
+    g = torch.Generator().manual_seed(99)
+    q0, k0, v0 = torch.randn(1, 2, 3, 4, generator=g), torch.randn(1, 2, 5, 4, generator=g), torch.randn(1, 2, 5, 6, generator=g)
+    w0 = torch.randn(1, 2, 3, 5, generator=g).softmax(-1)
+    for name, args in (("attention_scores_einsum", (q0, k0)), ("attention_output_einsum", (w0, v0))):
+        calls = t.run(_einsum_calls(name, args))
+        t.expect(calls > 0, f"{name} computed its result without calling torch.einsum (0 calls counted): the "
+                 "exercise is to write the product as an einsum equation")
 
     cases = [((2, 3, 5, 8), 7, 4), ((1, 4, 1, 16), 9, 6), ((3, 2, 6, 4), 6, 5)]
     for i, ((b, h, tq, d), tk, dv) in enumerate(cases):
@@ -216,6 +266,10 @@ def check_einsum_attention(t):
                   atol=1e-6, rtol=1e-5)
         t.compare(output(raw, v), raw @ v, f"attention_output_einsum with unnormalised weights {tuple(raw.shape)} "
                   "vs weights @ v", atol=1e-5, rtol=1e-5)
+    check_gradients(t, input_gradients("attention_scores_einsum", (q0, k0), (0, 1), guard=_no_matmul),
+                    "attention_scores_einsum(q, k)")
+    check_gradients(t, input_gradients("attention_output_einsum", (w0, v0), (0, 1), guard=_no_matmul),
+                    "attention_output_einsum(weights, v)")
 
 
 # ================================================================== 00.label_smoothed_cross_entropy
@@ -265,6 +319,10 @@ def check_label_smoothed_cross_entropy(t):
     t.compare(call(z3, y3b), _oracle_ce(z3, y3b, 0.0), "(2, 5, 6) logits, eps=0 (plain cross-entropy), vs "
               "F.cross_entropy", atol=1e-5, rtol=1e-5)
 
+    # the loss trains the logits: its gradient reaches them (ignored positions get none)
+    check_gradients(t, input_gradients("label_smoothed_cross_entropy", (z3, y3, 0.1, 0), (0,), guard=_no_builtin_ce),
+                    "label_smoothed_cross_entropy((2, 5, 6) logits, eps=0.1, ignore_index=0)")
+
     # P: huge logits stay finite
     zh = torch.randn(4, 5, generator=g) * 1e4
     yh = T([0, 1, 2, 3])
@@ -286,7 +344,7 @@ def _noam(step, d_model, warmup):
     return d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
 
 
-def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None):
+def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None, resumed=False):
     """A probe: SGD with two param groups (lr0 and 0.5), the learner's scheduler, n_steps updates.
 
     Returns the lr of each group before each optimizer step (the lr that step uses), or only the steps
@@ -296,6 +354,8 @@ def _drive(d_model, warmup, factor, n_steps, lr0=1e-4, record=None):
     def probe(impl):
         p1, p2 = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(3))
         opt = torch.optim.SGD([{"params": [p1]}, {"params": [p2], "lr": 0.5}], lr=lr0)
+        if resumed:  # an optimizer that an earlier scheduler already drove: its groups carry "initial_lr"
+            torch.optim.lr_scheduler.LambdaLR(opt, lambda e: 1.0)
         sched = impl.make_noam_scheduler(opt, d_model, warmup, factor=factor)
         if not isinstance(sched, torch.optim.lr_scheduler.LambdaLR):
             raise CheckFailure(f"make_noam_scheduler must return a torch.optim.lr_scheduler.LambdaLR; got "
@@ -381,6 +441,9 @@ def check_noam_schedule(t):
     _compare_rel(t, _drive(64, 3, 2.0, 7), expected,
                  "lr of the two param groups before optimizer steps 1…7 with d_model=64, warmup=3, factor=2.0 "
                  "(expected 2·λ(1) … 2·λ(7))", index_label=_step_group)
+    _compare_rel(t, _drive(64, 3, 2.0, 4, resumed=True), expected[:4],
+                 "the same with an optimizer that an earlier LambdaLR already drove (its groups carry 'initial_lr', "
+                 "the base lr a new LambdaLR starts from)", index_label=_step_group)
     # the peak through the real scheduler (F00.3)
     got = t.run(_drive(512, 4000, 1.0, 4000, record={4000}))
     t.expect(bool(torch.allclose(got, torch.full_like(got, F003[4000]), rtol=1e-5, atol=0)),
@@ -482,14 +545,53 @@ def check_residual_stack(t):
     delta = t.run(branch_dropout)
     is_0 = delta.abs() < 1e-5
     is_2 = (delta - 2).abs() < 1e-5
+    if bool(((delta - 1).abs() < 1e-5).all()):
+        # the constant branch came through untouched: dropout is missing, or acts on what the layer reads
+        # (a layer with weight 0 ignores its input). A layer with weight I and bias 0 tells the two apart.
+        def identity_branch(impl):
+            mm = impl.ResidualStack(16, 1, dropout=0.5)
+            layer = unwrap(mm).layers[0]
+            with torch.no_grad():
+                layer.weight.copy_(torch.eye(16))
+                layer.bias.zero_()
+            unwrap(mm).train()
+            torch.manual_seed(12)
+            return mm(xb) - xb
+
+        branch = t.run(identity_branch)
+        dropped = bool((branch.abs() < 1e-6).float().mean() > 0.3)
+        t.fail("in train() mode with dropout=0.5 and one layer with weight 0 and bias 1 (a branch whose output is 1 "
+               "whatever it reads), every entry of out − x is exactly 1: the branch's output is never dropped nor "
+               "scaled by 1/(1−p)" + ("; with weight I and bias 0 the branch does lose entries, so dropout acts on "
+                                      "the layer's input, not on its output" if dropped else ""),
+               bug="B00.dropout_branch_input" if dropped else None)
     t.expect(bool((is_0 | is_2).all()),
              "in train() mode with dropout=0.5, one layer with weight 0 and bias 1, every entry of out − x must be "
              "0 (branch dropped) or 2 (branch kept, scaled by 1/(1−p)); got values such as "
              f"{sorted({round(v, 3) for v in delta[~(is_0 | is_2)].flatten()[:5].tolist()})}: dropout belongs on the "
-             "branch, before the residual add, not on the sum")
+             "branch, before the residual add, not on the sum", bug="B00.dropout_on_sum")
     frac = is_0.float().mean().item()
     t.expect(0.4 < frac < 0.6, f"in train() mode with dropout=0.5 about half the branch entries must be dropped; "
              f"{frac:.1%} were")
+
+    # two layers, each branch constant 1: out − x = 2·m1 + 2·m2 with independent keep-masks m1, m2, so about
+    # half the entries are 2 (one branch kept); one draw shared by the layers gives only 0 and 4
+    def two_branches(impl):
+        mm = impl.ResidualStack(16, 2, dropout=0.5)
+        for layer in unwrap(mm).layers:
+            with torch.no_grad():
+                layer.weight.zero_()
+                layer.bias.fill_(1.0)
+        unwrap(mm).train()
+        torch.manual_seed(13)
+        return mm(xb) - xb
+
+    delta2 = t.run(two_branches)
+    share_2 = ((delta2 - 2).abs() < 1e-5).float().mean().item()
+    t.expect(0.4 < share_2 < 0.6,
+             "in train() mode with dropout=0.5 and two layers whose branches are constant 1, out − x must be 0, 2 or 4 "
+             f"with 2 (exactly one branch kept) in about half the entries; it is 2 in {share_2:.1%}: each layer's "
+             "branch must be dropped independently of the others")
 
     # the optimizer sees (and updates) every parameter: before/after tensors are compared here
     def one_step(impl):
@@ -520,3 +622,52 @@ def check_residual_stack(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # noam_schedule: the schedule widget's curve is the Noam multiplier at steps 1 … n
 also_blocked(f"{U}.noam_schedule", "llmcourse.viz.essentials:noam_curve")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.split_merge_heads",
+    "split_heads re-views the feature axis as H consecutive slices and moves the head axis before T; merge_heads is "
+    "its exact inverse and returns a contiguous tensor, whatever the input's layout",
+    probe="outputs compared bit-exactly with x.view(B, T, H, hd).transpose(1, 2) for five (D, H) pairs (non-square "
+          "ones included); round trips on non-contiguous inputs; is_contiguous() read where the learner's code ran")
+defining_property(
+    f"{U}.causal_mask",
+    "entry (i, j) is True exactly when key j is at or before query i's absolute position offset + i (the queries are "
+    "the last t_q positions by default), as a bool tensor made on the requested device",
+    probe="30 random (t_q, t_k, offset) compared with ones(t_q, t_k).tril(offset), an explicit offset=0 among them; "
+          "dtype read; a mask requested on the 'meta' device")
+defining_property(
+    f"{U}.einsum_attention",
+    "both attention products are einsum contractions whose summed axis carries the same letter in both inputs",
+    probe="torch's einsum kernel counted during each call (@, matmul and bmm blocked); values against @ with "
+          "T_q != T_k, d != d_v and unnormalised weights")
+defining_property(
+    f"{U}.label_smoothed_cross_entropy",
+    "the loss mixes (1 - eps) of the target's negative log-probability with eps spread over all C classes, averaged "
+    "over the positions whose target is not ignore_index",
+    probe="F.cross_entropy(label_smoothing=eps, ignore_index=...) computed by the grader (blocked for the learner) "
+          "on 2-D and 3-D logits, eps in {0, 0.1, 0.25}, ignore_index -100 and 0, logits of magnitude 1e4")
+defining_property(
+    f"{U}.noam_schedule",
+    "the lr used by the n-th optimizer step equals factor * noam_lambda(n) in every param group, whatever lr the "
+    "optimizer was built with",
+    probe="a real SGD with two param groups (lr 1e-4 and 0.5) driven by the learner's scheduler; the lr of each group "
+          "read before steps 1-7 (factor 1 and 2) and at the peak step 4000")
+defining_property(
+    f"{U}.ResidualStack",
+    "each registered layer adds its own dropped-out branch to the residual stream (x <- x + dropout(layer(x))); the "
+    "residual path itself is never dropped",
+    probe="train-mode out - x with constant branches: values in {0, 1/(1-p)}, about p dropped, independent draws per "
+          "layer; an identity branch separates dropout on the input; eval determinism; one optimizer step updates "
+          "all six tensors")
+
+decision(f"{U}.noam_schedule",
+         "how LambdaLR's multiplier becomes an absolute learning rate whatever lr the optimizer was built with",
+         forms=[r"\[\s*[\"']lr[\"']\s*\]\s*=\s*factor", r"\[\s*[\"']initial_lr[\"']\s*\]\s*=",
+                r"base lr(s)? to `?factor", r"sets? (every|each) (param )?group's (base )?lr"],
+         wrong=("B00.noam_base_lr",))
+decision(f"{U}.noam_schedule",
+         "which value of LambdaLR's step counter corresponds to the n-th optimizer step",
+         forms=[r"noam_lambda\(\s*\w+\s*\+\s*1\b", r"λ\(\s*e\s*\+\s*1\s*\)", r"\b(e|step|epoch|count) \+ 1\b"],
+         wrong=("B00.noam_off_by_one",))

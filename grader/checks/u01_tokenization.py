@@ -23,6 +23,7 @@ import itertools
 import random
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -37,6 +38,7 @@ from ..core import (
 )
 from ..plain import Opaque
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "01"
 EOW = "</w>"
@@ -265,6 +267,8 @@ def _bpe_detectors(eow=EOW, toy=False):
         if not isinstance(got, list) or not all(isinstance(m, tuple) and len(m) == 2 for m in got):
             return None
         distinct = len(set(got)) == len(got)
+        if eow != EOW and any(EOW in "".join(map(str, m)) for m in got):
+            return "B01.marker_hard_coded"
         if len(got) >= 2 and distinct and all(eow not in "".join(map(str, m)) for m in got):
             return "B01.no_end_of_word"
         if any(isinstance(m[0], str) and m[0].endswith(eow) for m in got):
@@ -385,6 +389,8 @@ def _symbols(x):
 def _encode_detect(word, eow=EOW):
     def detect(got):
         if isinstance(got, list) and all(isinstance(s, str) for s in got):
+            if eow != EOW and "".join(got) == word + EOW:
+                return "B01.marker_hard_coded"
             if "".join(got) == word:
                 return "B01.no_end_of_word"
             if "".join(got) != word + eow:
@@ -414,6 +420,11 @@ def check_bpe_encode_word(t):
     _compare(t, lambda impl: impl.bpe_encode_word("abc", [("b", "c"), ("a", "b")]), ["a", "bc", EOW],
              "bpe_encode_word('abc', [('b', 'c'), ('a', 'b')]): the pair with the lowest rank (b, c) goes first",
              norm=_symbols, detect=_encode_detect("abc"))
+    # a merge can create a pair ranked below merges already applied: the lowest-ranked pair among the *current*
+    # symbols goes next, so ('a', 'bc') (rank 0) applies once ('b', 'c') (rank 1) has made 'bc'
+    _compare(t, lambda impl: impl.bpe_encode_word("abc", [("a", "bc"), ("b", "c")]), ["abc", EOW],
+             "bpe_encode_word('abc', [('a', 'bc'), ('b', 'c')]): once ('b', 'c') has made 'bc', the pair ('a', 'bc') "
+             "of rank 0 is present", norm=_symbols, detect=_encode_detect("abc"))
     _compare(t, lambda impl: impl.bpe_encode_word("lowest", list(F011), end_of_word="_"), ["low", "est", "_"],
              "bpe_encode_word('lowest', the toy corpus's merges, end_of_word='_'): use the marker given as argument",
              norm=_symbols, detect=_encode_detect("lowest", "_"))
@@ -488,6 +499,23 @@ def _encoding_facts(texts, hindi, special, verdict, unicode_texts):
 UNICODE_TEXTS = ["naïve café — Grüße aus Köln", "東京タワー 🗼🙂", "tab\tand\nnewline  double  space", "x" * 50]
 
 
+@functools.cache
+def _swapped_ranks(path: str) -> tuple[str, list[int]]:
+    """A copy of GPT-2's ranks file in which the tokens 'hello' and ' world' trade ranks (written once per process,
+    in a temporary directory), and the ids of 'hello world' under it, read from the copy."""
+    import base64
+    import tempfile
+
+    lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    index = {base64.b64decode(tok): k for k, (tok, _) in enumerate(lines)}
+    a, b = index[b"hello"], index[b" world"]
+    lines[a][1], lines[b][1] = lines[b][1], lines[a][1]
+    folder = Path(tempfile.mkdtemp(prefix="llmcourse-u01-"))
+    out = folder / "gpt2-swapped.tiktoken"
+    out.write_text("".join(f"{tok} {rank}\n" for tok, rank in lines), encoding="utf-8")
+    return str(out), [int(lines[a][1]), int(lines[b][1])]
+
+
 @check(f"{U}.load_gpt2_encoding", ["load_gpt2_encoding"], _ref)
 def check_load_gpt2_encoding(t):
     texts = [s for s, _ in F013[1:]]
@@ -533,6 +561,12 @@ def check_load_gpt2_encoding(t):
         got = _run(t, lambda impl, a=arg: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
         t.expect(got == [31373, 995], f"load_gpt2_encoding({type(arg).__name__} path).encode('hello world') must be "
                  f"[31373, 995]; got {got}")
+    # the file named by `path` is the one read: a copy in which 'hello' and ' world' trade ranks
+    swapped, swapped_ids = _swapped_ranks(str(path))
+    got = _run(t, lambda impl, a=swapped: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
+    t.expect(got == swapped_ids, "load_gpt2_encoding(path) with a copy of the ranks file in which the tokens 'hello' "
+             f"and ' world' trade ranks must encode 'hello world' as {swapped_ids}; got {got}: the file named by "
+             "`path` was not the one read")
 
 
 # ================================================================== 01.GPTWindowDataset
@@ -567,7 +601,7 @@ def check_gpt_window_dataset(t):
         return lambda impl: _len(impl.GPTWindowDataset(list(data), L, stride))
 
     _compare(t, lengths(4, 1), 5141, "len(GPTWindowDataset(the-verdict's 5,145 ids, context_length=4, stride=1)) "
-             "(starts range(0, len − L, stride))")
+             "(every complete window and no more)")
     item0 = _run(t, lambda impl: _item(impl.GPTWindowDataset(ids, 4, 1), 0))
     t.expect(not isinstance(item0, Raised), f"dataset[0] failed: {item0}")
     x, y = item0
@@ -596,6 +630,24 @@ def check_gpt_window_dataset(t):
                     "tensor": [_item(as_tensor, i) for i in range(count)]}
 
         return probe
+
+    # ids given as an int32 (or int16) tensor are still stored, and served, as torch.long
+    def narrow_items(impl):
+        out = {}
+        for dt in (torch.int32, torch.int16):
+            ds = impl.GPTWindowDataset(torch.tensor(ids[:40], dtype=dt), 4, 3)
+            item = _item(ds, 2)
+            out[str(dt).replace("torch.", "")] = item if _is_raised(item) else [str(v.dtype) if isinstance(v, torch.Tensor)
+                                                                               else type(v).__name__ for v in item]
+        return out
+
+    narrow = _run(t, narrow_items)
+    for dt, got in narrow.items():
+        t.expect(not isinstance(got, Raised), f"GPTWindowDataset(an {dt} tensor of 40 ids, 4, 3)[2] failed: {got}")
+        t.expect(got == ["torch.int64", "torch.int64"],
+                 f"GPTWindowDataset(an {dt} tensor of ids, 4, 3)[2] gave (x, y) of dtypes {got}: whatever integer type "
+                 "the ids arrive in, the dataset holds them as one torch.long tensor (embedding lookups and "
+                 "cross-entropy targets take int64)")
 
     for n, L, stride in [(300, 8, 3), (101, 10, 10), (50, 7, 11), (12, 11, 1), (40, 4, 5)]:
         data = ids[:n]
@@ -644,10 +696,36 @@ def check_gpt_window_dataset(t):
     _, again = t.run(lambda impl: batches(impl, n=3))
     t.expect(all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, again)),
              "two loaders with the same seed must give identical batches: shuffle with torch.Generator().manual_seed(seed)")
+    # the order depends on `seed` only: not on torch's global random state, which the loader leaves alone
+    def global_state(impl):
+        torch.manual_seed(123)
+        expected_draw = torch.rand(3)
+        torch.manual_seed(123)
+        loader = impl.create_dataloader(ids, batch_size=8, context_length=4, stride=4, shuffle=True, drop_last=True,
+                                        seed=0)
+        after_build = torch.rand(3)
+        orders = []
+        for g in (5, 6):  # two loaders built alike, iterated after different global seeds
+            fresh = loader if g == 5 else impl.create_dataloader(ids, batch_size=8, context_length=4, stride=4,
+                                                                  shuffle=True, drop_last=True, seed=0)
+            torch.manual_seed(g)
+            orders.append(_try(lambda it=fresh: [b[0] for b in itertools.islice(iter(it), 2)]))
+        return {"kept": bool(torch.equal(after_build, expected_draw)), "orders": orders}
+
+    state = _run(t, global_state)
+    t.expect(state["kept"], "building create_dataloader(..., seed=0) changed torch's global random state (the "
+             "numbers torch.rand draws next): the loader must not reseed the notebook's generator",
+             bug="B01.loader_global_seed")
+    o5, o6 = state["orders"]
+    t.expect(not (isinstance(o5, list) and isinstance(o6, list))
+             or all(torch.equal(a, b) for a, b in zip(o5, o6)),
+             "two loaders built with seed=0, one iterated after torch.manual_seed(5), the other after "
+             "torch.manual_seed(6), gave two different orders: its shuffling draws from torch's global random state, so the order depends "
+             "on what ran before, not on `seed` alone", bug="B01.loader_global_seed")
     _, ref = batches(t.reference, n=3)
     t.expect(all(torch.equal(a[0], b[0]) for a, b in zip(got, ref)),
-             "with seed=0 the batches differ from DataLoader(dataset, batch_size, shuffle=True, drop_last=…, "
-             "num_workers=0, generator=torch.Generator().manual_seed(seed)); shuffle through the DataLoader's generator")
+             "with seed=0 the order of the windows differs from the course's loader, a DataLoader whose shuffle draws "
+             "from its own random generator seeded with `seed`")
     _, other = t.run(lambda impl: batches(impl, seed=1, n=3))
     t.expect(not all(torch.equal(a[0], b[0]) for a, b in zip(got, other)), "seed=1 gave the same batches as seed=0")
     _, ordered = t.run(lambda impl: batches(impl, shuffle=False, n=2))
@@ -656,6 +734,11 @@ def check_gpt_window_dataset(t):
     loader, full = t.run(lambda impl: batches(impl, shuffle=False))
     t.expect(len(full) == 1286 // 8, f"with drop_last=True, 1,286 windows in batches of 8 give {1286 // 8} batches; "
              f"got {len(full)}")
+    _, odd = t.run(lambda impl: batches(impl, shuffle=False, n=1, bs=4, L=6, stride=3))
+    t.expect(tuple(odd[0][0].shape) == (4, 6) and odd[0][0][1].tolist() == ids[3:9],
+             "create_dataloader(the-verdict, batch_size=4, context_length=6, stride=3, shuffle=False): the first batch "
+             f"must be (4, 6) with row 1 = ids[3:9]; got shape {tuple(odd[0][0].shape)}, row 1 "
+             f"{odd[0][0][1].tolist() if odd[0][0].shape[0] > 1 else None}")
     _, full = t.run(lambda impl: batches(impl, shuffle=False, drop_last=False))
     t.expect(len(full) == 1286 // 8 + 1 and full[-1][0].shape[0] == 1286 % 8,
              f"with drop_last=False the last batch holds the {1286 % 8} remaining windows; got {len(full)} batches, "
@@ -671,3 +754,45 @@ also_blocked(f"{U}.bpe_train", "llmcourse.data.tokenizers:bpe_trace", "llmcourse
 also_blocked(f"{U}.load_gpt2_encoding",
              "llmcourse.data.gpt2_tokenizer:gpt2_encoding",
              "llmcourse.data.gpt2_tokenizer:_read_ranks")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.CharTokenizer",
+    "a character's id is its position in the given characters (sorted by from_text), encode and decode are inverse, "
+    "and an unknown character raises ValueError naming it",
+    probe="tokenizers built from tinyshakespeare and from unsorted characters; ids compared with the fixture; round "
+          "trips; the error's type and message read")
+defining_property(
+    f"{U}.bpe_train",
+    "each merge is the adjacent pair with the highest count weighted by word frequency at its step (ties: the smallest "
+    "pair), pairs never spanning two words, all occurrences merged left to right",
+    probe="the learner's merges replayed with an independent recount on 20 random corpora and the toy fixture; "
+          "invariance to the dict's order; a non-default end_of_word")
+defining_property(
+    f"{U}.bpe_encode_word",
+    "encoding repeatedly merges the lowest-ranked pair among the current symbols until no adjacent pair is a merge",
+    probe="hand-made merge lists whose rank order differs from scan order and from list order; 200 words against the "
+          "reference; a non-default end_of_word")
+defining_property(
+    f"{U}.load_gpt2_encoding",
+    "the Encoding is built from the ranks file named by path, with GPT-2's pre-tokenisation pattern and special token, "
+    "so its ids are GPT-2's",
+    probe="ids on fixtures and on the-verdict; a copy of the ranks file in which two tokens trade ranks; special-token "
+          "handling; Unicode round trips; identity with the course's own object refused")
+defining_property(
+    f"{U}.GPTWindowDataset",
+    "window i is ids[i*stride : i*stride + L + 1] split into x and its one-token shift y, the dataset holds exactly "
+    "the complete windows as torch.long, and the loader's order depends on seed alone",
+    probe="every item of five datasets from lists, int64/int32/int16 tensors; lengths; torch's global random state "
+          "before and after building a loader; two loaders iterated under different global seeds; shuffle/drop_last")
+
+decision(f"{U}.GPTWindowDataset",
+         "how many windows a stream of N ids holds (where the last start may lie)",
+         forms=[r"room for L ?\+ ?1", r"L ?\+ ?1 tokens", r"\b(len\(\w+\)|n|N)\s*-\s*(L|context_length)\s*-\s*1\)?\s*//",
+                r"range\(0, len\([\w.]+\) - (L|context_length|self\.\w+)\s*,"],
+         wrong=("B01.window_range_plus_one", "B01.window_range_short"))
+decision(f"{U}.GPTWindowDataset",
+         "what ties the loader's order to `seed` alone",
+         forms=[r"generator\s*=\s*(torch\.Generator|g\b|gen\b)", r"Generator\(\)\.manual_seed\(\s*seed"],
+         wrong=("B01.loader_global_seed",))

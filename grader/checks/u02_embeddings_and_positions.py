@@ -19,8 +19,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..core import CheckFailure, check, forbid, module_facts, unwrap
+from ..core import CheckFailure, LearnerError, check, forbid, module_facts, unwrap
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "02"
 T = torch.tensor
@@ -142,7 +143,10 @@ def check_embedding_lookup(t):
             w = w11.clone().requires_grad_(True)
             with _no_builtin_embedding():
                 out = getattr(impl, fname)(ids, w)
-            out.sum().backward()
+            try:
+                out.sum().backward()
+            except RuntimeError:  # nothing of the output depends on w through the graph
+                return None
             return w.grad
 
         grad = t.run(grad_probe)
@@ -187,6 +191,23 @@ def check_input_embeddings(t):
     ids3 = _ids(50, 2, 3, 4, seed=9)
     t.compare(lambda impl: _loaded("InputEmbeddings", st, 50, 16)(impl)(ids3), ref(ids3).detach(),
               "InputEmbeddings(50, 16) on ids of shape (2, 3, 4)", atol=1e-5)
+
+    # every row of the table is trained: for loss = out.sum(), row r's gradient is count(r)·√d_model·ones(D)
+    ids_g = T([[0, 3, 3], [1, 0, 4]])
+
+    def grad_rows(impl):
+        mm = _loaded("InputEmbeddings", state, 5, 3)(impl)
+        unwrap(mm).train()
+        out = mm(ids_g)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None  # detached from the table: nothing trains it
+        out.sum().backward()
+        return unwrap(mm).embedding.weight.grad
+
+    counts = torch.bincount(ids_g.flatten(), minlength=5).float()
+    t.compare(grad_rows, (counts * math.sqrt(3))[:, None].expand(5, 3),
+              f"InputEmbeddings(5, 3) with ids {ids_g.tolist()} and loss = out.sum(): embedding.weight.grad[r] must be "
+              "count(r)·√3 for every row (ids 0 and 3 appear twice, 2 never)", atol=1e-5)
 
 
 # ================================================================== 02.sinusoidal_pe
@@ -268,9 +289,11 @@ def check_positional_encoding(t):
     t.expect(facts["pe_after_to_float64"] in (None, torch.float64),
              "after module.to(torch.float64) self.pe is still float32: a plain tensor attribute does not follow the "
              "module", bug="B02.pe_attribute")
-    t.expect("pe" in facts["buffers"], "register the table with self.register_buffer('pe', ..., persistent=False)")
+    t.expect("pe" in facts["buffers"], "self.pe is not among the module's buffers (named_buffers()): the module "
+             "does not know it holds the table")
     keys = list(facts["state_dict"])
-    t.expect(not keys, f"state_dict() must be empty (register the buffer with persistent=False); got {keys}")
+    t.expect(not keys, f"state_dict() must be empty: the table is recomputed from max_len and d_model, so a checkpoint "
+             f"does not carry it; got the keys {keys}", bug="B02.pe_persistent" if keys == ["pe"] else None)
 
     t.compare(lambda impl: unwrap(impl.PositionalEncoding(d, max_len, dropout=0.0)).pe, ref_pe,
               f"the pe buffer of PositionalEncoding({d}, {max_len}) vs the sinusoidal table", atol=1e-5)
@@ -298,6 +321,20 @@ def check_positional_encoding(t):
               "return x + pe[:, :7]", atol=1e-5)
     x10 = _rand(3, max_len, d, seed=4)
     t.compare(eval_out(max_len), x10 + ref_pe, f"eval mode with T = max_len = {max_len}", atol=1e-5)
+
+    # the module sits inside a model: the gradient of the output reaches x unchanged (eval mode: d(x + pe)/dx = 1)
+    def x_gradient(impl):
+        mm = impl.PositionalEncoding(d, max_len, dropout=0.1)
+        unwrap(mm).eval()
+        xg = x.clone().requires_grad_(True)
+        out = mm(xg)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None
+        out.sum().backward()
+        return xg.grad
+
+    t.compare(x_gradient, torch.ones_like(x), "in eval mode, the gradient of PositionalEncoding(x).sum() with respect "
+              "to x (no gradient means the output was detached from x)", atol=1e-6)
 
     # train mode, p = 0.5: dropout acts on the sum
     def train_out(inp, seed, p=0.5):
@@ -442,6 +479,50 @@ def check_gpt_embedding(t):
     t.compare(forward(idx, pos_state, train=True), clean,
               "with the default dropout (0.0) train mode must give tok_emb(idx) + pos_emb(positions)", atol=1e-5)
 
+    # both tables train: for loss = out.sum(), tok_emb.weight.grad[r] = count(r) and pos_emb.weight.grad[t] = B
+    idx_g = _ids(V, 3, 5, seed=10)
+
+    def table_grads(impl):
+        mm = _loaded("GPTEmbedding", st, V, C, D)(impl)
+        unwrap(mm).train()
+        out = mm(idx_g)
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return None
+        out.sum().backward()
+        mod = unwrap(mm)
+        return mod.tok_emb.weight.grad, mod.pos_emb.weight.grad
+
+    counts = torch.bincount(idx_g.flatten(), minlength=V).float()[:, None].expand(V, D)
+    per_position = torch.cat([torch.full((5, D), 3.0), torch.zeros(C - 5, D)])
+    t.compare(table_grads, (counts, per_position), "gradients of GPTEmbedding(idx (3, 5)).sum(): tok_emb.weight.grad[r] "
+              "= count of id r, pos_emb.weight.grad[t] = 3 for t < 5 (no gradient means the output was detached)",
+              atol=1e-5)
+
+    # the positions are made where idx lives: module and idx moved to the 'meta' device (it exists on every
+    # machine); a forward pre-hook on pos_emb records the device of the position ids it receives
+    def meta_positions(impl):
+        mm = impl.GPTEmbedding(V, C, D)
+        mod = unwrap(mm)
+        pos = getattr(mod, "pos_emb", None)
+        seen = []
+        if isinstance(pos, torch.nn.Module):
+            pos.register_forward_pre_hook(lambda m, args: seen.append(
+                args[0].device.type if args and isinstance(args[0], torch.Tensor) else None))
+        mod.to("meta")
+        mod.eval()
+        try:
+            out = mm(torch.zeros(2, 5, dtype=torch.long, device="meta"))
+        except LearnerError:  # code that cannot run on 'meta' at all is not penalised here
+            return None
+        return {"seen": seen, "out": out.device.type if isinstance(out, torch.Tensor) else None}
+
+    meta = t.run(meta_positions)
+    if meta is not None:
+        where = sorted({d for d in meta["seen"] if d is not None and d != "meta"})
+        t.expect(not where, f"GPTEmbedding moved to the 'meta' device and called with idx on 'meta' looked up position "
+                 f"ids that live on {', '.join(where)}: on a GPU the same code fails (or copies every step)",
+                 bug="B02.positions_default_device")
+
     got = t.raised(lambda impl: impl.GPTEmbedding(V, C, D)(_ids(V, 1, C + 1, seed=9)))
     t.expect(got == "ValueError", f"a sequence longer than context_length (T={C + 1} > {C}) must raise ValueError; "
              f"got {got}")
@@ -454,3 +535,45 @@ def check_gpt_embedding(t):
 also_blocked(f"{U}.sinusoidal_pe",
              "llmcourse.viz.positions:sinusoidal_pe_float64",
              "llmcourse.nn.positions:inverse_frequencies")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.embedding_lookup",
+    "an embedding lookup is row selection, equal to a one-hot matrix product, keeping the table's dtype and sending "
+    "gradient count(r) to row r",
+    probe="both functions against F.embedding (blocked for the learner) on 1-D to 3-D ids and a float64 table; "
+          "weight.grad compared with the id counts")
+defining_property(
+    f"{U}.InputEmbeddings",
+    "a token's vector is its trainable table row times sqrt(d_model)",
+    probe="the worked example and shared random weights; the gradient of every row for loss = out.sum()")
+defining_property(
+    f"{U}.sinusoidal_pe",
+    "PE[p, 2i] = sin(p w_i) and PE[p, 2i+1] = cos(p w_i) with one frequency w_i = 10000^(-2i/D) per pair",
+    probe="against an exact float64 formula; each pair on the unit circle; the slowest pair's movement; dtype; odd D")
+defining_property(
+    f"{U}.PositionalEncoding",
+    "a fixed table, neither trained nor saved, that follows the module's device and dtype, added to x with dropout on "
+    "the sum",
+    probe="parameters and state_dict read; self.pe's dtype after .to(float64); eval outputs against x + pe[:, :T]; "
+          "train-mode entries 0 or (x + pe)/(1 - p) with p read from the argument")
+defining_property(
+    f"{U}.shift_matrix",
+    "moving k positions is one rotation by w*k, the same for every position p",
+    probe="M_k applied to (sin wp, cos wp) for many p and compared with position p + k; orthogonality")
+defining_property(
+    f"{U}.GPTEmbedding",
+    "the input is a learned token row plus the learned row of positions 0..T-1, made where idx lives, with dropout on "
+    "the sum",
+    probe="a zero token table exposes the position rows; shared weights; train-mode dropout form; module and idx on the "
+          "'meta' device with a hook on pos_emb recording the device of the position ids")
+
+decision(f"{U}.PositionalEncoding",
+         "how the table is held so that it follows .to() yet is neither a parameter nor saved in the state_dict",
+         forms=[r"persistent\s*=\s*False", r"register_buffer\(\s*[\"']pe"],
+         wrong=("B02.pe_parameter", "B02.pe_attribute", "B02.pe_persistent"))
+decision(f"{U}.GPTEmbedding",
+         "where the position ids are created",
+         forms=[r"arange\([^)]*device\s*=\s*idx\.device", r"on `?idx`?'s device", r"device\s*=\s*idx\.device"],
+         wrong=("B02.positions_default_device",))

@@ -17,6 +17,8 @@ from torch import nn
 from ..core import check, forbid, module_facts, unwrap
 from ..dropout import weight_dropout_problem
 from ..runner import also_blocked
+from ..strength import decision, defining_property
+from ._gradients import check_gradients, input_gradients
 
 U = "03"
 # train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
@@ -114,6 +116,8 @@ def check_softmax_stable(t):
         x = _rand(*shape, seed=sum(shape) + dim)
         t.compare(call(x, dim), torch.softmax(x, dim=dim), f"softmax_stable(x of shape {shape}, dim={dim}) vs torch.softmax",
                   atol=1e-6, rtol=1e-5)
+    check_gradients(t, input_gradients("softmax_stable", (_rand(3, 5, seed=4), 0), (0,), guard=_no_builtin_softmax),
+                    "softmax_stable(x of shape (3, 5), dim=0)")
     x = _rand(4, 5, seed=3)
     x[:, 2:] = float("-inf")
     out = t.compare(call(x), torch.softmax(x, dim=-1), "rows with -inf entries", atol=1e-6)
@@ -140,10 +144,16 @@ def check_simple_attention(t):
     t.compare(lambda impl: impl.simple_attention(X6), F032_C, "context vectors", atol=1e-4, pick=lambda o: o[0])
     xb = _rand(2, 5, 4, seed=7)
     ref_c, ref_w = simple_ref(xb)
+    wb = t.run(lambda impl: impl.simple_attention(xb))[1]
+    if isinstance(wb, torch.Tensor) and wb.shape == (2, 5, 5) and not torch.allclose(wb.sum(-1), torch.ones(2, 5), atol=1e-5):
+        t.expect(not torch.allclose(wb.sum(-2), torch.ones(2, 5), atol=1e-5),
+                 "for a batched (2, 5, 4) input the columns of the weights sum to 1, the rows do not",
+                 bug="B03.softmax_dim")
     t.compare(lambda impl: impl.simple_attention(xb), ref_w, "weights for a batched (2, 5, 4) input", atol=1e-6,
               pick=lambda o: o[1])
     t.compare(lambda impl: impl.simple_attention(xb), ref_c, "context for a batched (2, 5, 4) input", atol=1e-6,
               pick=lambda o: o[0])
+    check_gradients(t, input_gradients("simple_attention", (xb,), (0,)), "simple_attention(x of shape (2, 5, 4))")
 
 
 def simple_ref(x):
@@ -225,6 +235,26 @@ def check_sdpa(t):
         if mm is not None:
             w = t.run(lambda impl, qq=qq, kk=kk, vv=vv, mm=mm: impl.scaled_dot_product_attention(qq, kk, vv, mask=mm))[1]
             t.expect(bool((w.masked_fill(mm, 0) == 0).all()), f"masked weights must be exactly 0 ({what})")
+
+    # blocked keys get weight exactly 0 whatever the scores: here every score a query may see is about −1.8e9,
+    # below any finite fill value a mask could use
+    gq = torch.Generator().manual_seed(51)
+    qh = 3e4 * (1.0 + 0.01 * torch.rand(1, 4, 4, generator=gq))
+    kh = -3e4 * (1.0 + 0.01 * torch.rand(1, 4, 4, generator=gq))
+    vh = torch.randn(1, 4, 3, generator=gq)
+    mh = torch.ones(4, 4, dtype=torch.bool).tril()
+    w_low = t.run(lambda impl: impl.scaled_dot_product_attention(qh, kh, vh, mask=mh))[1]
+    leaked = float(w_low.masked_fill(mh, 0).abs().max())
+    t.expect(leaked == 0.0 and bool(torch.allclose(w_low.sum(-1), torch.ones(1, 4), atol=1e-5)),
+             f"with scores near −1.8e9 for every key a query may see (q and k of size 3e4) and a causal mask, blocked "
+             f"keys received weight up to {leaked:.3g}: a blocked key must get weight exactly 0 whatever the scores",
+             bug="B03.mask_fill_finite")
+
+    # gradients reach q, k and v (through the context and the weights)
+    qg, kg, vg = _sdpa_case((2, 4, 8), (2, 6, 8), 5, seed=61)
+    mg = torch.ones(4, 6, dtype=torch.bool).tril(2)
+    check_gradients(t, input_gradients("scaled_dot_product_attention", (qg, kg, vg, mg), (0, 1, 2)),
+                    "scaled_dot_product_attention(q, k, v, a causal mask)")
 
     # future perturbation: keys/values after position t never change context rows <= t
     q, k, v = _sdpa_case((1, 7, 4), (1, 7, 4), 4, seed=31)
@@ -333,6 +363,16 @@ def check_causal_self_attention(t):
              f"the `mask` buffer must be a (context_length, context_length) bool tensor; got "
              f"{buffers['mask'][0]} {tuple(buffers['mask'][1])}")
     t.expect("mask" not in facts["parameters"], "the mask must not be a parameter")
+    mask6 = t.run(lambda impl: unwrap(impl.CausalSelfAttention(3, 2, 6)).mask)
+    allowed = torch.ones(6, 6, dtype=torch.bool).tril()
+    t.expect(bool(torch.equal(mask6, allowed)),
+             "the mask buffer of CausalSelfAttention(3, 2, 6) must be True where a query may attend (the lower "
+             f"triangle with its diagonal); yours is {mask6.int().tolist()}",
+             bug="B03.mask_buffer_blocked" if bool(torch.equal(mask6, ~allowed))
+             else "B03.mask_no_diagonal" if bool(torch.equal(mask6, allowed.tril(-1))) else None)
+    fb = t.run(lambda impl: module_facts(impl.CausalSelfAttention(3, 2, 6, qkv_bias=True)))
+    t.expect(set(fb.get("state_dict", {})) == want | {"W_query.bias", "W_key.bias", "W_value.bias"},
+             f"with qkv_bias=True the three projections must have biases; state_dict keys: {sorted(fb.get('state_dict', {}))}")
 
     state = f033_state_dict()
     x = X6.unsqueeze(0)
@@ -434,6 +474,23 @@ def check_causal_self_attention(t):
         torch.manual_seed(7)
         return mm(x_d)
 
+    def train_last_weights(impl):
+        mm = _loaded("CausalSelfAttention", st_d, 6, 12, 6, 0.25)(impl)
+        unwrap(mm).train()
+        torch.manual_seed(7)
+        mm(x_d)
+        return unwrap(mm).last_weights
+
+    lw = t.run(train_last_weights)
+    t.expect(isinstance(lw, torch.Tensor) and tuple(lw.shape) == (16, 6, 6),
+             f"in train mode last_weights must be (B, T, T) = (16, 6, 6); got {getattr(lw, 'shape', lw)}")
+    sums = lw.sum(-1)
+    t.expect(bool(torch.allclose(sums, torch.ones_like(sums), atol=1e-5)),
+             "in train() mode with dropout=0.25, rows of last_weights sum to "
+             f"{[round(v, 3) for v in sums[0].tolist()]}: they must be the attention weights themselves (each row "
+             "sums to 1), not the weights after dropout", bug="B03.last_weights_after_dropout")
+    t.compare(train_last_weights, clean, "last_weights in train() mode vs the softmax weights", atol=1e-5)
+
     y = t.run(train_dropped)
     t.expect(isinstance(y, torch.Tensor) and tuple(y.shape) == (16, 6, 12),
              f"CausalSelfAttention(6, 12, 6, dropout=0.25) in train mode on a (16, 6, 6) batch must return "
@@ -474,3 +531,43 @@ also_blocked(f"{U}.SelfAttention", "llmcourse.viz.attention:masked_attention")
 # CausalSelfAttention: the attention lab's masked_attention(q, k, v, method, scale, causal) is (context,
 # weights) of plain, scaled and causal attention
 also_blocked(f"{U}.CausalSelfAttention", "llmcourse.viz.attention:masked_attention")
+
+
+# ================================================================== the grader's strength, declared (grader/strength.py)
+defining_property(
+    f"{U}.softmax_stable",
+    "a softmax along any dim that stays finite for any finite input (softmax is unchanged by a shift of each slice)",
+    probe="inputs of magnitude 1e3 and 1e4 with every built-in softmax blocked; every dim of 2-D and 3-D inputs against "
+          "torch.softmax; -inf entries")
+defining_property(
+    f"{U}.simple_attention",
+    "the weights are the row-wise softmax of the raw dot products x x^T, the context is weights @ x",
+    probe="the lesson's six-token example against fixture values; batched inputs against the formula; row and "
+          "column sums")
+defining_property(
+    f"{U}.scaled_dot_product_attention",
+    "softmax(q k^T / sqrt(d_k)) v where a blocked key gets weight exactly 0 whatever the scores, and dropout acts only "
+    "on the weights that multiply v",
+    probe="against F.scaled_dot_product_attention on 2-D to 4-D inputs with causal and padding masks; scores below "
+          "-1e9; future perturbation; duplicated value channels read the dropout draw")
+defining_property(
+    f"{U}.SelfAttention",
+    "three learned projections whose scores are scaled by this module's key width",
+    probe="a fresh namespace with d_out = 5 != d_in; the worked example; qkv_bias=True with shared weights")
+defining_property(
+    f"{U}.CausalSelfAttention",
+    "query t attends to keys 0..t only, through a bool buffer of the allowed pairs; dropout acts on the weights; "
+    "last_weights holds the pre-dropout softmax in every mode",
+    probe="future perturbation on every row; the buffer's values; last_weights' row sums in train mode; tokens e_j "
+          "with duplicated value channels for the dropout draw; the mean of 400 train-mode passes")
+
+decision(f"{U}.softmax_stable",
+         "which constant to subtract before exp so that no finite input overflows, and along which axis",
+         forms=[r"x\s*-\s*(x\.)?max\b", r"exp\(\s*x\s*-\s*m\b", r"subtract(ing)? the (row |largest |maximum)",
+                r"\bx\.amax\(", r"max\(\s*dim\s*=\s*dim"],
+         wrong=("B03.naive_softmax",))
+decision(f"{U}.CausalSelfAttention",
+         "how a (context_length, context_length) buffer serves a sequence of T < context_length tokens",
+         forms=[r"mask\[\s*:\s*T\s*,\s*:\s*T\s*\]", r"\[\s*:\s*T\s*\]\s*\[\s*:\s*,\s*:\s*T\s*\]",
+                r"slice (the buffer|it) to"],
+         wrong=("B03.mask_not_sliced",))

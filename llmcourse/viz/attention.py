@@ -1,21 +1,21 @@
-"""Widgets of unit 03 (self-attention): W03.1–W03.6, each with a static matplotlib fallback.
+"""Widgets of unit 03 (self-attention): 6 widgets, each with a static matplotlib fallback.
 
 Every widget follows :mod:`llmcourse.viz.base`: a pure **compute** function (tensors in, tensors
 out; tested in ``tests/test_unit03_viz.py``), a **draw** function that paints a matplotlib
 ``Figure``, and ``show_<name>(..., static=None)``, which returns the live ipywidgets UI or one
 static figure for the default controls.
 
-| id    | function                        | what it shows                                                        |
+| #     | function                        | what it shows                                                        |
 |-------|---------------------------------|----------------------------------------------------------------------|
-| W03.1 | :func:`show_attention_lab`      | the six-token sentence; scaling, causal mask, 4 masking methods, leakage probe |
-| W03.2 | :func:`show_softmax_sharpness`  | ``softmax(s · z)`` as ``s`` grows, with its entropy                     |
-| W03.3 | :func:`show_variance_vs_dim`    | the spread of ``q·k`` with and without ``÷√d_k``                        |
-| W03.4 | :func:`show_query_geometry`     | keys and one query in 2-D (``d_out = 2``), coloured by attention weight |
-| W03.5 | :func:`show_dropout_on_weights` | inverted dropout on attention weights; row sums                       |
-| W03.6 | :func:`show_sentence_attention` | attention map over the GPT-2 tokens of a real sentence                |
+| 1     | :func:`show_attention_lab`      | the six-token sentence; scaling, causal mask, 4 masking methods, leakage probe |
+| 2     | :func:`show_softmax_sharpness`  | ``softmax(s · z)`` as ``s`` grows, with its entropy                     |
+| 3     | :func:`show_variance_vs_dim`    | the spread of ``q·k`` with and without ``÷√d_k``                        |
+| 4     | :func:`show_query_geometry`     | keys and one query in 2-D (``d_out = 2``), coloured by attention weight |
+| 5     | :func:`show_dropout_on_weights` | inverted dropout on attention weights; row sums                       |
+| 6     | :func:`show_sentence_attention` | attention map over the GPT-2 tokens of a real sentence                |
 
-The running example is the syllabus's six-token sentence "Your journey starts with one step"
-(fixtures F03.2/F03.3): 3-d inputs and ``W_query, W_key, W_value`` drawn with ``torch.rand(3, 2)``
+The running example is the syllabus's six-token sentence "Your journey starts with one step":
+3-d inputs and ``W_query, W_key, W_value`` drawn with ``torch.rand(3, 2)``
 after seed 123 (row-vector convention ``q = x W_q``, ``W_q`` of shape ``(d_in, d_out)``).
 
 Masks follow the course convention: boolean, ``True`` = may attend (:func:`llmcourse.causal_mask`).
@@ -65,7 +65,7 @@ SHARPNESS_LOGITS = (0.1, -0.2, 0.3, -0.2, 0.5)
 
 
 def six_token_example() -> dict:
-    """The running example of unit 03 (fixtures F03.2 and F03.3), built without touching global RNG.
+    """The running example of unit 03, built without touching global RNG.
 
     Returns:
         dict with ``tokens`` (6 strings), ``x`` ``(6, 3)`` float32 inputs, and ``W_query``, ``W_key``,
@@ -173,14 +173,14 @@ def _controls_box(controls, out, header: str | None = None):
 
 def masked_attention(q: Tensor, k: Tensor, v: Tensor, method: str = "neg_inf", scale: bool = True,
                      causal: bool = True) -> tuple[Tensor, Tensor]:
-    """Attention with one of the four causal-masking methods of W03.1.
+    """Attention with one of the four causal-masking methods of the attention lab.
 
     Methods (``causal=True``; with ``causal=False`` all four are plain softmax attention):
 
     * ``"neg_inf"``: ``masked_fill(~mask, -inf)`` before the softmax (the correct one);
-    * ``"zero_fill"``: ``masked_fill(~mask, 0)`` before the softmax (bug B03.mask_zero_fill: future keys
+    * ``"zero_fill"``: ``masked_fill(~mask, 0)`` before the softmax (a known mistake: future keys
       keep weight ``exp(0)/Z`` and their values leak into the context);
-    * ``"softmax_zero"``: softmax, then zero the future, no renormalisation (bug B03.mask_after_softmax:
+    * ``"softmax_zero"``: softmax, then zero the future, no renormalisation (a known mistake:
       rows sum to less than 1, and the denominators still contain the future scores);
     * ``"softmax_zero_renorm"``: softmax, zero the future, divide each row by its sum; equal to
       ``"neg_inf"`` up to rounding, because the common denominator cancels.
@@ -248,7 +248,7 @@ def leakage_probe(x: Tensor, W_query: Tensor, W_key: Tensor, W_value: Tensor, me
 
 def attention_lab(method: str = "neg_inf", scale: bool = True, causal: bool = True, probe: bool = False,
                   example: dict | None = None) -> dict:
-    """Everything W03.1 draws for one setting of its controls (pure; default: the six-token example).
+    """Everything the attention lab draws for one setting of its controls (pure; default: the six-token example).
 
     Returns:
         dict with ``tokens``, ``weights (T, T)``, ``context (T, d_out)``, ``row_sums (T,)``, and, when
@@ -284,7 +284,7 @@ def _draw_lab_panel(ax_map, ax_sum, data: dict, title: str) -> None:
 
 def draw_attention_lab(method: str = "neg_inf", scale: bool = True, causal: bool = True,
                        probe: bool = False):
-    """W03.1 for one setting: the weight heatmap with a row-sum column (and probe highlights)."""
+    """The attention lab for one setting: the weight heatmap with a row-sum column (and probe highlights)."""
     data = attention_lab(method, scale, causal, probe)
     fig, (ax_map, ax_sum) = figure(1, 2, figsize=(7, 4.6), gridspec_kw={"width_ratios": [6, 1.1]})
     setting = f"{MASK_METHODS[method] if causal else 'no mask'}; {'÷√d_k' if scale else 'unscaled'}"
@@ -296,7 +296,7 @@ def draw_attention_lab(method: str = "neg_inf", scale: bool = True, causal: bool
 
 
 def draw_attention_lab_static():
-    """The static W03.1: the four masking methods side by side (scaled, causal, probe on)."""
+    """The static attention lab: the four masking methods side by side (scaled, causal, probe on)."""
     fig, axes = figure(1, 8, figsize=(17, 4.4), gridspec_kw={"width_ratios": [6, 1.2] * 4})
     for n, method in enumerate(MASK_METHODS):
         data = attention_lab(method, scale=True, causal=True, probe=True)
@@ -307,7 +307,7 @@ def draw_attention_lab_static():
 
 
 def show_attention_lab(static: bool | None = None):
-    """W03.1 attention lab: toggles for ``÷√d_k`` and the causal mask, a mask-method dropdown, the weight
+    """The attention lab attention lab: toggles for ``÷√d_k`` and the causal mask, a mask-method dropdown, the weight
     heatmap with row sums, and a leakage-probe button (perturbs the last token and boxes the rows whose
     context changed). Static fallback: four panels, one per masking method, probe on."""
 
@@ -369,7 +369,7 @@ def _draw_sharpness_ax(ax, s: float, logits=SHARPNESS_LOGITS) -> None:
 
 
 def draw_softmax_sharpness(s: float = 1.0):
-    """W03.2 for one ``s``: bar chart of ``softmax(s·z)`` with its entropy."""
+    """The softmax-sharpness widget for one ``s``: bar chart of ``softmax(s·z)`` with its entropy."""
     fig, ax = figure(figsize=(5.5, 3.4))
     _draw_sharpness_ax(ax, s)
     return fig
@@ -384,7 +384,7 @@ def draw_softmax_sharpness_static():
 
 
 def show_softmax_sharpness(static: bool | None = None):
-    """W03.2: a slider ``s ∈ [1, 16]`` for ``softmax(s·[0.1, −0.2, 0.3, −0.2, 0.5])`` with its entropy.
+    """The softmax-sharpness widget: a slider ``s ∈ [1, 16]`` for ``softmax(s·[0.1, −0.2, 0.3, −0.2, 0.5])`` with its entropy.
     Static fallback: ``s ∈ {1, 8}``."""
 
     def build_live():
@@ -471,7 +471,7 @@ def _draw_curve_ax(ax, curve, mark: int | None = None) -> None:
 
 
 def draw_variance_vs_dim(d_k: int = 64, n_samples: int = 20_000, seed: int = 0, curve=None):
-    """W03.3 for one ``d_k``: histograms of ``q·k`` raw and scaled, and the variance-vs-d_k curve."""
+    """The variance-vs-dimension widget for one ``d_k``: histograms of ``q·k`` raw and scaled, and the variance-vs-d_k curve."""
     curve = dot_product_variance() if curve is None else curve
     fig, (ax_h, ax_c) = figure(1, 2, figsize=(10, 3.6))
     _draw_hist_ax(ax_h, d_k, n_samples, seed)
@@ -489,7 +489,7 @@ def draw_variance_vs_dim_static(n_samples: int = 20_000, seed: int = 0):
 
 
 def show_variance_vs_dim(static: bool | None = None):
-    """W03.3: a ``d_k`` slider (1–1024), histograms of ``q·k`` with and without ``÷√d_k``, and the variance
+    """The variance-vs-dimension widget: a ``d_k`` slider (1–1024), histograms of ``q·k`` with and without ``÷√d_k``, and the variance
     curve. Static fallback: ``d_k ∈ {2, 64, 512}``."""
 
     def build_live():
@@ -536,7 +536,7 @@ def query_geometry(query_index: int = 1, scale: bool = True, example: dict | Non
 
 
 def draw_query_geometry(query_index: int = 1, scale: bool = True):
-    """W03.4 for one query: key points coloured (and sized) by weight, the query as an arrow."""
+    """The query geometry for one query: key points coloured (and sized) by weight, the query as an arrow."""
     g = query_geometry(query_index, scale)
     keys, q, w = g["keys"].numpy(), g["query"].numpy(), g["weights"].numpy()
     fig, ax = figure(figsize=(6.2, 4.8))
@@ -565,7 +565,7 @@ def draw_query_geometry(query_index: int = 1, scale: bool = True):
 
 
 def show_query_geometry(static: bool | None = None):
-    """W03.4: the six keys as points in 2-D and the selected query as an arrow, keys coloured by their
+    """The query geometry: the six keys as points in 2-D and the selected query as an arrow, keys coloured by their
     attention weight. Static fallback: query "journey"."""
 
     def build_live():
@@ -618,7 +618,7 @@ def _causal_six_token_weights() -> Tensor:
 
 
 def draw_dropout_on_weights(p: float = 0.5, seed: int = 0):
-    """W03.5: causal weights of the six-token example before and after inverted dropout, with row sums."""
+    """The dropout-on-weights widget: causal weights of the six-token example before and after inverted dropout, with row sums."""
     w = _causal_six_token_weights()
     d = dropout_on_weights(w, p, seed)
     fig, axes = figure(1, 4, figsize=(12, 4.2), gridspec_kw={"width_ratios": [6, 1.2, 6, 1.2]})
@@ -634,7 +634,7 @@ def draw_dropout_on_weights(p: float = 0.5, seed: int = 0):
 
 
 def show_dropout_on_weights(static: bool | None = None):
-    """W03.5: a ``p`` slider and a reseed button; heatmaps before/after inverted dropout with row sums.
+    """The dropout-on-weights widget: a ``p`` slider and a reseed button; heatmaps before/after inverted dropout with row sums.
     Static fallback: ``p = 0.5``, seed 0 (labelled [RNG])."""
 
     def build_live():
@@ -743,7 +743,7 @@ def _default_sentence() -> str:
 
 def draw_sentence_attention(tokens, q: Tensor, k: Tensor, scale: bool = True, causal: bool = True,
                             temperature: float = 1.0):
-    """W03.6 for one setting: the ``(T, T)`` weight heatmap with the token strings as axis labels."""
+    """The sentence attention map for one setting: the ``(T, T)`` weight heatmap with the token strings as axis labels."""
     w = attention_map(q, k, scale, causal, temperature)
     labels = [token_label(s) for s in tokens]
     fig, ax = figure(figsize=(8.2, 7.2))
@@ -758,7 +758,7 @@ def draw_sentence_attention(tokens, q: Tensor, k: Tensor, scale: bool = True, ca
 def show_sentence_attention(text: str | None = None, max_tokens: int = 30, d_model: int = 64, seed: int = 0,
                             q: Tensor | None = None, k: Tensor | None = None, static: bool | None = None,
                             tokens: list[str] | None = None, unit: str = "GPT-2 tokens"):
-    """W03.6: an attention map over the GPT-2 tokens of a real sentence, with toggles for ``÷√d_k`` and the
+    """The sentence attention map: an attention map over the GPT-2 tokens of a real sentence, with toggles for ``÷√d_k`` and the
     causal mask and a temperature slider. Static fallback: scaled, causal, temperature 1.
 
     By default the text is the first line of the bundled story "the-verdict", tokenised with

@@ -1,5 +1,5 @@
-"""Widgets of unit 00 (PyTorch essentials): W00.1 shape tracer, W00.2 Noam curve, W00.3 label
-smoothing, W00.4 dropout clicker.
+"""Widgets of unit 00 (PyTorch essentials): the shape tracer, the Noam curve, the label-smoothing view
+and the dropout clicker.
 
 Each widget follows :mod:`llmcourse.viz.base`: a pure compute function (tested by pytest), a draw
 function that returns a matplotlib ``Figure``, and ``show_<name>(..., static=None)``, which returns the
@@ -8,10 +8,10 @@ live ipywidgets UI or, under the ``ci`` profile (or with ``static=True``), one s
 =========  ======================  =============================  ==================================
 widget     compute                 draw                           show
 =========  ======================  =============================  ==================================
-W00.1      :func:`trace_head_shapes`  :func:`draw_shape_trace`     :func:`show_shape_tracer`
-W00.2      :func:`noam_curve`      :func:`draw_noam_curve`        :func:`show_noam_curve`
-W00.3      :func:`label_smoothing_view`  :func:`draw_label_smoothing`  :func:`show_label_smoothing`
-W00.4      :func:`dropout_runs`    :func:`draw_dropout_runs`      :func:`show_dropout_clicker`
+1          :func:`trace_head_shapes`  :func:`draw_shape_trace`     :func:`show_shape_tracer`
+2          :func:`noam_curve`      :func:`draw_noam_curve`        :func:`show_noam_curve`
+3          :func:`label_smoothing_view`  :func:`draw_label_smoothing`  :func:`show_label_smoothing`
+4          :func:`dropout_runs`    :func:`draw_dropout_runs`      :func:`show_dropout_clicker`
 =========  ======================  =============================  ==================================
 """
 
@@ -120,7 +120,7 @@ def draw_shape_trace(batch: int = 2, seq: int = 6, d_model: int = 16, n_heads: i
 
 
 def show_shape_tracer(batch: int = 2, seq: int = 6, d_model: int = 16, n_heads: int = 4, static: bool | None = None):
-    """W00.1: sliders for B, T, d_model and n_heads; a table of shapes through multi-head attention.
+    """The shape tracer: sliders for B, T, d_model and n_heads; a table of shapes through multi-head attention.
 
     Static fallback: the table for the given sizes (default B=2, T=6, D=16, H=4).
     """
@@ -202,7 +202,7 @@ def draw_noam_curve(d_model: int = 512, warmup: int = 4000, base_lrs: tuple[floa
 
 
 def show_noam_curve(d_model: int = 512, warmup: int = 4000, static: bool | None = None):
-    """W00.2: sliders for d_model (64–1024) and warmup (100–8000), a base-lr dropdown {1.0, 1e-4}.
+    """The Noam curve: sliders for d_model (64–1024) and warmup (100–8000), a base-lr dropdown {1.0, 1e-4}.
 
     Static fallback: d_model 512, warmup 4000, both base lrs on a log axis (the 10⁴ gap is visible).
     """
@@ -240,7 +240,7 @@ def label_smoothing_view(eps: float = 0.1, target: int = 0, logits=DEFAULT_LOGIT
     Args:
         eps: label smoothing ε in ``[0, 1]``.
         target: the target class in ``[0, C)``.
-        logits: ``C`` raw scores (default F00.4's ``[2.0, 1.0, 0.1]``).
+        logits: ``C`` raw scores (default ``[2.0, 1.0, 0.1]``).
 
     Returns:
         dict with ``q`` (the target distribution ``(1−ε)·onehot + ε/C``, float64 array), ``p`` (softmax of
@@ -283,7 +283,7 @@ def draw_label_smoothing(eps_values=(0.1,), target: int = 0, logits=DEFAULT_LOGI
 
 
 def show_label_smoothing(logits=DEFAULT_LOGITS, static: bool | None = None):
-    """W00.3: an ε slider (0–0.5) and a target-class selector over fixed logits.
+    """The label-smoothing view: an ε slider (0–0.5) and a target-class selector over fixed logits.
 
     Static fallback: three panels, ε ∈ {0, 0.1, 0.3}, target class 0.
     """
@@ -368,7 +368,7 @@ def draw_dropout_runs(rows: torch.Tensor, labels, p: float = 0.5) -> Figure:
 
 
 def show_dropout_clicker(p: float = 0.5, static: bool | None = None):
-    """W00.4: a train/eval toggle and a "run again" button; each click adds a pass over ``ones(1, 10)``.
+    """The dropout clicker: a train/eval toggle and a "run again" button; each click adds a pass over ``ones(1, 10)``.
 
     Static fallback: two train rows and one eval row (seed 0).
     """

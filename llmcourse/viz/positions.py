@@ -1,4 +1,4 @@
-"""Widgets of unit 02 (embeddings and positions): W02.1–W02.5.
+"""Widgets of unit 02 (embeddings and positions): 5 widgets.
 
 Each widget follows :mod:`llmcourse.viz.base`: a pure compute function (tested by pytest), a draw
 function that returns a matplotlib ``Figure``, and ``show_<name>(..., static=None)``, which returns the
@@ -7,12 +7,12 @@ live ipywidgets UI or, under the ``ci`` profile (or with ``static=True``), one s
 =======  ===============================  ====================================  ==============================
 widget   compute                          draw                                  show
 =======  ===============================  ====================================  ==============================
-W02.1    :func:`pe_heatmap_data`          :func:`draw_pe_heatmap`               :func:`show_pe_heatmap`
-W02.2    :func:`frequency_curves`         :func:`draw_frequency_curves`         :func:`show_frequency_explorer`
-W02.3    :func:`shift_rotation`           :func:`draw_shift_rotation`           :func:`show_shift_rotation`
-W02.4    :func:`candidate_encodings`,     :func:`draw_candidates`               :func:`show_candidate_comparison`
+1        :func:`pe_heatmap_data`          :func:`draw_pe_heatmap`               :func:`show_pe_heatmap`
+2        :func:`frequency_curves`         :func:`draw_frequency_curves`         :func:`show_frequency_explorer`
+3        :func:`shift_rotation`           :func:`draw_shift_rotation`           :func:`show_shift_rotation`
+4        :func:`candidate_encodings`,     :func:`draw_candidates`               :func:`show_candidate_comparison`
          :func:`requirements_checklist`
-W02.5    :func:`position_similarity`      :func:`draw_position_similarity`      :func:`show_position_similarity`
+5        :func:`position_similarity`      :func:`draw_position_similarity`      :func:`show_position_similarity`
 =======  ===============================  ====================================  ==============================
 
 The sinusoidal table always comes from :func:`llmcourse.nn.positions.sinusoidal_pe` (interleaved: sine on
@@ -116,7 +116,7 @@ def draw_pe_heatmap(max_len: int = 100, d_model: int = 64, dim: int | None = Non
 
 
 def show_pe_heatmap(max_len: int = 100, d_model: int = 64, static: bool | None = None):
-    """W02.1: sliders ``max_len`` (16–1024) and ``d_model`` (8–512, even) and one extra dim to plot.
+    """The PE heatmap: sliders ``max_len`` (16–1024) and ``d_model`` (8–512, even) and one extra dim to plot.
 
     Static fallback: 100 positions × 64 dims with curves of dims 0, 1, 16 and 62.
     """
@@ -189,7 +189,7 @@ def draw_frequency_curves(pairs: tuple[int, ...] = (0, 1, 50, 150, 250), d_model
 
 
 def show_frequency_explorer(i: int = 0, d_model: int = 768, n_positions: int = 1024, static: bool | None = None):
-    """W02.2: a pair-index slider ``i``; sin/cos of that pair over positions with its period printed.
+    """The frequency explorer: a pair-index slider ``i``; sin/cos of that pair over positions with its period printed.
 
     Static fallback: pairs 0, 1, 50, 150 and 250 at D=768 over 1,024 positions.
     """
@@ -275,7 +275,7 @@ def draw_shift_rotation(p: float = 3, k: float = 5, pairs: tuple[int, ...] = (0,
 
 
 def show_shift_rotation(p: int = 3, k: int = 5, i: int = 0, d_model: int = 16, static: bool | None = None):
-    """W02.3: sliders p, k and i; the point of pair i at p, its rotation by M_k, and the point at p+k.
+    """The shift rotation: sliders p, k and i; the point of pair i at p, its rotation by M_k, and the point at p+k.
 
     Static fallback: p=3, k=5 for pairs i=0 and i=4 at D=16.
     """
@@ -432,7 +432,7 @@ def draw_candidates(n_positions: int = 64, d_model: int = 16, names: tuple[str, 
 
 
 def show_candidate_comparison(n_positions: int = 64, d_model: int = 16, static: bool | None = None):
-    """W02.4: one tab per candidate (integer / p/N / binary / sine only / sinusoidal), each a heatmap plus
+    """The candidate comparison: one tab per candidate (integer / p/N / binary / sine only / sinusoidal), each a heatmap plus
     its R1–R5 checklist; sliders for the number of positions and d_model.
 
     Static fallback: all candidates side by side in one figure.
@@ -532,7 +532,7 @@ def draw_position_similarity(n_positions: int = 64, d_model: int = 128, p_marks:
 
 
 def show_position_similarity(n_positions: int = 64, d_model: int = 128, static: bool | None = None):
-    """W02.5: the ``PE·PEᵀ`` heatmap and ``PE(p)·PE(p+k)`` against k; sliders for positions, d_model and p.
+    """The position similarity: the ``PE·PEᵀ`` heatmap and ``PE(p)·PE(p+k)`` against k; sliders for positions, d_model and p.
 
     Static fallback: 64 positions, D=128, curves for p = 0, 16 and 40.
     """

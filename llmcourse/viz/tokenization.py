@@ -1,8 +1,9 @@
-"""Widgets of unit 01 (tokenization): W01.1 BPE stepper, W01.2 tokenizer comparison, W01.3 sliding window.
+"""Widgets of unit 01 (tokenization): the BPE stepper, the tokenizer comparison
+and the sliding-window view.
 
 Each widget follows :mod:`llmcourse.viz.base`: pure compute functions (tested in pytest), draw
 functions that paint a matplotlib ``Figure``, and ``show_*(..., static=None)`` returning the live
-ipywidgets UI or one static figure. W01.2's live view is an ``ipywidgets.HTML`` of coloured chips
+ipywidgets UI or one static figure. The tokenizer comparison's live view is an ``ipywidgets.HTML`` of coloured chips
 whose ``title`` attribute shows the token id on hover (plain HTML, no JavaScript).
 """
 
@@ -129,9 +130,9 @@ def _row_patch(y, dy, status):
 
 def show_bpe_stepper(word_counts: dict[str, int] | None = None, static: bool | None = None,
                      end_of_word: str = END_OF_WORD):
-    """W01.1: step through BPE training merge by merge.
+    """The BPE stepper: step through BPE training merge by merge.
 
-    Live: a corpus editor (one ``word count`` per line, default the toy corpus F01.1), "merge" and
+    Live: a corpus editor (one ``word count`` per line, default the toy corpus), "merge" and
     "reset" buttons and a tie-break dropdown (course rule / first seen / largest pair). Static: the
     tables after 0, 1, 3 and 12 merges of the toy corpus with the course rule.
     """
@@ -308,7 +309,7 @@ def token_views_html(views: Sequence[TokenView]) -> str:
 
 
 def show_tokenizer_comparison(text: str, word=None, char=None, bpe=None, gpt2=None, static: bool | None = None):
-    """W01.2: type a sentence and see its tokens under the word, character, course-BPE and GPT-2
+    """The tokenizer comparison: type a sentence and see its tokens under the word, character, course-BPE and GPT-2
     tokenizers as coloured chips (ids on hover), with token counts and characters per token.
     Static: ``text`` (the lesson passes the-verdict's first sentence)."""
 
@@ -403,7 +404,7 @@ def draw_windows(pieces: Sequence[str], panels: Sequence[tuple[int, int]], max_w
 
 
 def show_sliding_window(pieces: Sequence[str], static: bool | None = None, max_windows: int = 8):
-    """W01.3: context-length and stride sliders over a list of token strings (the lesson passes the
+    """The sliding-window view: context-length and stride sliders over a list of token strings (the lesson passes the
     first 40 GPT-2 tokens of the-verdict); inputs and targets aligned, overlap hatched.
     Static: ``context_length = 4`` with strides 1 and 4."""
     pieces = list(pieces)

@@ -748,24 +748,24 @@ assert torch.allclose(ctx_e, weights @ v, atol=1e-6)
 # %% [markdown]
 # ### Spot the bug: the right shape, the wrong numbers
 #
-# A popular write-up computes the context with `"bhqk,bhvd->bhqd"`. The output shape is correct, so
-# nothing crashes. But `k` and `v` are now *different* letters, so einsum sums over each separately:
-# every query receives `(Σ_k w_qk) · (Σ_v V_v)`, its row sum (1 after a softmax) times the sum of **all**
-# value vectors. Every query gets the same vector.
+# A popular write-up computes the context with the einsum below. The output has the right shape, so
+# nothing crashes. The cell compares it with `weights @ v` and prints what every query received; find
+# why.
 
 # %%
 ctx_bug = torch.einsum("bhqk,bhvd->bhqd", weights, v)
 print("shape", tuple(ctx_bug.shape), "matches weights @ v?", torch.allclose(ctx_bug, weights @ v, atol=1e-5))
 all_values = v.sum(dim=-2, keepdim=True)                         # (B, H, 1, d_v)
-print("every query got row_sum × Σ V?",
+print("every query got (its row sum) × (the sum of all value vectors)?",
       torch.allclose(ctx_bug, weights.sum(-1, keepdim=True) * all_values, atol=1e-5))
+print("queries 0 and 1 got the same vector?", torch.allclose(ctx_bug[..., 0, :], ctx_bug[..., 1, :], atol=1e-6))
 
 # %% [markdown]
 # **Your turn:** fix the equation string in `context_fixed` (the self-check compares with `weights @ v`).
 
 # %%
 def context_fixed(weights, v):
-    # TODO: the axis summed over must carry the same letter in the weights and in the values
+    # TODO: every query must get its own weighted mix of the values
     return torch.einsum("bhqk,bhvd->bhqd", weights, v)
 
 
@@ -779,8 +779,10 @@ def self_check_context(fn):
 self_check_context(context_fixed)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix: give the key axis of `weights` and the key axis of `v` the same letter (the course's
-# finished version is llmcourse.nn.attention_output_einsum; writing it is exercise 3).
+# Reference fix: in "bhqk,bhvd->bhqd" the key axis of the weights (k) and of the values (v) carry different
+# letters, so einsum sums over each separately: every query gets (sum of its weights) x (sum of all value
+# vectors). Give both key axes the same letter (the course's finished version is
+# llmcourse.nn.attention_output_einsum; writing it is exercise 3).
 assert self_check_context(llmcourse.nn.attention_output_einsum)
 
 # %% [markdown]
@@ -907,25 +909,23 @@ def lrs_used(optimizer, scheduler, record_at, n_steps):
 
 param = nn.Parameter(torch.zeros(1))
 trap_opt = torch.optim.Adam([param], lr=1e-4)
-trap_sched = torch.optim.lr_scheduler.LambdaLR(trap_opt, lambda e: llmcourse.noam_lambda(e + 1, 512, 4000))
-trap = lrs_used(trap_opt, trap_sched, set(NOAM_TABLE), 16_000)
-print(" step    lr with Adam(lr=1e-4)   ratio to the Noam value")
-for step, value in trap.items():
-    print(f"{step:5d}   {value:.6e}            {value / NOAM_TABLE[step]:.0e}")
-    assert math.isclose(value, 1e-4 * NOAM_TABLE[step], rel_tol=1e-5)
-print(f"peak: {max(trap.values()):.6e}")
-assert math.isclose(trap[4000], 6.987712e-08, rel_tol=1e-5)
+trap_sched = torch.optim.lr_scheduler.LambdaLR(trap_opt, lambda e: llmcourse.noam_lambda(e, 512, 4000))
+trap = lrs_used(trap_opt, trap_sched, set(range(1, 16_001)), 16_000)
+trap_peak_step = max(trap, key=trap.get)
+print(f"largest lr used: {trap[trap_peak_step]:.6e} (at step {trap_peak_step}); the schedule's peak is "
+      f"{NOAM_TABLE[4000]:.6e}; ratio {trap[trap_peak_step] / NOAM_TABLE[4000]:.0e}")
+assert math.isclose(trap[trap_peak_step], 1e-4 * NOAM_TABLE[4000], rel_tol=1e-5)
 
 # %% [markdown]
-# Every value is the table's value times `1e-4` (the ratio column), and the peak printed above is
-# ten thousand times below the schedule's peak. The model would barely move. Fix: make the base lr the overall scale you want, `1.0`
-# for the paper's schedule (or a deliberate `factor`).
+# The largest lr this optimizer ever uses is the schedule's peak times `1e-4` (the ratio printed above):
+# ten thousand times too small, and the model would barely move. Whatever `f` returns is scaled by the lr
+# the optimizer was created with; the exercise asks for a scheduler that is right whatever that lr was.
 #
 # **The step counter.** `LambdaLR` calls the lambda with its own counter, which is `0` when the
 # scheduler is created and advances by one at each `scheduler.step()`. With the usual order
-# (`optimizer.step()` then `scheduler.step()`), the n-th optimizer step uses `f(n − 1)`. Writing
-# `lambda e: noam_lambda(e, …)` therefore makes steps 1 and 2 both use λ(1) (because of `max(step, 1)`)
-# and shifts the whole schedule by one; `noam_lambda(e + 1, …)` makes step n use λ(n).
+# (`optimizer.step()` then `scheduler.step()`), the n-th optimizer step uses `f` of the counter's value at
+# that moment. The cell below records the counter values the lambda receives and the lr of the first four
+# steps when the lambda passes its counter straight to `noam_lambda`.
 
 # %%
 def first_lrs(make_lambda, n=4):
@@ -934,18 +934,26 @@ def first_lrs(make_lambda, n=4):
     return list(lrs_used(opt, sched, set(range(1, n + 1)), n).values())
 
 
-off_by_one = first_lrs(lambda e: llmcourse.noam_lambda(e, 512, 4000))
-aligned = first_lrs(lambda e: llmcourse.noam_lambda(e + 1, 512, 4000))
+counter_values = []
+
+
+def recording(e):
+    counter_values.append(e)
+    return llmcourse.noam_lambda(e, 512, 4000)
+
+
+straight = first_lrs(recording)
 wanted = [llmcourse.noam_lambda(n, 512, 4000) for n in range(1, 5)]
-print("lambda e: λ(e)    ", [f"{x:.3e}" for x in off_by_one])
-print("lambda e: λ(e + 1)", [f"{x:.3e}" for x in aligned])
-print("wanted λ(1…4)     ", [f"{x:.3e}" for x in wanted])
-assert off_by_one[0] == off_by_one[1] and aligned == wanted
+print("counter values seen by the lambda:", counter_values)
+print("lr of steps 1…4, lambda e: λ(e):", [f"{x:.3e}" for x in straight])
+print("wanted λ(1…4):                  ", [f"{x:.3e}" for x in wanted])
+assert straight[0] == straight[1] and straight != wanted
 
 # %% [markdown]
-# `llmcourse.make_noam_scheduler(optimizer, d_model, warmup, factor=1.0)` (an exercise of this unit)
-# does both: it sets every group's base lr to `factor` and uses `e + 1`. Even with an optimizer created
-# with `lr=1e-4`, the recorded learning rates now reproduce the table:
+# Steps 1 and 2 both use λ(1) (`max(step, 1)` turns the counter's first value into 1), and every later
+# step uses the value meant for the step before it. `llmcourse.make_noam_scheduler(optimizer, d_model,
+# warmup, factor=1.0)`, an exercise of this unit, handles both traps. Even with an optimizer created with
+# `lr=1e-4`, the learning rates it produces reproduce the table:
 
 # %%
 fixed_opt = torch.optim.Adam([nn.Parameter(torch.zeros(1))], lr=1e-4)
@@ -1064,7 +1072,7 @@ assert no_mask > 1e-3 and masked < 1e-6
 # - Cross-entropy takes raw logits; `ignore_index` positions leave both the sum and the count; label
 #   smoothing spreads ε over all `C` classes.
 # - In `einsum`, the summed axis must carry the same letter in both inputs.
-# - `LambdaLR` multiplies the base lr and counts from 0: set the base lr to `factor` and use `step + 1`.
+# - `LambdaLR` scales the optimizer's own lr by `f(counter)`, and its counter starts at 0 before the first step.
 #
 # Next: the exercise notebook `exercises/00_pytorch_essentials/00_pytorch_essentials.ipynb`, then unit 01
 # (tokenization).

@@ -20,6 +20,7 @@
 # %%
 import collections
 import os
+import random
 import re
 import time
 
@@ -532,8 +533,9 @@ show_tokenizer_comparison(first_sentence, word=WordTokenizer.from_text(verdict),
 # `split()`. GPT-2's design removes both, and we can rebuild it with the pieces we have.
 #
 # **Pre-tokenization.** GPT-2 first cuts text with a regular expression into runs of letters, runs of
-# digits, runs of other symbols and runs of whitespace, each allowed to carry **one leading space**, plus
-# the English contractions (`'s`, `'t`, `'re`, …). Merges never cross those boundaries (the job `</w>` does
+# digits and runs of other symbols, each allowed to carry **one leading space**, runs of whitespace (which
+# take no extra space: before a word, a run of spaces leaves its last space to that word), plus the English
+# contractions (`'s`, `'t`, `'re`, …). Merges never cross those boundaries (the job `</w>` does
 # in our BPE), and because the space sits *in front of* a word, nothing is lost: joining the pieces gives
 # the text back. The pattern below is GPT-2's (it needs the `regex` package for `\p{L}`, "any letter",
 # and `\p{N}`, "any digit"). If it is the same split tiktoken uses, encoding the pieces one by one gives
@@ -545,6 +547,9 @@ pieces = GPT2_SPLIT.findall(verdict)
 print(f"{len(pieces):,} pieces; the first 12: {pieces[:12]}")
 print(GPT2_SPLIT.findall("It's 2024, and   she said: héllo!\n"))
 assert "".join(pieces) == verdict, "nothing is lost"
+spaced = GPT2_SPLIT.findall("a   b")
+print("'a   b' (three spaces) ->", spaced)
+assert spaced == ["a", "  ", " b"]   # the whitespace run keeps two spaces, the word takes the third
 assert [t for piece in pieces for t in enc.encode(piece)] == enc.encode(verdict), "the same split as tiktoken's"
 
 # %% [markdown]
@@ -723,7 +728,7 @@ for i in range(1, 5):
 # the input is `x = ids[s : s+L]`, and the target is the same window shifted left by one token,
 # `y = ids[s+1 : s+L+1]`. Position `t` of `y` is the token that follows `x[: t+1]`, so one window holds L
 # training examples. The window starts advance by a **stride**: stride 1 gives heavily overlapping windows,
-# stride L gives disjoint ones. The last start must leave room for L + 1 tokens.
+# stride L gives disjoint ones. A window counts only if both its `x` and its `y` are complete.
 
 # %%
 ds1 = GPTWindowDataset(ids, context_length=4, stride=1)
@@ -744,19 +749,18 @@ assert all(torch.equal(ds1[i][0][1:], ds1[i][1][:-1]) for i in range(len(ds1))) 
 show_sliding_window([enc.decode([i]) for i in ids[:40]])
 
 # %% [markdown]
-# ### Spot the bug: a validation split that overlaps the training text
+# ### Spot the bug: a validation split
 #
-# To see overfitting, part of the text is held out for validation. A tempting way: make all windows,
-# shuffle them, keep 10 % for validation. With stride 1, neighbouring windows share all but one of their
-# tokens, so nearly every token a validation window reads also sits in some training window: the
-# "held-out" loss is measured on text the model trained on. To see it, run the split on token
-# **positions** (`torch.arange(n)` in place of the ids), so that every window says which positions of
-# the text it reads:
+# To see overfitting, part of the text is held out for validation: the model must never train on it. A
+# tempting way is below: make all windows, shuffle them, keep 10 % for validation. Run it on token
+# **positions** (`torch.arange(n)` in place of the ids), so that every window says which positions of the
+# text it reads, and look at what the two sides share:
 
 # %%
 def split_windows_shuffled(token_ids, L, stride, val_fraction=0.1, seed=0):
     ds = GPTWindowDataset(token_ids, L, stride)
-    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
     n_val = int(len(ds) * val_fraction)
     return [ds[i] for i in order[n_val:]], [ds[i] for i in order[:n_val]]
 
@@ -803,7 +807,9 @@ def self_check_split(split):
 self_check_split(split_windows)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (folded): cut the token stream once, then make the windows on each side of the cut.
+# Reference fix (folded): with stride 1, neighbouring windows share all but one of their tokens, so after a
+# shuffle nearly every position a validation window reads is also read by some training window. Cut the token
+# stream once, then make the windows on each side of the cut.
 def split_windows_reference(token_ids, L, stride, val_fraction=0.1):
     cut = int(len(token_ids) * (1 - val_fraction))
     return GPTWindowDataset(token_ids[:cut], L, stride), GPTWindowDataset(token_ids[cut:], L, stride)
@@ -812,8 +818,8 @@ def split_windows_reference(token_ids, L, stride, val_fraction=0.1):
 assert self_check_split(split_windows_reference)
 
 # %% [markdown]
-# Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Shuffling
-# uses its own seeded `torch.Generator`, so the same seed always gives the same batches:
+# Finally, a `DataLoader` groups windows into batches of shape `(batch_size, context_length)`. Its order
+# depends on its `seed` only, so the same seed always gives the same batches:
 
 # %%
 loader = create_dataloader(ids, batch_size=8, context_length=4, stride=4, shuffle=True, seed=0)
@@ -837,7 +843,7 @@ assert len(loader) == len(ds4) // 8
 # * GPT-2's byte-level BPE starts from the 256 byte values, so it encodes any string:
 #   256 + 50,000 + 1 = 50,257 ids, with `<|endoftext|>` = 50256 accepted only when explicitly allowed.
 # * A sliding window turns a token stream into `(x, y)` pairs with `y` = `x` shifted by one;
-#   the last start must leave room for L + 1 tokens.
+#   only complete windows count.
 #
 # * Byte-level BPE splits text with a regular expression (leading spaces kept), uses the 256 bytes as its
 #   alphabet and never meets an unknown symbol; its pitfalls are digits, leading spaces, case variants and

@@ -583,13 +583,13 @@ print(f"pair 250's cosine: lowest over positions 0-1023 {cos_250[:1024].min().it
 assert cos_250[2047] > cos_250[:1024].min() + 1.0
 
 # %% [markdown]
-# ## 8. `PositionalEncoding`: a buffer, and dropout on the sum
+# ## 8. `PositionalEncoding`: a table that follows its module, and dropout on the sum
 #
-# The table is fixed, so it is not a parameter. It still has to move with the module (`.to("cuda")`,
-# `.to(torch.float64)`), which is exactly what a **buffer** does. Registered with `persistent=False`, it also stays
-# out of the `state_dict`: it can be recomputed at any time, checkpoints stay small, and a checkpoint loads into a
-# module built with a different `max_len`. `llmcourse.nn.PositionalEncoding` (exercise 4) computes
-# `dropout(x + pe[:, :T])`.
+# The table is fixed: an optimizer must not change it. It still has to move with the module (`.to("cuda")`,
+# `.to(torch.float64)`), and it need not be saved: it can be recomputed at any time, checkpoints stay small, and a
+# checkpoint then loads into a module built with a different `max_len`. Unit 00 showed the ways a module can hold a
+# tensor; which one gives these three properties is exercise 4's to decide. `llmcourse.nn.PositionalEncoding`
+# (exercise 4) has them, and computes `dropout(x + pe[:, :T])`:
 
 # %%
 pos_enc = PositionalEncoding(d_model=512, max_len=2048, dropout=0.1)
@@ -680,27 +680,29 @@ self_check_pe_dropout(MyPositionalEncoding)
 assert self_check_pe_dropout(PositionalEncoding)
 
 # %% [markdown]
-# ### Spot the bug 3: a table that does not follow its module
+# ### Spot the bug 3
 #
-# Storing the table as a plain attribute (`self.pe = table`) looks harmless, until the module is moved: `.to()`
-# converts parameters and buffers only, so the table stays behind (here in float32; on a GPU it would stay on the
-# CPU and the addition would fail).
+# Here is a shorter module that adds the table. Move it to float64, as a model is moved to a GPU, and feed it a
+# float64 batch: the cell prints what the module holds and what comes out.
 
 # %%
 class PEAttribute(nn.Module):
     def __init__(self, d_model, max_len):
         super().__init__()
-        self.pe = sinusoidal_pe(max_len, d_model).unsqueeze(0)  # a plain tensor attribute
+        self.pe = sinusoidal_pe(max_len, d_model).unsqueeze(0)
 
     def forward(self, x):
         return x + self.pe[:, :x.shape[1]]
 
 
 attr = PEAttribute(8, 10).to(torch.float64)
-print("plain attribute after .to(float64):", attr.pe.dtype)
+out64 = attr(torch.zeros(2, 5, 8, dtype=torch.float64))
+print("module moved to float64; its table:", attr.pe.dtype, "; output of a float64 batch:", out64.dtype)
+print("parameters:", len(list(attr.parameters())), "; state_dict keys:", list(attr.state_dict()))
 
 # %% [markdown]
-# **Your turn:** fix `MyPETable` so that the table follows `.to()` and still stays out of the `state_dict`.
+# **Your turn:** the module was moved to float64, yet its table was not (on a GPU the addition would fail
+# outright). Find why, and fix `MyPETable` so that the table follows `.to()`, is not trained and is not saved.
 
 # %%
 class MyPETable(nn.Module):
@@ -725,10 +727,8 @@ def self_check_table(cls):
 self_check_table(MyPETable)
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (collapsed; the table is part of exercise 4, so here in words): register the table as a
-# buffer (`register_buffer`) with `persistent=False`: buffers follow `.to()`, and a non-persistent one is
-# left out of the state_dict. The course's PositionalEncoding does exactly that, so it passes the same
-# self-check.
+# Reference fix (collapsed): how the table is held is exercise 4's decision, so it is not shown here. The
+# course's PositionalEncoding holds its table that way and passes the same self-check.
 assert self_check_table(PositionalEncoding)
 
 # %% [markdown]

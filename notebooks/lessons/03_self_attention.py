@@ -180,9 +180,10 @@ assert torch.allclose(torch.softmax(z + 100.0, dim=0), p_soft)   # shift invaria
 # %% [markdown]
 # **Overflow.** $e^{1000}$ is far beyond the largest float32 (about $3.4\times10^{38}$), so the
 # textbook formula gives `inf / inf = nan` for `[1000, 1001]`, although the answer is perfectly
-# ordinary. Shift invariance is the cure: subtract the row maximum first. The largest exponent is then
-# $e^0 = 1$, nothing overflows, and the result is unchanged. Entries equal to $-\infty$ become
-# $e^{-\infty} = 0$, which is exactly what masking will need.
+# ordinary. Shift invariance is the cure: $\operatorname{softmax}(z) = \operatorname{softmax}(z - c)$ for any
+# constant $c$ (the cell above checked $c = -100$), so a well-chosen shift keeps every exponent small without
+# changing the result. Which shift, taken along which axis, is yours to decide in exercise 1. Entries equal to
+# $-\infty$ become $e^{-\infty} = 0$, which is exactly what masking will need.
 #
 # Below, `softmax_stable` is the library's version (you write your own in the exercises). The tests it
 # must pass: no `nan` for huge inputs, the same values as `torch.softmax`, weight 0 for $-\infty$, and
@@ -848,9 +849,10 @@ viz.show_dropout_on_weights()
 # is also left out of the `state_dict`, because it can always be rebuilt. A plain tensor attribute would
 # stay behind on the CPU.
 #
-# **Slicing to `T`.** The buffer is built once for the longest sequence, `context_length`. A shorter
-# batch uses its top-left `T × T` corner: `mask[:T, :T]`. A batch longer than `context_length` is an
-# error, raised with a clear message.
+# **Shorter sequences.** The buffer is built once for the longest sequence, `context_length`, yet most
+# batches are shorter. How a batch of `T < context_length` tokens uses it is a decision of exercise 5; the
+# cell below shows the property it must keep (the first 4 outputs of a 6-token batch equal the outputs of
+# its 4-token prefix). A batch longer than `context_length` is an error, raised with a clear message.
 #
 # Here is the library's module (you write your own in the exercises), with the weights of section 4
 # loaded.
@@ -886,7 +888,7 @@ class WithPlainAttribute(nn.Module):
 
 assert "mask" not in dict(WithPlainAttribute().named_buffers())   # so .to(device) would not move it
 
-# shorter sequences use the top-left corner of the buffer; longer ones are refused
+# shorter sequences work; longer ones are refused
 with torch.no_grad():
     out4 = ca(batch[:, :4])
 assert torch.allclose(out4, out[:, :4], atol=1e-6)   # causal: the first 4 outputs do not depend on tokens 4, 5
@@ -931,18 +933,17 @@ print(f"largest |mean of 400 train passes - eval output| = {worst:.2f} standard 
 assert worst < 4, "inverted dropout should be unbiased"
 
 # %% [markdown]
-# ### Spot the bug 3: `softmax(..., dim=1)` in a batched module
+# ### Spot the bug 3: a last row far too large
 #
-# In a single-sequence version, `softmax(scores, dim=1)` and `dim=-1` are the same thing, because scores
-# are `(T, T)`. A batched version that keeps `dim=1` normalises over the **queries** of `(B, T, T)` scores:
-# the *columns* sum to 1 instead of the rows. The output of one widely read notebook was produced this
-# way; its last row looks far too large. Here is its weight computation, run on the projections of the
-# module above; inspect the sums:
+# One widely read notebook batches its causal attention, and the last row of its output looks far too
+# large. Here is its weight computation, run on the projections of the module above. The cell prints the
+# sums of the weights along each axis and the last output row next to the library module's: find the line
+# that breaks the property.
 
 # %%
 def causal_weights_dim1(scores, mask):
     """(B, T, T) scaled scores and a (T, T) bool mask -> attention weights, as the buggy notebook does it."""
-    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)   # <- the bug
+    return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)
 
 
 with torch.no_grad():
@@ -963,16 +964,13 @@ def rows_are_distributions(weights):
 print("rows are distributions?", rows_are_distributions(w_buggy))
 
 # %% [markdown]
-# The last key (column 5) is allowed for only one query, so after a column-wise softmax that single entry
-# is 1 and token 5's whole value vector is added to the last output: the "far too large" last row.
-#
 # **Your fix.** Rewrite `causal_weights(scores, mask)` (same inputs as above, any number of leading batch
 # dimensions) so that every query's weights form a distribution over the keys it may see. The
 # self-check also compares the resulting output with the library module's.
 
 # %%
 def causal_weights(scores, mask):
-    # TODO: normalise over the keys, whatever the number of batch dimensions
+    # TODO: every query's weights must form a distribution over the keys it may see
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=1)
 
 
@@ -987,7 +985,9 @@ def self_check_causal_weights():
 fixed_3 = self_check_causal_weights()
 
 # %% jupyter={"source_hidden": true}
-# Reference fix (collapsed): one character, dim=-1. Running it replaces your version of causal_weights.
+# Reference fix (collapsed): dim=1 of (B, T, T) scores is the query axis, so the columns were normalised:
+# the last key, allowed for only one query, got weight 1 there, and token 5's whole value vector was added
+# to the last output. Normalise over the keys, dim=-1. Running it replaces your version of causal_weights.
 def causal_weights(scores, mask):
     return torch.softmax(scores.masked_fill(~mask, -math.inf), dim=-1)
 
@@ -999,7 +999,7 @@ assert self_check_causal_weights()
 #
 # * Attention replaces a fixed-size summary with a weighted average over all positions; the weights come
 #   from a softmax over query–key dot products, and the output mixes **value** vectors.
-# * Compute softmax stably by subtracting the row maximum; fill blocked scores with $-\infty$.
+# * Compute softmax stably through its shift invariance; fill blocked scores with $-\infty$.
 # * Divide the scores by $\sqrt{d_k}$, the key width of *this* attention: dot products of width-$d_k$ vectors
 #   have variance $d_k$, and large scores saturate the softmax and kill its gradients.
 # * Initialisation matters: `torch.rand` weights saturate attention at realistic widths; `nn.Linear`'s

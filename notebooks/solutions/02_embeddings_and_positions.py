@@ -212,7 +212,8 @@ from grader import grade; grade("02.PositionalEncoding")  # noqa: E702
 ### END HIDDEN TESTS
 pos = PositionalEncoding(d_model=8, max_len=20, dropout=0.1)
 assert len(list(pos.parameters())) == 0, "the table must not be a parameter"
-assert "pe" in dict(pos.named_buffers()) and len(pos.state_dict()) == 0, "pe: a buffer with persistent=False"
+assert len(pos.state_dict()) == 0, f"the table must not be saved: state_dict keys {list(pos.state_dict())}"
+assert PositionalEncoding(8, 20).to(torch.float64).pe.dtype == torch.float64, "the table must follow .to(torch.float64)"
 assert pos.pe.shape == (1, 20, 8), f"pe must have shape (1, max_len, d_model), got {tuple(pos.pe.shape)}"
 x = torch.randn(2, 5, 8)
 pos.eval()
@@ -271,8 +272,9 @@ print("visible tests passed")
 # - `state_dict` keys exactly `tok_emb.weight (V, D)` and `pos_emb.weight (context_length, D)`: a learned
 #   token table and a learned position table (`nn.Embedding`s, default initialisation);
 # - `forward(idx)`: `idx (B, T)` long → `(B, T, D)`: the token vector plus the vector of its position
-#   `0, 1, …, T−1` (on `idx`'s device), with dropout of probability `dropout` on the sum and no √d_model
-#   scale. Raise `ValueError` when `T > context_length`.
+#   `0, 1, …, T−1`, with dropout of probability `dropout` on the sum and no √d_model scale. Raise
+#   `ValueError` when `T > context_length`. The module must work wherever it and `idx` live (after
+#   `.to(device)`: a GPU, or PyTorch's `"meta"` device).
 
 # %% tags=["solution:02.GPTEmbedding"]
 class GPTEmbedding(nn.Module):

@@ -43,7 +43,7 @@ cfg = llmcourse.setup_notebook("03")
 
 # %% tags=["solution:03.softmax_stable"]
 def softmax_stable(x, dim=-1):
-    """Softmax of x along dim: exp(x - max) / sum(exp(x - max))."""
+    """Softmax of x along dim (same shape as x), finite for every finite x; -inf entries get weight 0."""
     ### BEGIN SOLUTION
     shifted = x - x.amax(dim=dim, keepdim=True)
     e = shifted.exp()
@@ -59,7 +59,7 @@ out = softmax_stable(torch.tensor([1.0, 2.0, 3.0, 6.0]))
 assert out.shape == (4,), f"expected shape (4,), got {tuple(out.shape)}"
 assert torch.allclose(out, torch.tensor([0.0063, 0.0170, 0.0463, 0.9304]), atol=1e-4), f"softmax([1,2,3,6]) gave {out}"
 big = softmax_stable(torch.tensor([1000.0, 1001.0]))
-assert torch.isfinite(big).all(), f"softmax([1000, 1001]) gave {big}: subtract the maximum first"
+assert torch.isfinite(big).all(), f"softmax([1000, 1001]) gave {big}: exp overflows float32 for inputs this large"
 x = torch.randn(3, 5)
 assert torch.allclose(softmax_stable(x, dim=0).sum(0), torch.ones(5)), "with dim=0 the columns must sum to 1"
 print("visible tests passed")
