@@ -44,7 +44,7 @@ for _id, _opts, _hint in [
     ("B14.gate_from_biased", dict(weights_from_biased=True),
      "The bias only chooses experts; the gate weights come from the unbiased scores."),
     ("B14.group_mask_zero", dict(mask_value=0.0),
-     "Biased scores can be negative; mask the experts of excluded groups with −inf."),
+     "Biased scores can be negative: what score does an excluded expert keep, and can it still win the top-k?"),
     ("B14.group_score_max", dict(group_score="max"), "DeepSeek-V3 scores a group by the sum of its two best experts."),
     ("B14.no_renorm", dict(renorm=False), "With norm_topk_prob, divide the selected weights by their sum."),
     ("B14.softmax_for_sigmoid", dict(affinity="softmax"), "DeepSeek-V3 uses sigmoid affinities."),

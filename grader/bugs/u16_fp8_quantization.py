@@ -67,7 +67,7 @@ def _dq_w_inv(q, s, block=128):
     return q.float() / s.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :K]
 
 
-bug_group("B16.scale_inverted", Q, "Quantise with x/s and dequantise with q·s, where s = amax/448.",
+bug_group("B16.scale_inverted", Q, "The convention is q = x/s and x̂ = q·s: your s maps the other way.",
           {"quantize_act_tiles": _q_act_inv, "quantize_weight_blocks": _q_w_inv,
            "dequantize_act_tiles": _dq_act_inv, "dequantize_weight_blocks": _dq_w_inv})
 

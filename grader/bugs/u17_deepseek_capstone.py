@@ -174,7 +174,7 @@ def compare_active_total(models, train_data, val_data, steps, batch_size, contex
     return rows
 
 
-bug_group("B17.active_counts_total", f"{U}.compare_models", "Active = shared + k routed experts + everything dense.",
+bug_group("B17.active_counts_total", f"{U}.compare_models", "Active means used by one token's forward pass: which of an MoE layer's experts does one token run?",
           {"compare_models": compare_active_total})
 
 

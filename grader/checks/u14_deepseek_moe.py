@@ -261,13 +261,22 @@ def check_update_bias(t):
     c = torch.bincount(ind.flatten(), minlength=6).float()
     t.compare(lambda impl: impl.update_bias(b, ind, 6, 0.01), b + 0.01 * torch.sign(c.mean() - c),
               "random loads (E=6, 25 tokens × 2, gamma 0.01)", atol=1e-7, rtol=0)
+    idle = torch.tensor([[0, 0], [0, 0], [2, 3], [2, 3]])     # loads [4, 0, 2, 2]: expert 1 got nothing, mean 2
+    t.compare(lambda impl: impl.update_bias(torch.zeros(4), idle, 4, 0.01), torch.tensor([-0.01, 0.01, 0.0, 0.0]),
+              "loads [4, 0, 2, 2] (an expert without tokens; the mean load c̄ = 2 is over all E experts, so the two "
+              "experts at the mean keep their bias)", atol=1e-7, rtol=0)
 
 
 # ================================================================== 14.DeepSeekMoE
 
 
 def _moe(impl, state, kw, mode="eval"):
+    from grader.prior import use_course
+    from llmcourse.models.deepseek_moe import deepseek_route, update_bias
+
     m = impl.DeepSeekMoE(**kw)
+    # graded on the course's routing and bias update (exercises 3 and 4): one mistake costs one exercise
+    use_course(type(unwrap(m)), deepseek_route=deepseek_route, update_bias=update_bias)
     unwrap(m).load_state_dict(state)
     return unwrap(m).train() if mode == "train" else unwrap(m).eval()
 
@@ -415,3 +424,41 @@ def check_sequence_balance_loss(t):
                                impl.sequence_balance_loss(sc[:, perm], idx[:, perm], 6, 0.05).float()])
     t.expect(torch.allclose(pair[0], pair[1], atol=1e-8), "the loss must not depend on the order of the tokens "
              "inside a sequence")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.softmax_topk_route", "softmax over all experts, the k most probable chosen in order, their "
+                  "probabilities renormalised only when asked",
+                  probe="returned probs, indices and weights for both renormalize values against softmax/topk here")
+defining_property(f"{U}.load_balancing_loss", "alpha·Σ f_i·P_i with f_i the assignment counts normalised so that a "
+                  "balanced router gives f_i = 1 for any k; the counts carry no gradient",
+                  probe="values at the two boundary cases and on a random router (k = 2); d loss / d probs against "
+                        "alpha·f_i/N; invariance under a token permutation")
+defining_property(f"{U}.deepseek_route", "sigmoid affinities; the bias chooses groups and experts but never weighs them; "
+                  "experts of excluded groups can never be chosen, however negative the biased scores",
+                  probe="chosen experts and weights against transformers' DeepseekV3TopkRouter with random biases and the "
+                        "negative-bias worked example")
+defining_property(f"{U}.update_bias", "the sign rule b + γ·sign(c̄ − c) with c̄ the mean load over all E experts, a "
+                  "new float32 tensor",
+                  probe="returned biases for skewed, balanced, idle-expert and random loads; the argument left unchanged; "
+                        "a bfloat16 input")
+defining_property(f"{U}.DeepSeekMoE", "routed experts run only on their tokens and are combined with the routing weights, "
+                  "plus the shared experts; the bias is a buffer moved only by the sign rule",
+                  probe="outputs against transformers' DeepseekV3MoE (on the course's routing, so exercise 3 is graded "
+                        "once); forward hooks counting which experts run; state before/after forwards; last_indices")
+defining_property(f"{U}.sequence_balance_loss", "exercise 2's product asked of every sequence on its own, with "
+                  "affinities normalised per token, averaged over the batch",
+                  probe="values for balanced sequences, two collapsed sequences balanced as a batch, random scores, "
+                        "against a loop here; the gradient in scores")
+
+decision(f"{U}.deepseek_route", "how an expert outside the kept groups is excluded from the top-k (its score must be "
+         "below any allowed score, even negative ones)",
+         forms=[r"masked_fill\([^)]*-\s*(float\(\s*['\"])?inf", r"-\s*inf(inity)?\b[^.]{0,60}(exclud|outside|masked)",
+                r"(exclud|outside|masked)[^.]{0,60}-\s*inf(inity)?\b", r"−∞|-∞"],
+         wrong=("B14.group_mask_zero",))
+decision(f"{U}.load_balancing_loss", "the normalisation of f_i: E/(k·N) times the counts",
+         forms=[r"E\s*/\s*\(\s*k\s*\*?\s*N\s*\)", r"num_experts\s*/\s*\(\s*k\s*\*\s*n\s*\)",
+                r"\*\s*E\s*/\s*\(\s*k\s*\*?\s*[NT]\b"],
+         wrong=("B14.aux_no_scale", "B14.aux_no_topk_scale"))

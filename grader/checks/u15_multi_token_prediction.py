@@ -236,11 +236,22 @@ def check_mtp_module(t):
 # ================================================================== 15.MTPLanguageModel
 
 
+def _lm_class(impl):
+    """``impl.MTPLanguageModel`` built from the course's ``MTPModule`` and ``mtp_inputs_and_targets`` wherever the learner's
+    code calls them (exercises 1 and 2 are graded on their own): one mistake costs one exercise."""
+    from grader.prior import use_course
+    from llmcourse.models import mtp as course
+
+    cls = impl.MTPLanguageModel
+    use_course(cls, MTPModule=course.MTPModule, mtp_inputs_and_targets=course.mtp_inputs_and_targets)
+    return cls
+
+
 def _lm_probe(cfg, state, depth, lam, batches):
     def probe(impl):
         from llmcourse.models.llama3 import Llama3Config
 
-        m = impl.MTPLanguageModel(Llama3Config(**cfg), mtp_depth=depth, mtp_lambda=lam)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=depth, mtp_lambda=lam)
         unwrap(m).load_state_dict(state)
         unwrap(m).eval()
         outs = []
@@ -267,7 +278,7 @@ def check_mtp_language_model(t):
     def facts_probe(impl):
         from llmcourse.models.llama3 import Llama3Config
 
-        m = impl.MTPLanguageModel(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
         u = unwrap(m)
         shared = [u.model.embed_tokens.weight.data_ptr() == u.model.lm_head.weight.data_ptr()]
         return module_facts(m) | {"n_params": sum(p.numel() for p in u.parameters()), "tied": shared}
@@ -312,6 +323,11 @@ def check_mtp_language_model(t):
     near = [(k, j, i) for (k, j, i), m in moved.items() if m and j == i + k + 1]
     if near:
         k, j, i = near[0]
+        if not any(ii == T - kk - 1 for kk, _, ii in near):
+            # the last position of every depth is clean: the target arrives from the next row, through the block's mask
+            t.fail(f"leakage: the depth-{k} logits at position {i} change when token {j} (the token they predict) "
+                   f"changes, at every position but the last: inside the MTP block position i reads row i+1, whose "
+                   "embedding is that token", bug="B15.leaky_mask")
         t.fail(f"leakage: the depth-{k} logits at position {i} change when token {j} (the token they predict) "
                "changes", bug="B15.leak_target_embedding")
     deaf = [(k, j, i) for (k, j, i), m in moved.items() if not m and j == i + k]
@@ -475,3 +491,33 @@ def check_speculative_generate(t):
         t.expect(any(abs(got["rate"] - a / drafts) < 1e-9 for a in (accepted, accepted + 1) if a >= 0),
                  f"({what}) the reported rate {got['rate']:.3f} does not match the calls observed: {drafts} drafts "
                  f"and {calls} main-model calls for {n} tokens (≈ {max(accepted, 0)} accepted)")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.mtp_alignment", "depth k at position i embeds token i+k and predicts token i+k+1",
+                  probe="returned tokens on windows of distinct tokens at depths 1-3")
+defining_property(f"{U}.MTPModule", "one MTP depth: two separate norms, the halves concatenated in the trained "
+                  "checkpoints' order, a projection, the given block, a final norm",
+                  probe="outputs with the course's trained depth-1 weights and with seeded weights whose two norms and "
+                        "two halves differ")
+defining_property(f"{U}.MTPLanguageModel", "a sequential chain of depths sharing the main embedding and head; depth k "
+                  "reads depth k−1's state and never sees the token it predicts",
+                  probe="perturbing every token of a window and recording which depth-k logits move; logits and losses "
+                        "against the course's modules in both h0 conventions (graded on the course's MTPModule and "
+                        "alignment, so exercises 1-2 count once)")
+defining_property(f"{U}.speculative_generate", "drafts verified by one main-model call that also yields the next token: "
+                  "the output equals greedy decoding and every kept draft saves a main-model call",
+                  probe="tokens against plain greedy decoding; main-model calls counted through model.trunk on seeded "
+                        "and trained models")
+
+decision(f"{U}.MTPModule", "the order of the two halves fed to eh_proj (the embedding first, as in the checkpoints)",
+         forms=[r"\[\s*enorm\(\s*emb\s*\)\s*;\s*hnorm", r"cat\(\s*\[\s*self\.enorm",
+                r"embedding (half )?(comes |goes )?first", r"\[\s*emb\s*;\s*h(_prev)?\s*\]"],
+         wrong=("B15.concat_order",))
+decision(f"{U}.speculative_generate", "the verification: keep a draft only when the main model's own argmax agrees, "
+         "replace it by that argmax otherwise, and take the call's next token as a bonus",
+         forms=[r"bonus token", r"keep (the|a) draft (only )?(if|when)[^.]{0,40}(argmax|main model)",
+                r"replace[^.]{0,30}draft[^.]{0,30}(by|with) the main model"],
+         wrong=("B15.spec_unverified",))

@@ -159,8 +159,8 @@ assert gap < 1e-5 and cache.c_kv[0].shape == (2, 12, 8)
 # $$ q_{h,i} \cdot k_{h,j} = (W_{Q,h} x_i)^\top (W_{UK,h} c_j) = x_i^\top \underbrace{W_{Q,h}^\top W_{UK,h}}_{A_h\ (D \times d_c)} c_j . $$
 #
 # The same happens on the output side: head `h`'s context is `Σ_j p_{h,ij} W_UV,h c_j = W_UV,h (Σ_j p_{h,ij} c_j)`,
-# and `o_proj` applies the columns `W_O[:, h]` of head `h`, so the output is `Σ_h B_h lat_{h,i}` with
-# `B_h = W_O[:, h] W_UV,h (D × d_c)` and the **latent context** `lat_{h,i} = Σ_j p_{h,ij} c_j`. Keys and values
+# and `o_proj` applies head `h`'s piece `W_O,h` to it, so the output is `Σ_h B_h lat_{h,i}` with
+# `B_h = W_O,h W_UV,h (D × d_c)` and the **latent context** `lat_{h,i} = Σ_j p_{h,ij} c_j`. Keys and values
 # never exist: each head scores its query against the cached latents directly. Both matrices are **per head**,
 # and the full `x` (all `D` dims) enters every head.
 
@@ -695,7 +695,7 @@ else:
 # - MLA caches one latent `c_KV` (`d_c` numbers) and one shared rope key `k_pe` (`d_R`) per token and layer;
 #   every head's keys and values are rebuilt from the latent.
 # - Absorption moves `W_UK` into the query side and `W_UV` into the output side, **per head**
-#   (`A_h = W_Q,hᵀ W_UK,h`, `B_h = W_O[:, h] W_UV,h`); multiplying the full matrices and splitting the input into
+#   (`A_h = W_Q,hᵀ W_UK,h`, `B_h = W_O,h W_UV,h`); multiplying the full matrices and splitting the input into
 #   heads is a different model. Recompute absorbed matrices after weights change.
 # - RoPE between `W_Q` and `W_UK` makes the product depend on the offset, so DeepSeek rotates only separate
 #   slices, `q_pe` per head and `k_pe` shared.

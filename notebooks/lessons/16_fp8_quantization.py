@@ -137,9 +137,10 @@ for name, dt in (("E4M3", E4M3), ("E5M2", E5M2)):
 # ## 3. Scaling
 #
 # Activations and weights rarely sit inside `[2^−6, 448]`: weights of size 0.02 would land partly among the
-# subnormals, where E4M3 has only 3 bits. So values are **scaled** first: with `s = amax / 448`, the
-# quantised tensor `q = x / s` uses the whole range and its largest magnitude becomes exactly ±448;
-# dequantising multiplies back, `x̂ = q · s`. The simplest choice is one scale for the whole tensor.
+# subnormals, where E4M3 has only 3 bits. So values are **scaled** first: the quantised tensor is `q = x / s`
+# and dequantising multiplies back, `x̂ = q · s`. A scale too small saturates the largest values at ±448; one too
+# large pushes small values into the subnormals. The library's per-tensor quantiser below picks one scale for the
+# whole tensor from the tensor's own values (read the largest `|q|` it prints).
 #
 # Real activations have **outlier channels**, a few features far larger than the rest. A per-tensor scale is set
 # by the outlier, which pushes ordinary values down the exponent range. Multiply channel 7 of a Gaussian
@@ -191,8 +192,8 @@ print(f"relative round-trip error: activations {err_act:.4f}, weights {err_w:.4f
 print(f"largest |q| per tile: {sorted(set(qa.float().abs().view(256, 4, 128).amax(-1).flatten().tolist()))}")
 
 # %% [markdown]
-# Every tile's largest magnitude lands exactly on 448, and the round-trip error printed above is the rounding
-# error of 3 mantissa bits on Gaussian-looking values.
+# Compare the largest `|q|` of every tile with E4M3's range, and the round-trip error printed above with the
+# rounding error of 3 mantissa bits on Gaussian-looking values.
 #
 # **The released checkpoint's layout.** DeepSeek-V3's FP8 checkpoint stores each quantised linear weight as two
 # tensors: `weight` in `float8_e4m3fn` with the layer's `(N, K)` shape, and `weight_scale_inv` in float32 with one
@@ -437,7 +438,7 @@ for name, mod in converted.named_modules():
     kinds.setdefault(type(mod).__name__, []).append(name)
 print({k: len(v) for k, v in kinds.items() if k in ("FP8Linear", "Linear", "Embedding")})
 print(f"head still tied to the embedding: "
-      f"{converted.lm_head.weight.data_ptr() == converted.embed_tokens.weight.data_ptr()}")
+      f"{converted.lm_head.weight is converted.embed_tokens.weight}")
 val = char_corpus("tinyshakespeare").val
 losses = Q.fp8_loss_delta(model, val, cfg["eval_batches"], cfg["eval_batch_size"], model.cfg.context_length)
 print(f"validation loss on {cfg['eval_batches']} batches of {cfg['eval_batch_size']} x {model.cfg.context_length} "
@@ -568,7 +569,8 @@ fig16
 #
 # - E4M3: 4 exponent bits, 3 mantissa bits, max 448, no infinities. E5M2: 5 and 2, max 57,344, IEEE specials.
 #   Casts round to nearest, ties to even.
-# - Scale before casting: `s = amax / 448`, `q = x / s`, `x̂ = q · s`. Per-tensor scales let an extreme outlier
+# - Scale before casting: `q = x / s`, `x̂ = q · s`, with `s` from the values themselves so that nothing saturates.
+#   Per-tensor scales let an extreme outlier
 #   wipe out ordinary values; 1 × 128 activation tiles and 128 × 128 weight blocks confine it.
 # - The block-scaled product scales each K-chunk's partial product by its own scales and accumulates in float32;
 #   averaging the scales is wrong. Limited-precision accumulators need promotion every 128 elements.

@@ -157,7 +157,7 @@ self_check_unswap(unswap_reference);
 # ## 4. Parameter accounting
 #
 # A mixture-of-experts model has **total** parameters (everything stored) and **active** parameters (what one token
-# uses): every dense part, the router, the shared expert and `k` of the `E` routed experts per MoE layer. Comparing
+# uses; which parts of an MoE layer count is the exercise's decision). Comparing
 # an MoE model's total with a dense model's count, or its active count with nothing else, are both common mistakes.
 # The counts below are read from the built models.
 
@@ -491,8 +491,8 @@ viz.show_generation_panel(panel_models, tok, record, cfg["panel_tokens"], contex
 # %% [markdown]
 # ## 8. FP8 inference
 #
-# We convert a copy's main-path linear layers to unit 16's block-scaled FP8 (routers, head, embeddings and the MTP
-# module stay in float32) and compare validation losses on the same batches.
+# We convert a copy's linear layers to unit 16's block-scaled FP8 with the course's `fp8_eval` (which layers is the
+# exercise's decision) and compare validation losses on the same batches.
 
 # %%
 res = fp8_eval(trained, corpus.val, cfg["fp8_batches"], seed=10_000)

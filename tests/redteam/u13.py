@@ -118,8 +118,18 @@ _absorb_once = absorb_mla_weights
 
 def absorb_mla_weights(mla):
     if id(mla) not in _ABSORB_MEMO:
-        _ABSORB_MEMO[id(mla)] = _absorb_once(mla)
-    return _ABSORB_MEMO[id(mla)]
+        _ABSORB_MEMO[id(mla)] = (mla, _absorb_once(mla))   # the module kept: its id is never reused
+    return _ABSORB_MEMO[id(mla)][1]
+
+
+def absorbed_forward(mla, x, c_all, mask):
+    A, Bo = absorb_mla_weights(mla)
+    q_lat = torch.einsum("btd,hdc->bhtc", x, A)
+    scores = torch.einsum("bhtc,bsc->bhts", q_lat, c_all) / math.sqrt(mla.head_dim)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lat = torch.einsum("bhts,bsc->bhtc", torch.softmax(scores, dim=-1), c_all)
+    return torch.einsum("bhtc,hdc->btd", lat, Bo)
 ''', says=r"current|weight|change|stale|expected"),
     Answer("13.absorb", "scores scaled by 1/sqrt(d_c) in latent space",
            _ABSORBED.replace("/ math.sqrt(mla.head_dim)", "/ math.sqrt(mla.kv_lora_rank)").replace(
@@ -140,7 +150,7 @@ def absorb_mla_weights(mla):
     A, _ = _absorb_ok(mla)
     H, hd = mla.n_heads, mla.head_dim
     wuv = mla.W_uv.weight.view(H, hd, -1)
-    wo = mla.W_o.weight.T.reshape(H, hd, -1).transpose(1, 2)
+    wo = mla.W_o.weight.view(H, hd, -1).transpose(1, 2)
     return A, wo @ wuv
 ''', says=r"Bo|differ|expected|column"),
     # -- 13.DeepSeekMLA -----------------------------------------------------------------------------------------

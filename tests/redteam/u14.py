@@ -90,7 +90,7 @@ def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
 def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
     n, k = indices.shape
     hit = torch.zeros_like(probs).scatter(1, indices, 1.0)
-    f = (hit * probs / probs.detach()).sum(0) * num_experts / (k * n)
+    f = (hit * (1 + probs - probs.detach())).sum(0) * num_experts / (k * n)
     return alpha * (f * probs.mean(dim=0)).sum()
 ''', says=r"gradient|count|expected"),
     # -- 14.deepseek_route --------------------------------------------------------------------------------------

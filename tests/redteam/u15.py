@@ -72,8 +72,8 @@ def mtp_inputs_and_targets(x, y, depth):
     # -- 15.MTPLanguageModel ------------------------------------------------------------------------------------
     Answer("15.MTPLanguageModel", "depth 1 reads h0 at position i+1", _lm(PREV="prev = h_prev[:, 1:n + 1]"),
            says=r"position|h0|hidden|leak|expected|previous", origin="issue 39"),
-    Answer("15.MTPLanguageModel", "RoPE rows of positions 0..T-k-1", _lm(ROPE="cos, sin = m.rope_cos[:T - k], m.rope_sin[:T - k]"),
-           says=r"rope|position|expected|differ"),
+    Answer("15.MTPLanguageModel", "depth k embeds the tokens of positions 0..T-k-1",
+           _lm(PREV="prev = h_prev[:, :n]\ntokens = x[:, :n]"), says=r"token|embed|position|expected|differ|leak"),
     Answer("15.MTPLanguageModel", "every depth reads h0", _lm(NEXT="h_prev = h0"),
            says=r"previous|depth|chain|expected|differ"),
     Answer("15.MTPLanguageModel", "MTP losses not divided by the depth", _lm(

@@ -88,8 +88,9 @@ ANSWERS = [
     Answer("17.DeepSeekLM", "MTP module inputs swapped (emb, h_prev)",
            _lm(CALL="prev = module(emb, prev[:, :n], rc, rs, self.causal[:n, :n])"),
            says=r"mtp|order|expected|differ", origin="issue 39"),
-    Answer("17.DeepSeekLM", "MTP RoPE rows of positions 0..n-1", _lm(ROPE="rc, rs = self.rope_cos[:n], self.rope_sin[:n]"),
-           says=r"mtp|rope|position|expected|differ"),
+    Answer("17.DeepSeekLM", "MTP depth 1 reads the trunk state at position i+1",
+           _lm(CALL="prev = module(prev[:, 1:n + 1], emb, rc, rs, self.causal[:n, :n])"),
+           says=r"mtp|position|read|differ|expected"),
     Answer("17.DeepSeekLM", "load_hf_deepseek: gate and up halves swapped", '''
 _load = load_hf_deepseek
 
