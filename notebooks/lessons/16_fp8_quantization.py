@@ -29,6 +29,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 import llmcourse
@@ -259,6 +260,21 @@ def fp8_matmul(qa, sa, qw, sw, chunk=128):
     return raw * sa.mean() * sw.mean()
 
 
+class _ProductOperands(TorchDispatchMode):
+    """Records the matrix products run inside it and whether all their operands were FP8 payload values."""
+
+    def __init__(self):
+        super().__init__()
+        self.products, self.fp8_only = 0, True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm):
+            self.products += 1
+            mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2][-2:]
+            self.fp8_only &= all(bool(Q.is_e4m3_representable(m).all()) for m in mats)
+        return func(*args, **(kwargs or {}))
+
+
 def self_check_fp8_matmul(matmul=None):
     matmul = matmul or fp8_matmul
     g = torch.Generator().manual_seed(1)
@@ -267,11 +283,15 @@ def self_check_fp8_matmul(matmul=None):
     a, s_a = Q.quantize_act_tiles(xx)
     b, s_b = Q.quantize_weight_blocks(ww)
     want = Q.dequantize_act_tiles(a, s_a) @ Q.dequantize_weight_blocks(b, s_b).T
-    got = matmul(a, s_a, b, s_b)
+    with _ProductOperands() as seen:      # what every matrix product of `matmul` multiplies
+        got = matmul(a, s_a, b, s_b)
     ok = tuple(got.shape) == tuple(want.shape) and Q.rel_error(got, want) < 1e-5
-    print("✓ the product applies every chunk's own scales" if ok else
-          "✗ not yet: the product differs from the dequantised product")
-    return ok
+    on_payloads = seen.products > 0 and seen.fp8_only
+    print("✓ the product applies every chunk's own scales to products of the FP8 payloads" if ok and on_payloads else
+          "✗ not yet: the product differs from the dequantised product" if not ok else
+          "✗ not yet: a matrix product ran on dequantised values (q·s), not on the FP8 payloads: the tensor core "
+          "multiplies FP8 values and the scales meet the partial products afterwards")
+    return ok and on_payloads
 
 
 self_check_fp8_matmul();
@@ -559,9 +579,10 @@ fig16
 #
 # ## 10. What a CPU simulation shows
 #
-# Everything above is **numerically exact**: the payloads are the bytes an FP8 GPU would store, and the
-# block-scaled product equals what a kernel with float32 promotion computes, up to the order of float32
-# additions. What it cannot show is **speed**: here every FP8 value is converted back to float32 before the
+# The payloads above are **exactly** the bytes an FP8 GPU would store. The block-scaled product is close to, not
+# equal to, what a kernel computes: here each chunk's partial product is summed in float32, while a tensor core
+# accumulates it in its limited accumulator (the section on the accumulator: about 14 bits, rounded at every
+# addition inside the chunk, then promoted), and float32 additions may come in another order. What it cannot show is **speed**: here every FP8 value is converted back to float32 before the
 # multiplication, so the FP8 model is slower than the float32 one. The gains (half the memory traffic of bf16,
 # twice the tensor-core throughput) exist only on hardware with FP8 units.
 #

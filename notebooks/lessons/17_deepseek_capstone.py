@@ -419,8 +419,10 @@ print(f"time share {'below' if time_share < flop_share else 'at or above'} the F
 assert with_mtp["gflops_per_step"] > without_mtp["gflops_per_step"]
 
 # %% [markdown]
-# The FLOPs are exact counts for this configuration, the same on every machine; the milliseconds belong to this
-# machine. The MTP module adds one dense block, its input projection `eh_proj` and a second pass through the head,
+# The FLOPs are counts of the matrix products for this configuration, the same on every machine (PyTorch's counter
+# has no formula for CPU's fused attention, which GPT-2 and Llama use, so `train_step_flops` adds it in closed form,
+# `2·B·H·T²·(d_k + d_v)` forward and twice that backward, as MLA's explicit products are counted); the milliseconds
+# belong to this machine. The MTP module adds one dense block, its input projection `eh_proj` and a second pass through the head,
 # on `T − 1` positions: the FLOP share printed above, paid on every training step and never at inference (there the
 # module is dropped, or drafts tokens as in unit 15). Its time share can differ from its FLOP share: a dense block
 # multiplies larger matrices than the MoE layers' small per-expert products, which run further below the CPU's
