@@ -445,7 +445,9 @@ def _train_probe(state, x, y, sgd=False, max_norm=1.0):
         return {"rec": {k: rec.get(k) for k in ("loss", "loss_main", "loss_mtp", "expert_load")},
                 "bias_before": before_b, "bias_after": [layer.mlp.gate.e_score_correction_bias.clone()
                                                         for layer in m.layers[1:]],
-                "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)]}
+                "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)],
+                "grad_norm": math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in m.parameters()
+                                           if p.grad is not None))}
     return probe
 
 
@@ -480,6 +482,10 @@ def check_train_step(t):
     # clipping before the step: SGD with lr 1 moves the weights by exactly the clipped gradient
     got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05))
     norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in got["delta"]))
+    if norm > 0.05 * 1.001 and abs(float(got.get("grad_norm") or 0.0) - 0.05) < 1e-4:
+        t.fail(f"with plain SGD (lr 1) and max_norm=0.05 the step moved the weights by a global norm of {norm:.4g}, "
+               "while the gradients left behind have norm 0.05: they were clipped after optimizer.step() had used "
+               "them", bug="B17.clip_after_step")
     t.expect(norm <= 0.05 * 1.001 and norm > 0.04, f"with plain SGD (lr 1) and max_norm=0.05 the step moved the "
              f"weights by a global norm of {norm:.4g}: the gradients must be clipped to max_norm before "
              "optimizer.step()")

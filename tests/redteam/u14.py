@@ -98,14 +98,14 @@ def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
            bug="B14.group_mask_zero"),
     Answer("14.deepseek_route", "gates normalised over all E sigmoid scores", _route(
         GATHER="weights = s.gather(1, indices)\nall_s = s.sum(-1, keepdim=True)",
-        NORM="weights = weights / (all_s + 1e-20)"), says=r"weight|normalis|expected", origin="issue 39"),
+        NORM="weights = weights / (all_s + 1e-20)"), bug="B14.norm_over_all_experts", origin="issue 39"),
     Answer("14.deepseek_route", "groups chosen on the unbiased scores", _route(GROUPS="per_group = s.view(n, n_group, e // n_group)"),
-           says=r"group|bias|expected", origin="issue 39"),
+           bug="B14.groups_unbiased", origin="issue 39"),
     Answer("14.deepseek_route", "a group's score is the whole group's sum", _route(GSCORE="group_scores = per_group.sum(dim=-1)"),
-           says=r"group|two largest|expected", origin="issue 39"),
+           bug="B14.group_score_sum", origin="issue 39"),
     Answer("14.deepseek_route", "the bias in the normaliser", _route(
         NORM="weights = weights / ((s + bias.float()).gather(1, indices).sum(dim=-1, keepdim=True) + 1e-20)"),
-        says=r"weight|bias|normalis|expected", origin="issue 39"),
+        bug="B14.norm_with_bias", origin="issue 39"),
     Answer("14.deepseek_route", "weights from the biased scores", _route(GATHER="weights = (s + bias.float()).gather(1, indices)"),
            says=r"weight|bias|unbiased|expected"),
     # -- 14.update_bias -----------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def mtp_inputs_and_targets(x, y, depth):
            says=r"hnorm|norm|expected|differ"),
     # -- 15.MTPLanguageModel ------------------------------------------------------------------------------------
     Answer("15.MTPLanguageModel", "depth 1 reads h0 at position i+1", _lm(PREV="prev = h_prev[:, 1:n + 1]"),
-           says=r"position|h0|hidden|leak|expected|previous", origin="issue 39"),
+           bug="B15.h0_shifted", origin="issue 39"),
     Answer("15.MTPLanguageModel", "depth k embeds the tokens of positions 0..T-k-1",
            _lm(PREV="prev = h_prev[:, :n]\ntokens = x[:, :n]"), says=r"token|embed|position|expected|differ|leak"),
     Answer("15.MTPLanguageModel", "every depth reads h0", _lm(NEXT="h_prev = h0"),

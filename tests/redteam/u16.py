@@ -46,10 +46,10 @@ def fp8_info(dtype):
 ''', says=r"max|expected"),
     # -- 16.quantize_blockwise ----------------------------------------------------------------------------------
     Answer("16.quantize_blockwise", "scale from the mean |x| of the tile", _ACT.replace(
-        "SCALE", "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0"), says=r"saturat|amax|largest|scale|expected",
+        "SCALE", "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0"), bug="B16.scale_from_mean",
         origin="issue 39"),
     Answer("16.quantize_blockwise", "scale from three standard deviations", _ACT.replace(
-        "SCALE", "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0"), says=r"saturat|amax|largest|scale|expected",
+        "SCALE", "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0"), bug="B16.scale_from_sigma",
         origin="issue 39"),
     Answer("16.quantize_blockwise", "no floor: an all-zero tile divides by zero", _ACT.replace(
         "SCALE", "tiles.abs().amax(dim=2) / 448.0"), says=r"zero|finite|nan|expected"),

@@ -147,7 +147,7 @@ def generate_latent_cached(model, idx, max_new_tokens):
     # -- 17.train_step ------------------------------------------------------------------------------------------
     Answer("17.train_step", "gradients clipped after optimizer.step()", _TRAIN.replace(
         "BODY", "optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"),
-        says=r"clip|norm|expected", origin="issue 39"),
+        bug="B17.clip_after_step", origin="issue 39"),
     Answer("17.train_step", "no clipping", _TRAIN.replace("BODY", "optimizer.step()"),
            says=r"clip|norm|expected"),
     Answer("17.train_step", "the MTP loss left out of the backward pass", '''
