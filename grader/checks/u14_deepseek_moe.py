@@ -157,6 +157,28 @@ def check_softmax_topk_route(t):
              "renormalised weights must equal a softmax over the selected logits")
     t.expect(torch.allclose(w.sum(-1), torch.ones(40), atol=1e-6), "renormalised weights must sum to 1 per token")
 
+    # the router learns through these outputs: gradients of weights and probs reach the logits
+    r_w, r_p = torch.randn(40, 3, generator=_gen(11)), torch.randn(40, 8, generator=_gen(12))
+
+    def grads(impl):
+        lg = logits.clone().requires_grad_(True)
+        w_, _, p_ = impl.softmax_topk_route(lg, 3)
+        (w_ * r_w).sum().backward()
+        g_w = lg.grad.clone() if lg.grad is not None else torch.zeros_like(lg)
+        lg2 = logits.clone().requires_grad_(True)
+        (impl.softmax_topk_route(lg2, 3)[2] * r_p).sum().backward()
+        return [g_w, lg2.grad.clone() if lg2.grad is not None else torch.zeros_like(lg2)]
+
+    lg = logits.clone().requires_grad_(True)
+    pr = torch.softmax(lg, -1)
+    top = pr.gather(1, probs.topk(3, -1).indices)
+    ((top / top.sum(-1, keepdim=True)) * r_w).sum().backward()
+    want_w = lg.grad.clone()
+    lg2 = logits.clone().requires_grad_(True)
+    (torch.softmax(lg2, -1) * r_p).sum().backward()
+    t.compare(grads, [want_w, lg2.grad], "d(Σ r·weights)/d logits and d(Σ r·probs)/d logits (the router is trained "
+              "through these outputs: no .detach())", atol=1e-6, rtol=1e-5)
+
 
 # ================================================================== 14.load_balancing_loss
 
@@ -214,6 +236,26 @@ def check_deepseek_route(t):
     t.compare(lambda impl: impl.deepseek_route(lg, b, 2, 2, 1, routed_scaling_factor=2.5),
               [torch.tensor([[2.5 * w for w in F143_WEIGHTS]]), torch.tensor([[0, 1]])],
               "the worked example with routed_scaling_factor=2.5", atol=1e-4, pick=_sorted_by_expert)
+    # the gate weights are trained through the routing weights: their gradient reaches the logits
+    case0 = oracle()["cases"][0]
+    kw0 = case0["kw"]
+    args0 = (kw0["top_k"], kw0["n_group"], kw0["topk_group"], kw0["routed_scaling_factor"], kw0["norm_topk_prob"])
+    r = torch.randn(case0["router_logits"].shape[0], kw0["top_k"], generator=_gen(13))
+
+    def route_grad(impl):
+        lg_ = case0["router_logits"].clone().requires_grad_(True)
+        w_, i_ = impl.deepseek_route(lg_, case0["bias"], *args0)
+        order = i_.long().argsort(-1)
+        (w_.gather(1, order) * r).sum().backward()
+        return lg_.grad.clone() if lg_.grad is not None else torch.zeros_like(lg_)
+
+    from llmcourse.models.deepseek_moe import deepseek_route as _course_route
+
+    lg_ref = case0["router_logits"].clone().requires_grad_(True)
+    w_ref, i_ref = _course_route(lg_ref, case0["bias"], *args0)
+    (w_ref.gather(1, i_ref.argsort(-1)) * r).sum().backward()
+    t.compare(route_grad, lg_ref.grad, "d(Σ r·weights)/d router_logits (weights sorted by expert): the router is "
+              "trained through the routing weights, so they must carry the sigmoid's gradient", atol=1e-6, rtol=1e-5)
     for n, case in enumerate(oracle()["cases"]):
         kw, logits, bias = case["kw"], case["router_logits"], case["bias"]
         args = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"], kw["norm_topk_prob"])
@@ -345,6 +387,27 @@ def check_deepseek_moe(t):
     changed = sorted(k for k in before if k not in after or not torch.equal(before[k], after[k]))
     t.expect(not changed, f"a forward pass (eval or train mode) must leave parameters and buffers unchanged; it "
              f"changed {changed[:4]} (the correction bias moves only when update_bias() is called)")
+
+    # a training step reaches every weight the token used: gradients of the input, the router and the experts
+    r_out = torch.randn(x.shape, generator=_gen(14))
+
+    def grad_probe(impl):
+        m = _moe(impl, state, kw, mode="train")
+        xx = x.clone().requires_grad_(True)
+        (m(xx) * r_out).sum().backward()
+        named = dict(unwrap(m).named_parameters())
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            named[k].grad if named[k].grad is not None else torch.zeros_like(named[k])
+            for k in ("gate.weight", "shared_experts.up_proj.weight")]
+
+    r_mod = ref["DeepSeekMoE"](**kw).train()
+    r_mod.load_state_dict(state)
+    xr = x.clone().requires_grad_(True)
+    (r_mod(xr) * r_out).sum().backward()
+    want_g = [xr.grad, r_mod.gate.weight.grad, r_mod.shared_experts.up_proj.weight.grad]
+    t.compare(grad_probe, want_g, "gradients of Σ r·output (training mode) with respect to the input, the router "
+              "weight and a shared-expert weight: the layer must stay differentiable (no .detach())",
+              atol=1e-5, rtol=1e-4)
 
     # training mode: last_indices and update_bias
     def train_probe(impl):
