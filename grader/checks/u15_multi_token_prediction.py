@@ -213,6 +213,36 @@ def check_mtp_module(t):
     t.compare(_module_probe(cfg, state, scaled), expected, "forward with h_prev × 4 and emb × 2 (each half is "
               "RMS-normalised on its own, so the output must not change)", atol=1e-4, rtol=1e-4)
 
+    # rms_norm_eps at a non-default value (all three norms), and gradients (the module is trained)
+    def eps_grad_probe(impl):
+        from llmcourse.models.llama3 import Llama3Block, Llama3Config
+
+        c = Llama3Config(**cfg)
+        m = impl.MTPModule(c.d_model, Llama3Block(c), 0.5)
+        unwrap(m).load_state_dict(state)
+        unwrap(m).eval()
+        hh, ee = h.clone().requires_grad_(True), e.clone().requires_grad_(True)
+        out = m(hh, ee, cos, sin, mask)
+        (out * r_out).sum().backward()
+        w = unwrap(m).eh_proj.weight
+        return [out.detach(), hh.grad if hh.grad is not None else torch.zeros_like(hh),
+                w.grad if w.grad is not None else torch.zeros_like(w)]
+
+    r_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(8))
+    from llmcourse.models.llama3 import Llama3Block, Llama3Config
+    from llmcourse.models.mtp import MTPModule as _CourseModule
+
+    c_ = Llama3Config(**cfg)
+    ref_eps = _CourseModule(c_.d_model, Llama3Block(c_), 0.5)
+    ref_eps.load_state_dict(state)
+    ref_eps.eval()
+    hr, er = h.clone().requires_grad_(True), e.clone().requires_grad_(True)
+    out_r = ref_eps(hr, er, cos, sin, mask)
+    (out_r * r_out).sum().backward()
+    t.compare(eps_grad_probe, [out_r.detach(), hr.grad, ref_eps.eh_proj.weight.grad], "rms_norm_eps=0.5 (every norm "
+              "of the module uses it): the output, and the gradients of Σ r·output with respect to h_prev and "
+              "eh_proj.weight (the module is trained: no .detach())", atol=1e-4, rtol=1e-4)
+
     # side effects: a forward in eval and in train mode leaves every parameter and buffer as it was
     def side_probe(impl):
         from llmcourse.models.llama3 import Llama3Block, Llama3Config
@@ -382,6 +412,40 @@ def check_mtp_language_model(t):
             t.fail(f"with λ = {lam} and D = {depth}, loss must be loss_main + λ/D·Σ loss_mtp = {total:.5f}; got "
                    f"{float(o['loss']):.5f}", bug=bug)
 
+    # the model is trained: the loss's gradient reaches the trunk, the embedding and every depth (course convention)
+    names = ["model.embed_tokens.weight", next(n for n, _ in ref2.named_parameters() if n.startswith("model.layers.0.")),
+             "mtp.0.eh_proj.weight", "mtp.1.eh_proj.weight"]
+
+    def grad_probe(impl):
+        from llmcourse.models.llama3 import Llama3Config
+
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
+        unwrap(m).load_state_dict(state2)
+        unwrap(m).eval()
+        m(xb.clone(), yb.clone())["loss"].backward()
+        params = dict(unwrap(m).named_parameters())
+        return [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n]) for n in names]
+
+    if not h0n and not chain:
+        ref2.zero_grad(set_to_none=True)
+        ref2(xb, yb)["loss"].backward()
+        ref_params = dict(ref2.named_parameters())
+        t.compare(grad_probe, [ref_params[n].grad.clone() for n in names], "gradients of the loss with respect to "
+                  f"{', '.join(names)} (the loss trains the trunk, the shared embedding and every depth: no "
+                  ".detach() on the way)", atol=1e-5, rtol=1e-4)
+        ref2.zero_grad(set_to_none=True)
+
+    # the new linear maps start from N(0, 0.02²) (unit 11's initialisation)
+    def init_probe(impl):
+        from llmcourse.models.llama3 import Llama3Config
+
+        torch.manual_seed(0)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2)
+        return [float(unwrap(m).mtp[k].eh_proj.weight.std()) for k in range(2)]
+    stds = t.run(init_probe)
+    t.expect(all(0.017 < s < 0.023 for s in stds), f"the MTP modules' new linear maps must start from N(0, 0.02²) "
+             f"weights; eh_proj's standard deviations are {[round(s, 4) for s in stds]}")
+
 
 @torch.no_grad()
 def _convention_logits(ref, x, h0_after_norm: bool, chain_before_post_norm: bool) -> list:
@@ -488,9 +552,35 @@ def check_speculative_generate(t):
         t.expect(abs(got["rate"] - tr["rate"]) <= tol, f"({what}) the acceptance rate must be accepted drafts / "
                  f"drafts = {tr['accepted']}/{tr['drafts']} = {tr['rate']:.3f}; got {got['rate']:.3f}")
         accepted = n - calls
-        t.expect(any(abs(got["rate"] - a / drafts) < 1e-9 for a in (accepted, accepted + 1) if a >= 0),
+        t.expect(drafts > 0 and any(abs(got["rate"] - a / drafts) < 1e-9 for a in (accepted, accepted + 1) if a >= 0),
                  f"({what}) the reported rate {got['rate']:.3f} does not match the calls observed: {drafts} drafts "
                  f"and {calls} main-model calls for {n} tokens (≈ {max(accepted, 0)} accepted)")
+    _check_spec_edges(t, cfg)
+
+
+def _check_spec_edges(t, cfg):
+    """max_new_tokens 0 and 1 (no draft: rate 0.0), and a model whose drafts are all accepted (a zero head: every
+    argmax is token 0), so that a draft is kept at the very last position and the generation must stop there."""
+    ref, state = _ref_mtp_model(cfg, 1, seed=12, std=0.3)
+    prompt = torch.randint(0, V, (1, 4), generator=torch.Generator().manual_seed(3))
+    for n in (0, 1):
+        got = t.run(_spec_probe(cfg, state, 1, prompt, n))
+        t.expect(isinstance(got["tokens"], torch.Tensor) and torch.equal(got["tokens"], _greedy(ref.model, prompt, n)),
+                 f"max_new_tokens={n}: the tokens must be the prompt followed by {n} greedy token(s)")
+        t.expect(got["rate"] == 0.0, f"max_new_tokens={n}: no draft is made, so the rate must be 0.0; got "
+                 f"{got['rate']}")
+    zero = {k: (torch.zeros_like(v) if k.endswith("lm_head.weight") or k.endswith("embed_tokens.weight") else v)
+            for k, v in state.items()}
+    for n in (4, 5):
+        got = t.run(_spec_probe(cfg, zero, 1, prompt, n))
+        want = torch.cat([prompt, torch.zeros(1, n, dtype=torch.long)], 1)
+        t.expect(isinstance(got["tokens"], torch.Tensor) and torch.equal(got["tokens"], want),
+                 f"a model whose every draft is right (all logits equal: greedy picks token 0 each time), "
+                 f"max_new_tokens={n}: exactly {n} new tokens, all 0, must come back")
+        t.expect(len(got["main_calls"]) <= n // 2 + 1, f"every draft of that model is kept, so {n} tokens need "
+                 f"{n // 2 + 1} main-model calls at most; yours made {len(got['main_calls'])}")
+        t.expect(abs(got["rate"] - 1.0) < 1e-9, f"every draft of that model is kept: the rate must be 1.0; got "
+                 f"{got['rate']}")
 
 
 # ================================================================== declared strength (grader/strength.py)
@@ -521,3 +611,5 @@ decision(f"{U}.speculative_generate", "the verification: keep a draft only when 
          forms=[r"bonus token", r"keep (the|a) draft (only )?(if|when)[^.]{0,40}(argmax|main model)",
                 r"replace[^.]{0,30}draft[^.]{0,30}(by|with) the main model"],
          wrong=("B15.spec_unverified",))
+
+
