@@ -489,6 +489,20 @@ def check_fp8linear(t):
     err = _rel(got["y"], y_fp32)
     t.expect(err < 0.06, f"relative error against the original nn.Linear is {err:.3f}; it must stay below 0.06")
 
+    # the bias is a trainable float32 parameter: its gradient is the sum of the output's gradient over the tokens
+    r_out = torch.randn(2, 5, 300, generator=torch.Generator().manual_seed(21))
+
+    def bias_grad(impl):
+        lin = nn.Linear(200, 300)
+        lin.load_state_dict(state)
+        m = _from_linear(impl, lin)
+        (m(x.clone()) * r_out).sum().backward()
+        b = unwrap(m).bias
+        return b.grad if b.grad is not None else torch.zeros_like(b)
+
+    t.compare(bias_grad, r_out.sum(dim=(0, 1)), "the gradient of Σ r·output with respect to the bias (a float32 "
+              "Parameter: the output must stay differentiable in it)", atol=1e-5, rtol=1e-5)
+
     # block=64, and no side effects: forwards in eval and train mode leave every buffer and parameter as it was
     ref64 = FP8Linear.from_linear(ref_lin, block=64)
     with torch.no_grad():
