@@ -260,6 +260,14 @@ def check_simple_mla(t):
     expected = 3 * (6 + 4) * 9 * 2 * 4
     t.expect(got["nbytes"] == expected, f"nbytes() of a float32 cache (3 layers, B=2, T=9, d_c=6, d_R=4) must be "
              f"3·(6+4)·9·2·4 = {expected}; got {got['nbytes']!r}")
+    def layer0_only(impl):
+        c = impl.LatentCache(3)
+        c.update(0, torch.zeros(1, 4, 6))
+        first = c.seq_len
+        c.update(2, torch.zeros(1, 9, 6))
+        return [first, c.seq_len]
+    t.expect(t.run(layer0_only) == [4, 4], "seq_len is the cached length of layer 0: 4 after appending 4 tokens to "
+             "layer 0 only, still 4 after appending 9 to layer 2")
     nope = t.run(_latent_run(_latent_chunks(1, n_layers=1, lengths=(2, 3), with_pe=False), dtype=torch.bfloat16))
     t.expect(nope["returned"][-1][1] is None, "without k_pe (k_pe=None) update must return None as the second item")
     t.expect(nope["nbytes"] == 6 * 5 * 2 * 2, f"nbytes() of a bfloat16 latent-only cache (1 layer, B=2, T=5, d_c=6) "
@@ -273,6 +281,11 @@ def check_simple_mla(t):
             "W_o.weight": (32, 32)}
     t.expect(facts["state_dict"] == want, f"SimpleMLA(32, 4, 8, 6) must have exactly the keys and shapes {want} "
              f"(no biases); got {facts['state_dict']}")
+    odd = t.run(lambda impl: module_facts(impl.SimpleMLA(32, 4, 6, 5))["state_dict"])
+    want_odd = {"W_q.weight": (24, 32), "W_dkv.weight": (5, 32), "W_uk.weight": (24, 5), "W_uv.weight": (24, 5),
+                "W_o.weight": (32, 24)}
+    t.expect(odd == want_odd, f"SimpleMLA(32, 4, 6, 5) (d_model ≠ n_heads·head_dim) must have the shapes {want_odd}; "
+             f"got {odd}")
     state = _simple_state(1, scale=0.3)
     x = torch.randn(2, 7, D, generator=_gen(2))
     mask = _causal(7)
@@ -294,9 +307,12 @@ def check_simple_mla(t):
             outs.append(m(x[:, :3], _causal(3), cache=cache, layer_idx=1))
             for i in range(3, 7):
                 outs.append(m(x[:, i:i + 1], None, cache=cache, layer_idx=1))
-        return {"out": torch.cat(outs, dim=1), "nbytes": cache.nbytes(), "c_kv": cache.last}
+        return {"out": torch.cat(outs, dim=1), "nbytes": cache.nbytes(), "c_kv": cache.last,
+                "slots": [v is not None for v in cache.inner.c_kv]}
 
     got = t.run(decode)
+    t.expect(got["slots"] == [False, True], f"with layer_idx=1 the module must write slot 1 of the cache only; the "
+             f"slots written: {got['slots']}")
     ckv = got["c_kv"]
     t.expect(isinstance(ckv, torch.Tensor), "SimpleMLA.forward with a cache must call cache.update(layer_idx, c) and "
              "use the (c_all, None) it returns")
@@ -324,6 +340,23 @@ def check_simple_mla(t):
     changed = _unchanged(before, after)
     t.expect(not changed, f"a forward pass (eval or train mode, with or without a cache) must leave the module's "
              f"parameters and buffers unchanged; it changed {changed}")
+
+    # the module is trained: gradients of Σ r·output reach the input and every weight
+    r_out = torch.randn(2, 7, D, generator=_gen(15))
+
+    def grads(impl):
+        m = _simple_module(impl, state, D, H, hd, dc)
+        xx = x.clone().requires_grad_(True)
+        (m(xx, mask) * r_out).sum().backward()
+        named = dict(unwrap(m).named_parameters())
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            named[k].grad if named[k].grad is not None else torch.zeros_like(named[k]) for k in sorted(state)]
+
+    st = {k: v.clone().requires_grad_(True) for k, v in state.items()}
+    xr = x.clone().requires_grad_(True)
+    (_simple_naive(st, xr, mask, H, hd)[0] * r_out).sum().backward()
+    t.compare(grads, [xr.grad] + [st[k].grad for k in sorted(state)], "gradients of Σ r·output with respect to the "
+              "input and every weight (the module is trained: no .detach())", atol=1e-5, rtol=1e-4)
 
 
 class _Recorder:
@@ -438,6 +471,23 @@ def check_absorb(t):
              "after the module's weights change (an optimizer step), absorbed_forward must give the new model's "
              "output; it gave " + ("the old output (stale absorbed matrices)" if torch.allclose(got[0], got[1])
                                    else "something else"), bug="B13.absorb_cached_stale")
+
+    # differentiable: gradients of Σ r·output reach the queries, the latents and every weight through A and Bo
+    r_abs = torch.randn(3, 11, 48, generator=_gen(16))
+
+    def abs_grads(impl):
+        m = _course_simple(s32, 48, 6, 8, 10)
+        xx = xs.clone().requires_grad_(True)
+        (impl.absorbed_forward(m, xx, m.W_dkv(xx), _causal(11)) * r_abs).sum().backward()
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            p.grad if p.grad is not None else torch.zeros_like(p) for _, p in sorted(m.named_parameters())]
+
+    st32 = {k: v.clone().requires_grad_(True) for k, v in s32.items()}
+    xr = xs.clone().requires_grad_(True)
+    (_simple_naive(st32, xr, _causal(11), 6, 8)[0] * r_abs).sum().backward()
+    t.compare(abs_grads, [xr.grad] + [st32[k].grad for k in sorted(s32)], "gradients of Σ r·absorbed_forward(...) "
+              "with respect to x and every weight of the module (through A and Bo: no .detach())", atol=1e-5,
+              rtol=1e-4)
 
     # -- structure: the latents are never turned into per-head keys or values
     # (1) W_uk and W_uv answer NaN when called as modules; their weights stay readable
@@ -719,6 +769,28 @@ def check_deepseek_mla(t):
              f"{slope - allowed:.0f} per latent is S·H·(d_nope or d_v)·d_c: keys or values rebuilt per head from "
              "c_kv (whatever the dtype or the op). Score against c_kv and weight c_kv itself; map the context out "
              "with the value rows afterwards", bug="B13.absorb_rebuilds_kv")
+
+    # -- differentiable (naive and absorbed): gradients of Σ r·output with respect to the input and every weight
+    case3 = cases[3]
+    kw3 = _case_kwargs(case3)
+    r_ds = torch.randn(case3["y"].shape, generator=_gen(17))
+
+    def ds_grads(impl, absorb):
+        m = _ds_module(impl, kw3, case3["state"])
+        xx = case3["x"].clone().requires_grad_(True)
+        (m(xx, torch.arange(SEQ), _causal(SEQ), absorb=absorb) * r_ds).sum().backward()
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            p.grad if p.grad is not None else torch.zeros_like(p) for _, p in sorted(unwrap(m).named_parameters())]
+
+    ref_g = DeepSeekMLA(**kw3).eval()
+    ref_g.load_state_dict(case3["state"])
+    xr = case3["x"].clone().requires_grad_(True)
+    (ref_g(xr, torch.arange(SEQ), _causal(SEQ)) * r_ds).sum().backward()
+    want_g = [xr.grad] + [p.grad for _, p in sorted(ref_g.named_parameters())]
+    for absorb in (False, True):
+        t.compare(lambda impl, absorb=absorb: ds_grads(impl, absorb), want_g, f"gradients of Σ r·output (absorb="
+                  f"{absorb}) with respect to the input and every weight (the module is trained: no .detach())",
+                  atol=1e-4, rtol=1e-4)
 
     # -- side effects: forwards (eval and train mode, cached, absorbed) leave parameters and buffers unchanged
     def side_effects(impl):
