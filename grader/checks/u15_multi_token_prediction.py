@@ -519,6 +519,9 @@ def check_speculative_generate(t):
         ref, state = _ref_mtp_model(cfg, 1, seed=10 + seed, std=0.3)
         prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(seed))
         cases.append(("seeded random weights", cfg, state, 1, prompt, 30, ref))
+    ref2d, state2d = _ref_mtp_model(cfg, 2, seed=14, std=0.3)   # two depths: depth 1 (mtp[0]) still drafts
+    cases.append(("seeded random weights, two MTP depths", cfg, state2d, 2,
+                  torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(2)), 12, ref2d))
     asset = _trained()
     if asset is None:
         t.fail("the course's trained MTP model (assets/mtp_char_tiny.pt) is missing, so the case where one call "
