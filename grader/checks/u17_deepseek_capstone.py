@@ -805,6 +805,20 @@ def check_fp8(t):
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
 
+    # the model is left as it was found: its mode, also right after a training forward (routing kept with its graph)
+    def modes(impl):
+        out = []
+        for train in (True, False):
+            m = _course_model(state, seed=0).train(train)
+            if train:
+                xb = val[:65].view(1, 65)
+                m(xb[:, :-1], xb[:, 1:])
+            impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
+            out.append(bool(m.training))
+        return out
+    t.expect(t.run(modes) == [True, False], "fp8_eval must leave the model in the mode it found it in (a model that "
+             "has just run a training forward stays in train mode; an eval-mode model stays in eval mode)")
+
 
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in
