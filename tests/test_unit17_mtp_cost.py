@@ -60,3 +60,24 @@ def test_mtp_step_cost_rows():
     assert all(r["ms_per_step"] > 0 for r in rows)
     with pytest.raises(ValueError):
         mtp_step_cost(DeepSeekConfig(mtp_depth=0), train, 4, 16)
+
+
+def test_train_step_flops_counts_fused_attention_in_closed_form():
+    """PyTorch's FlopCounterMode counts 0 for CPU's fused scaled_dot_product_attention; train_step_flops adds it:
+    for GPT-2-char-tiny (4 layers, 4 heads of 32) at B=32, T=64 the count is the linear maps' (counted with the
+    attention products zeroed) plus 3 · L · 2·B·H·T²·(d_k + d_v) (forward, and backward twice the forward)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from llmcourse.models import GPT2Config, GPT2Model
+    from llmcourse.models.deepseek import sdpa_flops
+
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config.preset("gpt2-char-tiny"))
+    x, y = torch.randint(0, 65, (32, 64)), torch.randint(0, 65, (32, 64))
+    with FlopCounterMode(display=False) as plain:       # torch's own counter: nothing for the fused attention
+        torch.nn.functional.cross_entropy(model(x).reshape(-1, 65), y.reshape(-1)).backward()
+    model.zero_grad(set_to_none=True)
+    L, H, hd, B, T = 4, 4, 32, 32, 64
+    attention = 3 * L * 2 * B * H * T * T * (hd + hd)
+    assert attention == 3 * L * sdpa_flops((B, H, T, hd), (B, H, T, hd), (B, H, T, hd)) == 805_306_368
+    assert train_step_flops(model, x, y) == plain.get_total_flops() + attention

@@ -193,8 +193,8 @@ _ds("B13.kvb_block_layout", "kvb_block", "The layout of `kv_b_proj`'s rows is pe
 _ds("B13.rope_on_latent", "rope_on_latent", "Only the decoupled slices `q_pe` and `k_pe` are rotated; the latent "
     "stays position-free.")
 _ds("B13.k_pe_per_head", "k_pe_per_head", "`k_pe` is a single head shared by all query heads.", detect="detector")
-_ds("B13.scale_nope_only", "scale_nope", "The dot product spans `d_nope + d_R` dims; scale by its inverse square "
-    "root.")
+_ds("B13.scale_nope_only", "scale_nope", "Which vectors' dot product is the score? Count every dimension that enters "
+    "it.")
 _ds("B13.scale_v_dim", "scale_v", "The softmax scale comes from the width of the query·key dot product "
     "(`d_nope + d_R`), not from the value width.")
 _ds("B13.scale_missing", "scale_none", "Scale the scores by the inverse square root of the query·key width "

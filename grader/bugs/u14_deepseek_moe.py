@@ -19,7 +19,7 @@ U = "14"
 
 def _route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_factor=1.0, norm_topk_prob=True, *,
            affinity="sigmoid", bias_on_logits=False, mask_value=float("-inf"), group_score="top2",
-           weights_from_biased=False, renorm=True, scale=True):
+           weights_from_biased=False, renorm=True, scale=True, groups_on="biased", normaliser="chosen"):
     """The reference routing with switches for the known mistakes."""
     n, e = router_logits.shape
     logits = router_logits.float()
@@ -28,15 +28,18 @@ def _route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_facto
     else:
         scores = torch.sigmoid(logits)
     choice = torch.sigmoid(logits + bias.float()) if bias_on_logits else scores + bias.float()
-    grouped = choice.view(n, n_group, e // n_group)
-    gs = grouped.max(-1).values if group_score == "max" else grouped.topk(2, -1).values.sum(-1)
+    grouped = (scores if groups_on == "unbiased" else choice).view(n, n_group, e // n_group)
+    gs = (grouped.max(-1).values if group_score == "max" else grouped.sum(-1) if group_score == "sum" else
+          grouped.topk(2, -1).values.sum(-1))
     keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(1, gs.topk(topk_group, -1).indices, True)
     keep = keep.unsqueeze(-1).expand(n, n_group, e // n_group).reshape(n, e)
     choice = choice.masked_fill(~keep, mask_value)
     indices = choice.topk(top_k, -1).indices
     weights = (choice if weights_from_biased else scores).gather(1, indices)
     if norm_topk_prob and renorm:
-        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        total = {"chosen": weights.sum(-1, keepdim=True), "all": scores.sum(-1, keepdim=True),
+                 "biased": (scores + bias.float()).gather(1, indices).sum(-1, keepdim=True)}[normaliser]
+        weights = weights / (total + 1e-20)
     return (weights * routed_scaling_factor if scale else weights), indices
 
 
@@ -44,12 +47,20 @@ for _id, _opts, _hint in [
     ("B14.gate_from_biased", dict(weights_from_biased=True),
      "The bias only chooses experts; the gate weights come from the unbiased scores."),
     ("B14.group_mask_zero", dict(mask_value=0.0),
-     "Biased scores can be negative; mask the experts of excluded groups with −inf."),
+     "Biased scores can be negative: what score does an excluded expert keep, and can it still win the top-k?"),
     ("B14.group_score_max", dict(group_score="max"), "DeepSeek-V3 scores a group by the sum of its two best experts."),
     ("B14.no_renorm", dict(renorm=False), "With norm_topk_prob, divide the selected weights by their sum."),
     ("B14.softmax_for_sigmoid", dict(affinity="softmax"), "DeepSeek-V3 uses sigmoid affinities."),
     ("B14.bias_on_logits", dict(bias_on_logits=True), "Add the bias to the sigmoid scores, not to the logits."),
     ("B14.scaling_missing", dict(scale=False), "Multiply the routed weights by the scaling factor."),
+    ("B14.norm_over_all_experts", dict(normaliser="all"),
+     "With norm_topk_prob the chosen experts' weights sum to 1: what do you divide them by?"),
+    ("B14.norm_with_bias", dict(normaliser="biased"),
+     "The bias only chooses experts; it has no part in the weights, their normalisation included."),
+    ("B14.groups_unbiased", dict(groups_on="unbiased"),
+     "The bias exists to steer the choice: the choice of groups included."),
+    ("B14.group_score_sum", dict(group_score="sum"),
+     "A group is scored by what it would contribute to a token's top-k, not by all of its experts."),
 ]:
     def _mutant(*args, _opts=_opts, **kwargs):
         return _route(*args, **kwargs, **_opts)
@@ -154,6 +165,26 @@ class MoEUnweighted(DeepSeekMoE):
         return out.view_as(x) + self.shared_experts(x)
 
 
+class MoESwitchCapacity(DeepSeekMoE):
+    """Switch-style capacity (factor 1.25, served in token order): the assignments beyond it are dropped."""
+
+    def forward(self, x):
+        from llmcourse.models.deepseek_moe import capacity_mask
+
+        flat = x.reshape(-1, self.d_model)
+        _, weights, indices = self.gate(flat)
+        if self.training:
+            self.last_indices = indices.detach()
+        kept, _ = capacity_mask(indices, self.n_routed_experts, 1.25)
+        weights = weights * kept
+        out = torch.zeros_like(flat)
+        for e in expert_counts(indices, self.n_routed_experts).nonzero().flatten().tolist():
+            token, slot = torch.where((indices == e) & kept)
+            if token.numel():
+                out.index_add_(0, token, self.experts[e](flat[token]) * weights[token, slot].unsqueeze(-1))
+        return out.view_as(x) + self.shared_experts(x)
+
+
 class MoEBiasParameter(DeepSeekMoE):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -175,6 +206,8 @@ class MoEBiasLowPrecision(DeepSeekMoE):
 for _id, _cls, _hint, _detect in [
     ("B14.shared_averaged", MoESharedAveraged, "Shared experts are summed (one wide MLP), not averaged.", "mutant"),
     ("B14.unweighted_combine", MoEUnweighted, "Multiply each expert's output by its gate weight.", "mutant"),
+    ("B14.capacity_dropping", MoESwitchCapacity, "DeepSeek-V3 drops no assignment, in training or inference.",
+     "mutant"),
     ("B14.bias_parameter", MoEBiasParameter,
      "The bias is a buffer updated by the sign rule, outside autograd and the optimizer.", "detector"),
     ("B14.bias_low_precision", MoEBiasLowPrecision,

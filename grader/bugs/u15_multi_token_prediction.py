@@ -95,7 +95,10 @@ class _MTPModel(MTPLanguageModel):
             src = start if self.variant == "parallel" else h_prev
             cos, sin = m.rope_cos[k:t], m.rope_sin[k:t]
             mask = None if self.variant == "no_mask" else m.causal[:t - k, :t - k]
-            h_k = self.mtp[k - 1](src[:, :t - k], m.embed_tokens(e), cos, sin, mask)
+            if self.variant == "leaky_mask":
+                mask = torch.ones(t - k, t - k, dtype=torch.bool).tril(diagonal=1)
+            prev = src[:, 1:t - k + 1] if self.variant == "h0_shifted" and k == 1 else src[:, :t - k]
+            h_k = self.mtp[k - 1](prev, m.embed_tokens(e), cos, sin, mask)
             head = self.heads[k - 1] if self.variant == "own_head" else m.lm_head
             lg = head(h_k)
             mtp_logits.append(lg)
@@ -123,8 +126,12 @@ class _OwnHead(_MTPModel):
 for _id, _variant, _hint, _detect in [
     ("B15.leak_target_embedding", "leak", "Depth k embeds token i+k and predicts token i+k+1.", "detector"),
     ("B15.parallel_heads", "parallel", "Depth k reads the output of depth k−1 (sequential chain).", "mutant"),
+    ("B15.h0_shifted", "h0_shifted", "At position i, depth 1 combines the trunk's state at i with the embedding of "
+     "token i+1: which positions' states go with which tokens?", "mutant"),
     ("B15.lambda_not_divided", "lambda", "Average over depths: λ/D.", "detector"),
     ("B15.block_not_causal", "no_mask", "Every depth attends causally over the full sequence.", "detector"),
+    ("B15.leaky_mask", "leaky_mask", "The block of every depth is causal like the trunk: "
+     "a position never reads a later row.", "detector"),
 ]:
     _cls = type(f"MTPLanguageModel_{_variant}", (_MTPModel,), {"variant": _variant})
     bug_group(_id, f"{U}.MTPLanguageModel", _hint, {"MTPLanguageModel": _cls}, detect=_detect)

@@ -9,6 +9,7 @@ bias's dtype; the head read back after the embedding changed).
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +68,7 @@ def _dq_w_inv(q, s, block=128):
     return q.float() / s.float().repeat_interleave(block, 0)[:N].repeat_interleave(block, 1)[:, :K]
 
 
-bug_group("B16.scale_inverted", Q, "Quantise with x/s and dequantise with q·s, where s = amax/448.",
+bug_group("B16.scale_inverted", Q, "The convention is q = x/s and x̂ = q·s: your s maps the other way.",
           {"quantize_act_tiles": _q_act_inv, "quantize_weight_blocks": _q_w_inv,
            "dequantize_act_tiles": _dq_act_inv, "dequantize_weight_blocks": _dq_w_inv})
 
@@ -144,6 +145,37 @@ def _q_w_240(w, block=128):
 
 bug_group("B16.wrong_max", Q, "E4M3 (fn) saturates at 448.",
           {"quantize_act_tiles": _q_act_240, "quantize_weight_blocks": _q_w_240})
+
+
+# ---------------------------------------------------------------- scales from a typical size, not the largest value
+
+
+def _q_act_stat(x, tile=128, stat="mean"):
+    M, K = x.shape
+    n = math.ceil(K / tile)
+    padded = torch.zeros(M, n * tile)
+    padded[:, :K] = x.float()
+    tiles = padded.view(M, n, tile)
+    if stat == "mean":
+        s = tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0
+    else:
+        s = (3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0
+    q = (tiles / s.unsqueeze(2)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.view(M, n * tile)[:, :K].contiguous(), s
+
+
+def _q_act_mean(x, tile=128):
+    return _q_act_stat(x, tile, "mean")
+
+
+def _q_act_3sigma(x, tile=128):
+    return _q_act_stat(x, tile, "3sigma")
+
+
+bug_group("B16.scale_from_mean", Q, "A tile's outliers are the values that matter most: with this scale, does "
+          "every value of the tile stay inside E4M3's range?", {"quantize_act_tiles": _q_act_mean})
+bug_group("B16.scale_from_sigma", Q, "A few standard deviations cover most of a tile, not all of it: which values "
+          "saturate with this scale?", {"quantize_act_tiles": _q_act_3sigma})
 
 
 # ---------------------------------------------------------------- the block-scaled GEMM

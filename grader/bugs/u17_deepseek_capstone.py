@@ -145,6 +145,22 @@ def train_step_bias_first(model, optimizer, x, y, max_norm=1.0):
             "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
 
 
+def train_step_clip_after(model, optimizer, x, y, max_norm=1.0):
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    out = model(x, y)
+    out["loss"].backward()
+    optimizer.step()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)     # too late: the step has used the gradients
+    loads = model.expert_loads()
+    model.update_router_biases()
+    return {"loss": out["loss"].item(), "loss_main": out["loss_main"].item(),
+            "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
+
+
+bug_group("B17.clip_after_step", f"{U}.train_step",
+          "Clipping changes the gradients; which call reads them?", {"train_step": train_step_clip_after},
+          detect="detector")
 bug_group("B17.bias_update_missing", f"{U}.train_step",
           "Update the biases after each optimizer step, from that step's expert loads.",
           {"train_step": train_step_no_bias})
@@ -174,7 +190,7 @@ def compare_active_total(models, train_data, val_data, steps, batch_size, contex
     return rows
 
 
-bug_group("B17.active_counts_total", f"{U}.compare_models", "Active = shared + k routed experts + everything dense.",
+bug_group("B17.active_counts_total", f"{U}.compare_models", "Active means used by one token's forward pass: which of an MoE layer's experts does one token run?",
           {"compare_models": compare_active_total})
 
 

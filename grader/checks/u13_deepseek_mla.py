@@ -114,6 +114,22 @@ def _nan_forward(module):
     unwrap(module).forward = forward
 
 
+def _matmul_flops(fn):
+    """Floating-point operations of the matrix products ``fn()`` runs (``torch.utils.flop_counter``: mm, bmm,
+    addmm, einsum's products; elementwise work is not counted). Runs in the worker, around the learner's call."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = fn()
+    return int(counter.get_total_flops()), out
+
+
+def _flops_per_latent(f_short, f_long, s_short, s_long):
+    """Matmul FLOPs added by each extra cached latent (one query): the slope between two cache lengths."""
+    return (f_long - f_short) / (s_long - s_short)
+
+
 # ------------------------------------------------------------------ the stored transformers oracle
 
 
@@ -244,6 +260,14 @@ def check_simple_mla(t):
     expected = 3 * (6 + 4) * 9 * 2 * 4
     t.expect(got["nbytes"] == expected, f"nbytes() of a float32 cache (3 layers, B=2, T=9, d_c=6, d_R=4) must be "
              f"3·(6+4)·9·2·4 = {expected}; got {got['nbytes']!r}")
+    def layer0_only(impl):
+        c = impl.LatentCache(3)
+        c.update(0, torch.zeros(1, 4, 6))
+        first = c.seq_len
+        c.update(2, torch.zeros(1, 9, 6))
+        return [first, c.seq_len]
+    t.expect(t.run(layer0_only) == [4, 4], "seq_len is the cached length of layer 0: 4 after appending 4 tokens to "
+             "layer 0 only, still 4 after appending 9 to layer 2")
     nope = t.run(_latent_run(_latent_chunks(1, n_layers=1, lengths=(2, 3), with_pe=False), dtype=torch.bfloat16))
     t.expect(nope["returned"][-1][1] is None, "without k_pe (k_pe=None) update must return None as the second item")
     t.expect(nope["nbytes"] == 6 * 5 * 2 * 2, f"nbytes() of a bfloat16 latent-only cache (1 layer, B=2, T=5, d_c=6) "
@@ -257,6 +281,11 @@ def check_simple_mla(t):
             "W_o.weight": (32, 32)}
     t.expect(facts["state_dict"] == want, f"SimpleMLA(32, 4, 8, 6) must have exactly the keys and shapes {want} "
              f"(no biases); got {facts['state_dict']}")
+    odd = t.run(lambda impl: module_facts(impl.SimpleMLA(32, 4, 6, 5))["state_dict"])
+    want_odd = {"W_q.weight": (24, 32), "W_dkv.weight": (5, 32), "W_uk.weight": (24, 5), "W_uv.weight": (24, 5),
+                "W_o.weight": (32, 24)}
+    t.expect(odd == want_odd, f"SimpleMLA(32, 4, 6, 5) (d_model ≠ n_heads·head_dim) must have the shapes {want_odd}; "
+             f"got {odd}")
     state = _simple_state(1, scale=0.3)
     x = torch.randn(2, 7, D, generator=_gen(2))
     mask = _causal(7)
@@ -278,9 +307,12 @@ def check_simple_mla(t):
             outs.append(m(x[:, :3], _causal(3), cache=cache, layer_idx=1))
             for i in range(3, 7):
                 outs.append(m(x[:, i:i + 1], None, cache=cache, layer_idx=1))
-        return {"out": torch.cat(outs, dim=1), "nbytes": cache.nbytes(), "c_kv": cache.last}
+        return {"out": torch.cat(outs, dim=1), "nbytes": cache.nbytes(), "c_kv": cache.last,
+                "slots": [v is not None for v in cache.inner.c_kv]}
 
     got = t.run(decode)
+    t.expect(got["slots"] == [False, True], f"with layer_idx=1 the module must write slot 1 of the cache only; the "
+             f"slots written: {got['slots']}")
     ckv = got["c_kv"]
     t.expect(isinstance(ckv, torch.Tensor), "SimpleMLA.forward with a cache must call cache.update(layer_idx, c) and "
              "use the (c_all, None) it returns")
@@ -308,6 +340,23 @@ def check_simple_mla(t):
     changed = _unchanged(before, after)
     t.expect(not changed, f"a forward pass (eval or train mode, with or without a cache) must leave the module's "
              f"parameters and buffers unchanged; it changed {changed}")
+
+    # the module is trained: gradients of Σ r·output reach the input and every weight
+    r_out = torch.randn(2, 7, D, generator=_gen(15))
+
+    def grads(impl):
+        m = _simple_module(impl, state, D, H, hd, dc)
+        xx = x.clone().requires_grad_(True)
+        (m(xx, mask) * r_out).sum().backward()
+        named = dict(unwrap(m).named_parameters())
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            named[k].grad if named[k].grad is not None else torch.zeros_like(named[k]) for k in sorted(state)]
+
+    st = {k: v.clone().requires_grad_(True) for k, v in state.items()}
+    xr = x.clone().requires_grad_(True)
+    (_simple_naive(st, xr, mask, H, hd)[0] * r_out).sum().backward()
+    t.compare(grads, [xr.grad] + [st[k].grad for k in sorted(state)], "gradients of Σ r·output with respect to the "
+              "input and every weight (the module is trained: no .detach())", atol=1e-5, rtol=1e-4)
 
 
 class _Recorder:
@@ -423,6 +472,23 @@ def check_absorb(t):
              "output; it gave " + ("the old output (stale absorbed matrices)" if torch.allclose(got[0], got[1])
                                    else "something else"), bug="B13.absorb_cached_stale")
 
+    # differentiable: gradients of Σ r·output reach the queries, the latents and every weight through A and Bo
+    r_abs = torch.randn(3, 11, 48, generator=_gen(16))
+
+    def abs_grads(impl):
+        m = _course_simple(s32, 48, 6, 8, 10)
+        xx = xs.clone().requires_grad_(True)
+        (impl.absorbed_forward(m, xx, m.W_dkv(xx), _causal(11)) * r_abs).sum().backward()
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            p.grad if p.grad is not None else torch.zeros_like(p) for _, p in sorted(m.named_parameters())]
+
+    st32 = {k: v.clone().requires_grad_(True) for k, v in s32.items()}
+    xr = xs.clone().requires_grad_(True)
+    (_simple_naive(st32, xr, _causal(11), 6, 8)[0] * r_abs).sum().backward()
+    t.compare(abs_grads, [xr.grad] + [st32[k].grad for k in sorted(s32)], "gradients of Σ r·absorbed_forward(...) "
+              "with respect to x and every weight of the module (through A and Bo: no .detach())", atol=1e-5,
+              rtol=1e-4)
+
     # -- structure: the latents are never turned into per-head keys or values
     # (1) W_uk and W_uv answer NaN when called as modules; their weights stay readable
     def poisoned_calls(impl):
@@ -460,6 +526,39 @@ def check_absorb(t):
              "queries against the latents through A instead (x·A stays finite)", bug="B13.absorbed_forward_rebuilds_kv")
     t.compare(overflow, want_ovf, "absorbed_forward with overflow-scaled weights (only the absorbed products stay "
               "finite) against naive MLA in float64", atol=1e-5, rtol=1e-4)
+    # (3) the work counted: one query over a long cache. Absorbed attention costs O(H·d_c) multiply-adds per cached
+    # latent (a score and a context term per head); rebuilding a head's key or value from a latent costs hd·d_c more
+    # per head, whatever the dtype, whichever op does it (a module call, a float64 product, an einsum)
+    Dw, Hw, hdw, dcw = 64, 4, 32, 8
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        from llmcourse.models.deepseek_mla import SimpleMLA
+
+        sw = {k: v.detach().clone() for k, v in SimpleMLA(Dw, Hw, hdw, dcw).state_dict().items()}
+    lens = (64, 320)
+    xw = torch.randn(1, lens[1] + 1, Dw, generator=_gen(8))
+
+    def counted(impl):
+        m = _course_simple(sw, Dw, Hw, hdw, dcw)
+        res = []
+        with torch.no_grad():
+            for n in lens:
+                c_all = m.W_dkv(xw[:, :n + 1])
+                flops, _ = _matmul_flops(lambda c_all=c_all, n=n: impl.absorbed_forward(m, xw[:, n:n + 1], c_all, None))
+                res.append(flops)
+        return res
+
+    got = t.run(counted)
+    slope = _flops_per_latent(got[0], got[1], lens[0] + 1, lens[1] + 1) / 2   # multiply-adds per latent
+    allowed = 2 * Hw * dcw                                                       # q_lat·c_j and p_j·c_j per head
+    rebuild = Hw * hdw * dcw                                                     # one head-set of keys or values
+    t.expect(slope <= allowed + rebuild / 2,
+             f"one query over a cache of S latents: your absorbed_forward spends {slope:.0f} multiply-adds per cached "
+             f"latent (matrix products counted at S = {lens[0] + 1} and {lens[1] + 1}; H={Hw}, hd={hdw}, d_c={dcw}). "
+             f"Attention in latent space needs {allowed} (a score and a context term per head); the extra "
+             f"{slope - allowed:.0f} ≈ S·H·hd·d_c means keys or values are rebuilt per head from the latents (with "
+             "W_uk/W_uv's weights, in any dtype): weight the latents themselves and map the context out with Bo",
+             bug="B13.absorbed_forward_rebuilds_kv")
 
 
 # ================================================================== 13.DeepSeekMLA
@@ -514,8 +613,25 @@ def _ds_decode(kw, state, x, prefill=5, absorb=False):
             for i in range(prefill, T):
                 outs.append(m(x[:, i:i + 1], torch.arange(i, i + 1), None, cache=cache, layer_idx=1, absorb=absorb))
         shapes = [list(v.shape) if isinstance(v, torch.Tensor) else None for v in (cache.c_kv[1], cache.k_pe[1])]
-        return {"out": torch.cat(outs, dim=1), "shapes": shapes, "layer0": [cache.c_kv[0], cache.k_pe[0]]}
+        return {"out": torch.cat(outs, dim=1), "shapes": shapes, "layer0": [cache.c_kv[0], cache.k_pe[0]],
+                "layer1": [cache.c_kv[1], cache.k_pe[1]]}
     return probe
+
+
+def _expected_cache(kw, state, x):
+    """What layer 1 of the cache must hold after ``x``: the normalised latent and the rotated shared rope key."""
+    from llmcourse.models import llama3 as L11
+    from llmcourse.models.deepseek_mla import DeepSeekMLA
+
+    m = DeepSeekMLA(**kw).eval()
+    m.load_state_dict(state)
+    with torch.no_grad():
+        kv_a = m.kv_a_proj_with_mqa(x)
+        c_kv, k_pe = m.kv_a_layernorm(kv_a[..., :kw["kv_lora_rank"]]), kv_a[..., kw["kv_lora_rank"]:]
+        cos, sin = L11.rope_cos_sin(L11.rope_inv_freq(kw["qk_rope_head_dim"], kw.get("rope_theta", 10000.0)),
+                                    torch.arange(x.shape[1]))
+        rope = L11.apply_rope_interleaved if kw["rope_interleave"] else L11.apply_rope
+        return c_kv, rope(k_pe, cos, sin)
 
 
 def _overflow_state(state, kw):
@@ -580,6 +696,14 @@ def check_deepseek_mla(t):
                  f"update(layer_idx, c_kv, k_pe) must have stored c_kv (2, {SEQ}, 16) and k_pe (2, {SEQ}, 8); got "
                  f"{got['shapes']}", bug="B13.cache_decompressed")
         t.expect(got["layer0"] == [None, None], "with layer_idx=1 only layer 1 of the cache may be written")
+        want_c, want_pe = _expected_cache(kw, state, x)
+        t.expect(all(isinstance(v, torch.Tensor) for v in got["layer1"])
+                 and torch.allclose(got["layer1"][0], want_c, atol=1e-5, rtol=1e-4),
+                 "what your module writes into the cache must be c_kv after kv_a_layernorm (the latent every later "
+                 "step reads as it is); the cached latents differ from the normalised ones", bug="B13.no_kv_norm")
+        t.expect(torch.allclose(got["layer1"][1], want_pe, atol=1e-5, rtol=1e-4),
+                 "what your module writes into the cache must be the shared rope key k_pe already rotated at its own "
+                 "position; the cached rope keys differ")
         t.compare(_ds_decode(kw, state, x), y, f"a 5-token prefill then single-token steps through a LatentCache "
                   f"(rope_interleave={il}) must equal the full forward", atol=1e-5, rtol=0, pick=lambda o: o["out"])
         t.compare(_ds_decode(kw, state, x, absorb=True), y, f"cached decoding with absorb=True "
@@ -614,6 +738,59 @@ def check_deepseek_mla(t):
              "Map q_nope into latent space with the K rows and score it against c_kv", bug="B13.absorb_rebuilds_kv")
     t.compare(_ds_full(kw, ovf, x, absorb=True), _expected_overflow(ovf, kw, x), "absorb=True with overflow-scaled "
               "weights against the naive path in float64", atol=1e-5, rtol=1e-4)
+    # the work counted: one absorbed decoding step over caches of two lengths (the prefill is not counted)
+    lens = (32, 160)
+    kw0 = _case_kwargs(cases[0])
+    xl = torch.randn(1, lens[1] + 1, kw0["d_model"], generator=_gen(9))
+
+    def counted(impl):
+        from llmcourse.models.deepseek_mla import LatentCache
+
+        m = _ds_module(impl, kw0, state)
+        res = []
+        with torch.no_grad():
+            for n in lens:
+                cache = LatentCache(1)
+                m(xl[:, :n], torch.arange(n), _causal(n), cache=cache)
+                flops, _ = _matmul_flops(lambda n=n, cache=cache: m(xl[:, n:n + 1], torch.arange(n, n + 1), None,
+                                                                     cache=cache, absorb=True))
+                res.append(flops)
+        return res
+
+    got = t.run(counted)
+    H, dn, dr, dv, dc = kw0["n_heads"], kw0["qk_nope_head_dim"], kw0["qk_rope_head_dim"], kw0["v_head_dim"], \
+        kw0["kv_lora_rank"]
+    slope = _flops_per_latent(got[0], got[1], lens[0] + 1, lens[1] + 1) / 2
+    allowed = H * (dc + dr) + H * dc         # scores against c_kv and k_pe, the latent context
+    t.expect(slope <= allowed + H * min(dn, dv) * dc / 2,
+             f"absorb=True, one query over a cache of S latents: your module spends {slope:.0f} multiply-adds per "
+             f"cached latent (matrix products counted at S = {lens[0] + 1} and {lens[1] + 1}; H={H}, d_c={dc}, "
+             f"d_nope={dn}, d_v={dv}, d_R={dr}). Attention in latent space needs {allowed}; the extra "
+             f"{slope - allowed:.0f} per latent is S·H·(d_nope or d_v)·d_c: keys or values rebuilt per head from "
+             "c_kv (whatever the dtype or the op). Score against c_kv and weight c_kv itself; map the context out "
+             "with the value rows afterwards", bug="B13.absorb_rebuilds_kv")
+
+    # -- differentiable (naive and absorbed): gradients of Σ r·output with respect to the input and every weight
+    case3 = cases[3]
+    kw3 = _case_kwargs(case3)
+    r_ds = torch.randn(case3["y"].shape, generator=_gen(17))
+
+    def ds_grads(impl, absorb):
+        m = _ds_module(impl, kw3, case3["state"])
+        xx = case3["x"].clone().requires_grad_(True)
+        (m(xx, torch.arange(SEQ), _causal(SEQ), absorb=absorb) * r_ds).sum().backward()
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            p.grad if p.grad is not None else torch.zeros_like(p) for _, p in sorted(unwrap(m).named_parameters())]
+
+    ref_g = DeepSeekMLA(**kw3).eval()
+    ref_g.load_state_dict(case3["state"])
+    xr = case3["x"].clone().requires_grad_(True)
+    (ref_g(xr, torch.arange(SEQ), _causal(SEQ)) * r_ds).sum().backward()
+    want_g = [xr.grad] + [p.grad for _, p in sorted(ref_g.named_parameters())]
+    for absorb in (False, True):
+        t.compare(lambda impl, absorb=absorb: ds_grads(impl, absorb), want_g, f"gradients of Σ r·output (absorb="
+                  f"{absorb}) with respect to the input and every weight (the module is trained: no .detach())",
+                  atol=1e-4, rtol=1e-4)
 
     # -- side effects: forwards (eval and train mode, cached, absorbed) leave parameters and buffers unchanged
     def side_effects(impl):
@@ -669,3 +846,37 @@ def check_mla_memory(t):
 also_blocked(f"{U}.SimpleMLA",
              "llmcourse.models.deepseek_mla:absorbed_forward",
              "llmcourse.models.deepseek_mla:absorb_mla_weights")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.SimpleMLA", "only the latent c = W_dkv(x) is cached; keys and values of every head are rebuilt "
+                  "from the cached latents, so cached decoding equals the full forward",
+                  probe="the cache's returned tensors after each update (their shapes and contents against the appended "
+                        "latents), nbytes, and decoding through a recording cache against a per-head loop over weight "
+                        "slices")
+defining_property(f"{U}.absorb", "attention computed in latent space: queries scored against the latents through the "
+                  "absorbed A[h], the latents themselves weighted, Bo[h] mapping the latent context out; no per-head key "
+                  "or value is ever built from a latent",
+                  probe="matrix-product FLOPs counted (torch.utils.flop_counter) for one query over caches of two lengths: "
+                        "the cost per cached latent must be O(H·d_c), not H·hd·d_c; W_uk/W_uv answering NaN when called; "
+                        "overflow-scaled weights; values against the float64 naive route")
+defining_property(f"{U}.DeepSeekMLA", "DeepSeek-V3's MLA: a normalised latent plus one shared rotated rope key cached per "
+                  "token, decoupled RoPE, and an absorbed path that never materialises per-head keys or values",
+                  probe="outputs against transformers' DeepseekV3Attention (stored) on 6 configurations; the cache's "
+                        "contents after decoding; matmul FLOPs per cached latent of one absorbed decoding step; "
+                        "kv_b_proj answering NaN; overflow-scaled weights")
+defining_property(f"{U}.mla_memory", "a cache's elements per token follow from what each layer stores: heads × (d_k + d_v) "
+                  "for MHA/GQA/MQA, d_c + d_R for MLA",
+                  probe="the returned counts for every kind at non-default head widths, against closed forms")
+
+decision(f"{U}.DeepSeekMLA", "the softmax scale: the inverse square root of the query·key width d_nope + d_R",
+         forms=[r"sqrt\(\s*(d_nope|qk_nope_head_dim|dn)\s*\+\s*(d_R|d_rope|qk_rope_head_dim|dr)\s*\)",
+                r"\(\s*(d_nope|qk_nope_head_dim)\s*\+\s*(d_R|qk_rope_head_dim)\s*\)\s*\*\*\s*-?\s*0?\.5",
+                r"(d_nope|qk_nope_head_dim)\s*\+\s*(d_R|qk_rope_head_dim)\s*\)?\s*\^\s*\(?-\s*1\s*/\s*2"],
+         wrong=("B13.scale_nope_only", "B13.scale_v_dim", "B13.scale_missing"))
+decision(f"{U}.absorb", "which rows and columns of which weights form head h's piece of A and Bo",
+         forms=[r"W_q\[\s*h\s*\]\s*\^?\s*T", r"W_q\[\s*h\s*\]\s*ᵀ", r"W_o\[\s*:\s*,\s*h\s*\]\s*@?\s*W_uv",
+                r"W_q\.weight\[\s*h\s*\*\s*hd"],
+         wrong=("B13.absorb_head_split",))

@@ -157,6 +157,28 @@ def check_softmax_topk_route(t):
              "renormalised weights must equal a softmax over the selected logits")
     t.expect(torch.allclose(w.sum(-1), torch.ones(40), atol=1e-6), "renormalised weights must sum to 1 per token")
 
+    # the router learns through these outputs: gradients of weights and probs reach the logits
+    r_w, r_p = torch.randn(40, 3, generator=_gen(11)), torch.randn(40, 8, generator=_gen(12))
+
+    def grads(impl):
+        lg = logits.clone().requires_grad_(True)
+        w_, _, p_ = impl.softmax_topk_route(lg, 3)
+        (w_ * r_w).sum().backward()
+        g_w = lg.grad.clone() if lg.grad is not None else torch.zeros_like(lg)
+        lg2 = logits.clone().requires_grad_(True)
+        (impl.softmax_topk_route(lg2, 3)[2] * r_p).sum().backward()
+        return [g_w, lg2.grad.clone() if lg2.grad is not None else torch.zeros_like(lg2)]
+
+    lg = logits.clone().requires_grad_(True)
+    pr = torch.softmax(lg, -1)
+    top = pr.gather(1, probs.topk(3, -1).indices)
+    ((top / top.sum(-1, keepdim=True)) * r_w).sum().backward()
+    want_w = lg.grad.clone()
+    lg2 = logits.clone().requires_grad_(True)
+    (torch.softmax(lg2, -1) * r_p).sum().backward()
+    t.compare(grads, [want_w, lg2.grad], "d(Σ r·weights)/d logits and d(Σ r·probs)/d logits (the router is trained "
+              "through these outputs: no .detach())", atol=1e-6, rtol=1e-5)
+
 
 # ================================================================== 14.load_balancing_loss
 
@@ -214,6 +236,26 @@ def check_deepseek_route(t):
     t.compare(lambda impl: impl.deepseek_route(lg, b, 2, 2, 1, routed_scaling_factor=2.5),
               [torch.tensor([[2.5 * w for w in F143_WEIGHTS]]), torch.tensor([[0, 1]])],
               "the worked example with routed_scaling_factor=2.5", atol=1e-4, pick=_sorted_by_expert)
+    # the gate weights are trained through the routing weights: their gradient reaches the logits
+    case0 = oracle()["cases"][0]
+    kw0 = case0["kw"]
+    args0 = (kw0["top_k"], kw0["n_group"], kw0["topk_group"], kw0["routed_scaling_factor"], kw0["norm_topk_prob"])
+    r = torch.randn(case0["router_logits"].shape[0], kw0["top_k"], generator=_gen(13))
+
+    def route_grad(impl):
+        lg_ = case0["router_logits"].clone().requires_grad_(True)
+        w_, i_ = impl.deepseek_route(lg_, case0["bias"], *args0)
+        order = i_.long().argsort(-1)
+        (w_.gather(1, order) * r).sum().backward()
+        return lg_.grad.clone() if lg_.grad is not None else torch.zeros_like(lg_)
+
+    from llmcourse.models.deepseek_moe import deepseek_route as _course_route
+
+    lg_ref = case0["router_logits"].clone().requires_grad_(True)
+    w_ref, i_ref = _course_route(lg_ref, case0["bias"], *args0)
+    (w_ref.gather(1, i_ref.argsort(-1)) * r).sum().backward()
+    t.compare(route_grad, lg_ref.grad, "d(Σ r·weights)/d router_logits (weights sorted by expert): the router is "
+              "trained through the routing weights, so they must carry the sigmoid's gradient", atol=1e-6, rtol=1e-5)
     for n, case in enumerate(oracle()["cases"]):
         kw, logits, bias = case["kw"], case["router_logits"], case["bias"]
         args = (kw["top_k"], kw["n_group"], kw["topk_group"], kw["routed_scaling_factor"], kw["norm_topk_prob"])
@@ -261,13 +303,22 @@ def check_update_bias(t):
     c = torch.bincount(ind.flatten(), minlength=6).float()
     t.compare(lambda impl: impl.update_bias(b, ind, 6, 0.01), b + 0.01 * torch.sign(c.mean() - c),
               "random loads (E=6, 25 tokens × 2, gamma 0.01)", atol=1e-7, rtol=0)
+    idle = torch.tensor([[0, 0], [0, 0], [2, 3], [2, 3]])     # loads [4, 0, 2, 2]: expert 1 got nothing, mean 2
+    t.compare(lambda impl: impl.update_bias(torch.zeros(4), idle, 4, 0.01), torch.tensor([-0.01, 0.01, 0.0, 0.0]),
+              "loads [4, 0, 2, 2] (an expert without tokens; the mean load c̄ = 2 is over all E experts, so the two "
+              "experts at the mean keep their bias)", atol=1e-7, rtol=0)
 
 
 # ================================================================== 14.DeepSeekMoE
 
 
 def _moe(impl, state, kw, mode="eval"):
+    from grader.prior import use_course
+    from llmcourse.models.deepseek_moe import deepseek_route, update_bias
+
     m = impl.DeepSeekMoE(**kw)
+    # graded on the course's routing and bias update (exercises 3 and 4): one mistake costs one exercise
+    use_course(type(unwrap(m)), deepseek_route=deepseek_route, update_bias=update_bias)
     unwrap(m).load_state_dict(state)
     return unwrap(m).train() if mode == "train" else unwrap(m).eval()
 
@@ -336,6 +387,27 @@ def check_deepseek_moe(t):
     changed = sorted(k for k in before if k not in after or not torch.equal(before[k], after[k]))
     t.expect(not changed, f"a forward pass (eval or train mode) must leave parameters and buffers unchanged; it "
              f"changed {changed[:4]} (the correction bias moves only when update_bias() is called)")
+
+    # a training step reaches every weight the token used: gradients of the input, the router and the experts
+    r_out = torch.randn(x.shape, generator=_gen(14))
+
+    def grad_probe(impl):
+        m = _moe(impl, state, kw, mode="train")
+        xx = x.clone().requires_grad_(True)
+        (m(xx) * r_out).sum().backward()
+        named = dict(unwrap(m).named_parameters())
+        return [xx.grad if xx.grad is not None else torch.zeros_like(xx)] + [
+            named[k].grad if named[k].grad is not None else torch.zeros_like(named[k])
+            for k in ("gate.weight", "shared_experts.up_proj.weight")]
+
+    r_mod = ref["DeepSeekMoE"](**kw).train()
+    r_mod.load_state_dict(state)
+    xr = x.clone().requires_grad_(True)
+    (r_mod(xr) * r_out).sum().backward()
+    want_g = [xr.grad, r_mod.gate.weight.grad, r_mod.shared_experts.up_proj.weight.grad]
+    t.compare(grad_probe, want_g, "gradients of Σ r·output (training mode) with respect to the input, the router "
+              "weight and a shared-expert weight: the layer must stay differentiable (no .detach())",
+              atol=1e-5, rtol=1e-4)
 
     # training mode: last_indices and update_bias
     def train_probe(impl):
@@ -415,3 +487,41 @@ def check_sequence_balance_loss(t):
                                impl.sequence_balance_loss(sc[:, perm], idx[:, perm], 6, 0.05).float()])
     t.expect(torch.allclose(pair[0], pair[1], atol=1e-8), "the loss must not depend on the order of the tokens "
              "inside a sequence")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.softmax_topk_route", "softmax over all experts, the k most probable chosen in order, their "
+                  "probabilities renormalised only when asked",
+                  probe="returned probs, indices and weights for both renormalize values against softmax/topk here")
+defining_property(f"{U}.load_balancing_loss", "alpha·Σ f_i·P_i with f_i the assignment counts normalised so that a "
+                  "balanced router gives f_i = 1 for any k; the counts carry no gradient",
+                  probe="values at the two boundary cases and on a random router (k = 2); d loss / d probs against "
+                        "alpha·f_i/N; invariance under a token permutation")
+defining_property(f"{U}.deepseek_route", "sigmoid affinities; the bias chooses groups and experts but never weighs them; "
+                  "experts of excluded groups can never be chosen, however negative the biased scores",
+                  probe="chosen experts and weights against transformers' DeepseekV3TopkRouter with random biases and the "
+                        "negative-bias worked example")
+defining_property(f"{U}.update_bias", "the sign rule b + γ·sign(c̄ − c) with c̄ the mean load over all E experts, a "
+                  "new float32 tensor",
+                  probe="returned biases for skewed, balanced, idle-expert and random loads; the argument left unchanged; "
+                        "a bfloat16 input")
+defining_property(f"{U}.DeepSeekMoE", "routed experts run only on their tokens and are combined with the routing weights, "
+                  "plus the shared experts; the bias is a buffer moved only by the sign rule",
+                  probe="outputs against transformers' DeepseekV3MoE (on the course's routing, so exercise 3 is graded "
+                        "once); forward hooks counting which experts run; state before/after forwards; last_indices")
+defining_property(f"{U}.sequence_balance_loss", "exercise 2's product asked of every sequence on its own, with "
+                  "affinities normalised per token, averaged over the batch",
+                  probe="values for balanced sequences, two collapsed sequences balanced as a batch, random scores, "
+                        "against a loop here; the gradient in scores")
+
+decision(f"{U}.deepseek_route", "how an expert outside the kept groups is excluded from the top-k (its score must be "
+         "below any allowed score, even negative ones)",
+         forms=[r"masked_fill\([^)]*-\s*(float\(\s*['\"])?inf", r"-\s*inf(inity)?\b[^.]{0,60}(exclud|outside|masked)",
+                r"(exclud|outside|masked)[^.]{0,60}-\s*inf(inity)?\b", r"−∞|-∞"],
+         wrong=("B14.group_mask_zero",))
+decision(f"{U}.load_balancing_loss", "the normalisation of f_i: E/(k·N) times the counts",
+         forms=[r"E\s*/\s*\(\s*k\s*\*?\s*N\s*\)", r"num_experts\s*/\s*\(\s*k\s*\*\s*n\s*\)",
+                r"\*\s*E\s*/\s*\(\s*k\s*\*?\s*[NT]\b"],
+         wrong=("B14.aux_no_scale", "B14.aux_no_topk_scale"))

@@ -213,6 +213,36 @@ def check_mtp_module(t):
     t.compare(_module_probe(cfg, state, scaled), expected, "forward with h_prev × 4 and emb × 2 (each half is "
               "RMS-normalised on its own, so the output must not change)", atol=1e-4, rtol=1e-4)
 
+    # rms_norm_eps at a non-default value (all three norms), and gradients (the module is trained)
+    def eps_grad_probe(impl):
+        from llmcourse.models.llama3 import Llama3Block, Llama3Config
+
+        c = Llama3Config(**cfg)
+        m = impl.MTPModule(c.d_model, Llama3Block(c), 0.5)
+        unwrap(m).load_state_dict(state)
+        unwrap(m).eval()
+        hh, ee = h.clone().requires_grad_(True), e.clone().requires_grad_(True)
+        out = m(hh, ee, cos, sin, mask)
+        (out * r_out).sum().backward()
+        w = unwrap(m).eh_proj.weight
+        return [out.detach(), hh.grad if hh.grad is not None else torch.zeros_like(hh),
+                w.grad if w.grad is not None else torch.zeros_like(w)]
+
+    r_out = torch.randn(expected.shape, generator=torch.Generator().manual_seed(8))
+    from llmcourse.models.llama3 import Llama3Block, Llama3Config
+    from llmcourse.models.mtp import MTPModule as _CourseModule
+
+    c_ = Llama3Config(**cfg)
+    ref_eps = _CourseModule(c_.d_model, Llama3Block(c_), 0.5)
+    ref_eps.load_state_dict(state)
+    ref_eps.eval()
+    hr, er = h.clone().requires_grad_(True), e.clone().requires_grad_(True)
+    out_r = ref_eps(hr, er, cos, sin, mask)
+    (out_r * r_out).sum().backward()
+    t.compare(eps_grad_probe, [out_r.detach(), hr.grad, ref_eps.eh_proj.weight.grad], "rms_norm_eps=0.5 (every norm "
+              "of the module uses it): the output, and the gradients of Σ r·output with respect to h_prev and "
+              "eh_proj.weight (the module is trained: no .detach())", atol=1e-4, rtol=1e-4)
+
     # side effects: a forward in eval and in train mode leaves every parameter and buffer as it was
     def side_probe(impl):
         from llmcourse.models.llama3 import Llama3Block, Llama3Config
@@ -236,11 +266,22 @@ def check_mtp_module(t):
 # ================================================================== 15.MTPLanguageModel
 
 
+def _lm_class(impl):
+    """``impl.MTPLanguageModel`` built from the course's ``MTPModule`` and ``mtp_inputs_and_targets`` wherever the learner's
+    code calls them (exercises 1 and 2 are graded on their own): one mistake costs one exercise."""
+    from grader.prior import use_course
+    from llmcourse.models import mtp as course
+
+    cls = impl.MTPLanguageModel
+    use_course(cls, MTPModule=course.MTPModule, mtp_inputs_and_targets=course.mtp_inputs_and_targets)
+    return cls
+
+
 def _lm_probe(cfg, state, depth, lam, batches):
     def probe(impl):
         from llmcourse.models.llama3 import Llama3Config
 
-        m = impl.MTPLanguageModel(Llama3Config(**cfg), mtp_depth=depth, mtp_lambda=lam)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=depth, mtp_lambda=lam)
         unwrap(m).load_state_dict(state)
         unwrap(m).eval()
         outs = []
@@ -267,7 +308,7 @@ def check_mtp_language_model(t):
     def facts_probe(impl):
         from llmcourse.models.llama3 import Llama3Config
 
-        m = impl.MTPLanguageModel(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
         u = unwrap(m)
         shared = [u.model.embed_tokens.weight.data_ptr() == u.model.lm_head.weight.data_ptr()]
         return module_facts(m) | {"n_params": sum(p.numel() for p in u.parameters()), "tied": shared}
@@ -312,6 +353,11 @@ def check_mtp_language_model(t):
     near = [(k, j, i) for (k, j, i), m in moved.items() if m and j == i + k + 1]
     if near:
         k, j, i = near[0]
+        if not any(ii == T - kk - 1 for kk, _, ii in near):
+            # the last position of every depth is clean: the target arrives from the next row, through the block's mask
+            t.fail(f"leakage: the depth-{k} logits at position {i} change when token {j} (the token they predict) "
+                   f"changes, at every position but the last: inside the MTP block position i reads row i+1, whose "
+                   "embedding is that token", bug="B15.leaky_mask")
         t.fail(f"leakage: the depth-{k} logits at position {i} change when token {j} (the token they predict) "
                "changes", bug="B15.leak_target_embedding")
     deaf = [(k, j, i) for (k, j, i), m in moved.items() if not m and j == i + k]
@@ -365,6 +411,40 @@ def check_mtp_language_model(t):
             bug = "B15.lambda_not_divided" if abs(float(o["loss"]) - undivided) < 1e-5 else None
             t.fail(f"with λ = {lam} and D = {depth}, loss must be loss_main + λ/D·Σ loss_mtp = {total:.5f}; got "
                    f"{float(o['loss']):.5f}", bug=bug)
+
+    # the model is trained: the loss's gradient reaches the trunk, the embedding and every depth (course convention)
+    names = ["model.embed_tokens.weight", next(n for n, _ in ref2.named_parameters() if n.startswith("model.layers.0.")),
+             "mtp.0.eh_proj.weight", "mtp.1.eh_proj.weight"]
+
+    def grad_probe(impl):
+        from llmcourse.models.llama3 import Llama3Config
+
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2, mtp_lambda=0.3)
+        unwrap(m).load_state_dict(state2)
+        unwrap(m).eval()
+        m(xb.clone(), yb.clone())["loss"].backward()
+        params = dict(unwrap(m).named_parameters())
+        return [params[n].grad if params[n].grad is not None else torch.zeros_like(params[n]) for n in names]
+
+    if not h0n and not chain:
+        ref2.zero_grad(set_to_none=True)
+        ref2(xb, yb)["loss"].backward()
+        ref_params = dict(ref2.named_parameters())
+        t.compare(grad_probe, [ref_params[n].grad.clone() for n in names], "gradients of the loss with respect to "
+                  f"{', '.join(names)} (the loss trains the trunk, the shared embedding and every depth: no "
+                  ".detach() on the way)", atol=1e-5, rtol=1e-4)
+        ref2.zero_grad(set_to_none=True)
+
+    # the new linear maps start from N(0, 0.02²) (unit 11's initialisation)
+    def init_probe(impl):
+        from llmcourse.models.llama3 import Llama3Config
+
+        torch.manual_seed(0)
+        m = _lm_class(impl)(Llama3Config(**cfg), mtp_depth=2)
+        return [float(unwrap(m).mtp[k].eh_proj.weight.std()) for k in range(2)]
+    stds = t.run(init_probe)
+    t.expect(all(0.017 < s < 0.023 for s in stds), f"the MTP modules' new linear maps must start from N(0, 0.02²) "
+             f"weights; eh_proj's standard deviations are {[round(s, 4) for s in stds]}")
 
 
 @torch.no_grad()
@@ -439,6 +519,9 @@ def check_speculative_generate(t):
         ref, state = _ref_mtp_model(cfg, 1, seed=10 + seed, std=0.3)
         prompt = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(seed))
         cases.append(("seeded random weights", cfg, state, 1, prompt, 30, ref))
+    ref2d, state2d = _ref_mtp_model(cfg, 2, seed=14, std=0.3)   # two depths: depth 1 (mtp[0]) still drafts
+    cases.append(("seeded random weights, two MTP depths", cfg, state2d, 2,
+                  torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(2)), 12, ref2d))
     asset = _trained()
     if asset is None:
         t.fail("the course's trained MTP model (assets/mtp_char_tiny.pt) is missing, so the case where one call "
@@ -472,6 +555,64 @@ def check_speculative_generate(t):
         t.expect(abs(got["rate"] - tr["rate"]) <= tol, f"({what}) the acceptance rate must be accepted drafts / "
                  f"drafts = {tr['accepted']}/{tr['drafts']} = {tr['rate']:.3f}; got {got['rate']:.3f}")
         accepted = n - calls
-        t.expect(any(abs(got["rate"] - a / drafts) < 1e-9 for a in (accepted, accepted + 1) if a >= 0),
+        t.expect(drafts > 0 and any(abs(got["rate"] - a / drafts) < 1e-9 for a in (accepted, accepted + 1) if a >= 0),
                  f"({what}) the reported rate {got['rate']:.3f} does not match the calls observed: {drafts} drafts "
                  f"and {calls} main-model calls for {n} tokens (≈ {max(accepted, 0)} accepted)")
+    _check_spec_edges(t, cfg)
+
+
+def _check_spec_edges(t, cfg):
+    """max_new_tokens 0 and 1 (no draft: rate 0.0), and a model whose drafts are all accepted (a zero head: every
+    argmax is token 0), so that a draft is kept at the very last position and the generation must stop there."""
+    ref, state = _ref_mtp_model(cfg, 1, seed=12, std=0.3)
+    prompt = torch.randint(0, V, (1, 4), generator=torch.Generator().manual_seed(3))
+    for n in (0, 1):
+        got = t.run(_spec_probe(cfg, state, 1, prompt, n))
+        t.expect(isinstance(got["tokens"], torch.Tensor) and torch.equal(got["tokens"], _greedy(ref.model, prompt, n)),
+                 f"max_new_tokens={n}: the tokens must be the prompt followed by {n} greedy token(s)")
+        t.expect(got["rate"] == 0.0, f"max_new_tokens={n}: no draft is made, so the rate must be 0.0; got "
+                 f"{got['rate']}")
+    zero = {k: (torch.zeros_like(v) if k.endswith("lm_head.weight") or k.endswith("embed_tokens.weight") else v)
+            for k, v in state.items()}
+    for n in (4, 5):
+        got = t.run(_spec_probe(cfg, zero, 1, prompt, n))
+        want = torch.cat([prompt, torch.zeros(1, n, dtype=torch.long)], 1)
+        t.expect(isinstance(got["tokens"], torch.Tensor) and torch.equal(got["tokens"], want),
+                 f"a model whose every draft is right (all logits equal: greedy picks token 0 each time), "
+                 f"max_new_tokens={n}: exactly {n} new tokens, all 0, must come back")
+        t.expect(len(got["main_calls"]) <= n // 2 + 1, f"every draft of that model is kept, so {n} tokens need "
+                 f"{n // 2 + 1} main-model calls at most; yours made {len(got['main_calls'])}")
+        t.expect(abs(got["rate"] - 1.0) < 1e-9, f"every draft of that model is kept: the rate must be 1.0; got "
+                 f"{got['rate']}")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.mtp_alignment", "depth k at position i embeds token i+k and predicts token i+k+1",
+                  probe="returned tokens on windows of distinct tokens at depths 1-3")
+defining_property(f"{U}.MTPModule", "one MTP depth: two separate norms, the halves concatenated in the trained "
+                  "checkpoints' order, a projection, the given block, a final norm",
+                  probe="outputs with the course's trained depth-1 weights and with seeded weights whose two norms and "
+                        "two halves differ")
+defining_property(f"{U}.MTPLanguageModel", "a sequential chain of depths sharing the main embedding and head; depth k "
+                  "reads depth k−1's state and never sees the token it predicts",
+                  probe="perturbing every token of a window and recording which depth-k logits move; logits and losses "
+                        "against the course's modules in both h0 conventions (graded on the course's MTPModule and "
+                        "alignment, so exercises 1-2 count once)")
+defining_property(f"{U}.speculative_generate", "drafts verified by one main-model call that also yields the next token: "
+                  "the output equals greedy decoding and every kept draft saves a main-model call",
+                  probe="tokens against plain greedy decoding; main-model calls counted through model.trunk on seeded "
+                        "and trained models")
+
+decision(f"{U}.MTPModule", "the order of the two halves fed to eh_proj (the embedding first, as in the checkpoints)",
+         forms=[r"\[\s*enorm\(\s*emb\s*\)\s*;\s*hnorm", r"cat\(\s*\[\s*self\.enorm",
+                r"embedding (half )?(comes |goes )?first", r"\[\s*emb\s*;\s*h(_prev)?\s*\]"],
+         wrong=("B15.concat_order",))
+decision(f"{U}.speculative_generate", "the verification: keep a draft only when the main model's own argmax agrees, "
+         "replace it by that argmax otherwise, and take the call's next token as a bonus",
+         forms=[r"bonus token", r"keep (the|a) draft (only )?(if|when)[^.]{0,40}(argmax|main model)",
+                r"replace[^.]{0,30}draft[^.]{0,30}(by|with) the main model"],
+         wrong=("B15.spec_unverified",))
+
+

@@ -107,9 +107,24 @@ def _u8(q: torch.Tensor) -> torch.Tensor:
     return q.contiguous().view(torch.uint8).clone()
 
 
+def _earlier_course(impl, name):
+    """``impl.<name>`` pointed at the course's quantisers, GEMM and ``FP8Linear`` (exercises 2-4) wherever the learner's
+    code calls them: a later exercise is graded on the course's earlier pieces, so one mistake costs one exercise."""
+    from grader.prior import use_course
+    from llmcourse.quant import fp8 as q
+
+    obj = getattr(impl, name)
+    deps = {k: getattr(q, k) for k in ("quantize_act_tiles", "quantize_weight_blocks", "dequantize_act_tiles",
+                                       "dequantize_weight_blocks", "fp8_blockwise_matmul")}
+    if name != "FP8Linear":
+        deps["FP8Linear"] = q.FP8Linear
+    use_course(obj, **deps)
+    return obj
+
+
 def _from_linear(impl, lin):
     """``impl.FP8Linear.from_linear(lin)``; for the learner the classmethod runs guarded (Proxy has none)."""
-    cls = impl.FP8Linear
+    cls = _earlier_course(impl, "FP8Linear")
     raw = getattr(cls, "__wrapped__", None)
     if raw is None:   # the reference or a mutant
         return cls.from_linear(lin)
@@ -434,7 +449,7 @@ def _fp8linear_probe(state, x):
 def check_fp8linear(t):
     from llmcourse.quant.fp8 import FP8Linear
 
-    fresh = t.run(lambda impl: module_facts(impl.FP8Linear(200, 300)))
+    fresh = t.run(lambda impl: module_facts(_earlier_course(impl, "FP8Linear")(200, 300)))
     t.expect(fresh["is_module"], "FP8Linear must be an nn.Module")
     state = _linear_state(200, 300, 164)
     g = torch.Generator().manual_seed(165)
@@ -457,7 +472,7 @@ def check_fp8linear(t):
                  f"{have[k][1]}")
     t.expect(got["facts"]["parameters"] == ["bias"], "the only parameter is the float32 bias; the weight and its "
              f"scales are buffers; parameters: {got['facts']['parameters']}")
-    nobias = t.run(lambda impl: sorted(unwrap(impl.FP8Linear(64, 32, bias=False)).state_dict()))
+    nobias = t.run(lambda impl: sorted(unwrap(_earlier_course(impl, "FP8Linear")(64, 32, bias=False)).state_dict()))
     t.expect(nobias == ["weight_fp8", "weight_scale"], f"FP8Linear(64, 32, bias=False) must hold only weight_fp8 and "
              f"weight_scale; got {nobias}")
 
@@ -474,6 +489,20 @@ def check_fp8linear(t):
     err = _rel(got["y"], y_fp32)
     t.expect(err < 0.06, f"relative error against the original nn.Linear is {err:.3f}; it must stay below 0.06")
 
+    # the bias is a trainable float32 parameter: its gradient is the sum of the output's gradient over the tokens
+    r_out = torch.randn(2, 5, 300, generator=torch.Generator().manual_seed(21))
+
+    def bias_grad(impl):
+        lin = nn.Linear(200, 300)
+        lin.load_state_dict(state)
+        m = _from_linear(impl, lin)
+        (m(x.clone()) * r_out).sum().backward()
+        b = unwrap(m).bias
+        return b.grad if b.grad is not None else torch.zeros_like(b)
+
+    t.compare(bias_grad, r_out.sum(dim=(0, 1)), "the gradient of Σ r·output with respect to the bias (a float32 "
+              "Parameter: the output must stay differentiable in it)", atol=1e-5, rtol=1e-5)
+
     # block=64, and no side effects: forwards in eval and train mode leave every buffer and parameter as it was
     ref64 = FP8Linear.from_linear(ref_lin, block=64)
     with torch.no_grad():
@@ -482,7 +511,7 @@ def check_fp8linear(t):
     def probe64(impl):
         lin = nn.Linear(200, 300)
         lin.load_state_dict(state)
-        m = impl.FP8Linear.from_linear(lin, block=64) if not hasattr(impl.FP8Linear, "__wrapped__") else \
+        m = _earlier_course(impl, "FP8Linear").from_linear(lin, block=64) if not hasattr(impl.FP8Linear, "__wrapped__") else \
             InstanceGuard(run_learner(impl.FP8Linear.__wrapped__.from_linear, "FP8Linear.from_linear", (lin,),
                                       {"block": 64}), "FP8Linear")
         before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
@@ -530,7 +559,8 @@ def _convert_probe(cfg, state, skip, idx, add_gate=False):
             with torch.no_grad():
                 m.layers[1].gate.weight.copy_(torch.randn(8, cfg["d_model"], generator=gen))
         m.eval()
-        out = impl.convert_linears_to_fp8(m) if skip is None else impl.convert_linears_to_fp8(m, skip=skip)
+        conv = _earlier_course(impl, "convert_linears_to_fp8")
+        out = conv(m) if skip is None else conv(m, skip=skip)
         out = unwrap(out)
         kinds = {}
         for name, mod in out.named_modules():
@@ -588,7 +618,7 @@ def _moe_probe(cfg, state, idx):
         m = _moe_llama(cfg)
         m.load_state_dict(state)
         m.eval()
-        out = unwrap(impl.convert_linears_to_fp8(m))
+        out = unwrap(_earlier_course(impl, "convert_linears_to_fp8")(m))
         kinds = {}
         for name, mod in out.named_modules():
             fp8 = [n for n, b in mod.named_buffers(recurse=False) if b.dtype in (E4, E5)]
@@ -726,7 +756,7 @@ def check_convert(t):
 
         m = Llama3Model(Llama3Config(**acfg))
         m.load_state_dict(astate)
-        m = unwrap(impl.convert_linears_to_fp8(m.eval()))
+        m = unwrap(_earlier_course(impl, "convert_linears_to_fp8")(m.eval()))
         with torch.no_grad():
             return torch.cat([m(xb[i:i + LOSS_BATCH]) for i in range(0, len(xb), LOSS_BATCH)])
 
@@ -741,3 +771,37 @@ def check_convert(t):
     delta = (ce(logits.flatten(0, 1).float(), yb.flatten()) - ce(base_logits.flatten(0, 1), yb.flatten())).item()
     t.expect(delta <= REF_DELTA + 0.02, f"converting the trained character Llama raised its validation loss by "
              f"{delta:.4f} nats; the reference conversion costs {REF_DELTA:.4f} (allowed: + 0.02)")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.fp8_info", "the FP8 formats' limits follow from their bit layouts (E4M3 has no infinities and "
+                  "keeps its top exponent)",
+                  probe="every field against all 256 bit patterns decoded by torch's own FP8 dtypes")
+defining_property(f"{U}.quantize_blockwise", "fine-grained scaling: one scale per 1×128 activation tile and per 128×128 "
+                  "weight block, chosen from the tile's own values so that nothing saturates and the full E4M3 range is "
+                  "used",
+                  probe="payload bit patterns and scales compared bit for bit on inputs with outliers, partial and "
+                        "all-zero tiles; round trips")
+defining_property(f"{U}.fp8_blockwise_matmul", "the scales are applied per K-chunk to the FP8 partial products, which is "
+                  "where the limited accumulator rounds",
+                  probe="products against the dequantised route and against the acc_bits variants (rounding before, after "
+                        "or without the scales) on partial chunks and another chunk width")
+defining_property(f"{U}.FP8Linear", "an E4M3 weight stored as buffers with block scales, the activation quantised per "
+                  "token and tile on every forward, a float32 bias",
+                  probe="state_dict kinds and dtypes, outputs against the course's layer (graded on the course's "
+                        "quantisers and GEMM, so exercises 2-3 count once), no side effects")
+defining_property(f"{U}.convert_linears_to_fp8", "every eligible linear map converted in place, except those named in "
+                  "skip and those whose weight is shared (a tied head stays tied whatever skip says)",
+                  probe="module types after conversion of tied and untied tiny Llamas and an MoE model, with custom skip "
+                        "lists; the tie re-derived by changing the embedding (graded on the course's FP8Linear)")
+
+decision(f"{U}.quantize_blockwise", "the scale: the tile's amax over E4M3's largest finite value (448)",
+         forms=[r"amax\s*/\s*448", r"448\s*/\s*amax", r"max\s*\|\s*x\s*\|\s*/\s*448", r"abs\(\)\.amax\([^)]*\)\s*/\s*448",
+                r"largest (magnitude|\|value\|)[^.]{0,40}lands? (exactly )?on"],
+         wrong=("B16.scale_inverted", "B16.wrong_max", "B16.per_tensor"))
+decision(f"{U}.convert_linears_to_fp8", "how a tied layer is recognised: its weight is shared with another module "
+         "(same storage), whatever its name",
+         forms=[r"data_ptr\(\)", r"remove_duplicate\s*=\s*False", r"_shared_ptrs"],
+         wrong=("B16.tie_broken",))

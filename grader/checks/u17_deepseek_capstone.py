@@ -174,6 +174,45 @@ def _course_model(state=None, seed=0, **cfg):
 # ================================================================== 17.DeepSeekLM
 
 
+@functools.lru_cache(maxsize=1)
+def _full_state_cached() -> tuple:
+    """:func:`course_state` plus seeded weights of the MTP module (norms ``1 + N(0, 0.05²)``, the rest ``N(0, 0.05²)``)."""
+    state = course_state()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        shapes = {k: tuple(v.shape) for k, v in _course_model().state_dict().items() if k.startswith("mtp.")}
+    g = _gen(STATE_SEED + 7)
+    for k in sorted(shapes):
+        r = torch.randn(shapes[k], generator=g)
+        state[k] = 1.0 + 0.05 * r if "norm" in k else 0.05 * r
+    return tuple(state.items())
+
+
+def _full_state() -> dict:
+    return dict(_full_state_cached())
+
+
+@torch.no_grad()
+def _mtp_expected(state: dict, x, y) -> list:
+    """``[(mtp_logits[0], loss_mtp[0])]`` of the course's model with ``state`` for depth 1 reading the trunk output before
+    the final norm (the course's convention) and after it (vLLM's), computed module by module here."""
+    import torch.nn.functional as F
+
+    ref = _course_model(seed=0)
+    ref.load_state_dict(state)
+    ref.eval()
+    t = x.shape[1]
+    h = ref.embed_tokens(x)
+    for i, layer in enumerate(ref.layers):
+        h = layer(h, ref.rope_cos[:t], ref.rope_sin[:t], ref.causal[:t, :t], None, i)
+    n, out = t - 1, []
+    for h0 in (h, ref.norm(h)):
+        hk = ref.mtp[0](h0[:, :n], ref.embed_tokens(x[:, 1:]), ref.rope_cos[1:t], ref.rope_sin[1:t], ref.causal[:n, :n])
+        lg = ref.lm_head(hk)
+        out.append((lg, F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y[:, 1:].reshape(-1))))
+    return out
+
+
 def _learner_model(impl, hf_state=None, seed=0, **cfg):
     torch.manual_seed(seed)
     m = impl.DeepSeekLM(impl.DeepSeekConfig(**cfg))
@@ -295,6 +334,37 @@ def check_deepseek_lm(t):
     t.expect(not torch.allclose(m1[:, 9], m2[:, 9]), "the depth-1 MTP logits at position 9 must depend on token 10 "
              "(its embedded input)")
 
+    # the MTP head by value: every weight (MTP module included) loaded into the learner's model, against the course's
+    # module applied here; depth 1 may read the trunk state before or after the final norm (both conventions exist)
+    full = _full_state()
+    want = _mtp_expected(full, x, y)
+
+    def mtp_values(impl):
+        m = _learner_model(impl)
+        unwrap(m).load_state_dict(full, strict=True)
+        unwrap(m).eval()
+        with torch.no_grad():
+            o = m(x, y)
+        return {"mtp": o["mtp_logits"][0], "loss_mtp": o["loss_mtp"][0]}
+    got = t.run(mtp_values)
+    lg, lm = got["mtp"], got["loss_mtp"]
+    own = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), y[:, 1:].reshape(-1))
+    t.expect(abs(float(lm) - float(own)) < 1e-4,
+             f"loss_mtp[0] must be the cross-entropy of mtp_logits[0] against targets[:, 1:] (position i predicts token "
+             f"i+2); against your own mtp_logits that is {float(own):.5f}, you returned {float(lm):.5f}"
+             + (" — the cross-entropy against targets[:, :T−1], the token the module embeds (a copy task)"
+                if abs(float(lm) - float(torch.nn.functional.cross_entropy(
+                    lg.reshape(-1, lg.shape[-1]).float(), y[:, :-1].reshape(-1)))) < 1e-4 else ""))
+    close = [bool(torch.allclose(lg, w_lg, atol=1e-4, rtol=0)) for w_lg, _ in want]
+    t.expect(any(close), "mtp_logits[0] with every weight given (the MTP module's included) differs from "
+             "lm_head(mtp[0](h_prev[:, :T−1], embed(idx[:, 1:]), RoPE rows 1…T−1, causal mask)) with h_prev the trunk "
+             "output before (or after) the final norm: max gap "
+             f"{min(float((lg - w_lg).abs().max()) for w_lg, _ in want):.3g}. Check what the module receives and in "
+             "which order (the previous depth's state first, then the embeddings)")
+    w_loss = want[close.index(True)][1]
+    t.expect(abs(float(lm) - float(w_loss)) < 1e-4, f"loss_mtp[0] must be {float(w_loss):.5f} on these weights; got "
+             f"{float(lm):.5f}")
+
     # the bias update rule from the training forward's routing
     def bias_update(impl):
         m = _learner_model(impl, hf_state)
@@ -375,7 +445,9 @@ def _train_probe(state, x, y, sgd=False, max_norm=1.0):
         return {"rec": {k: rec.get(k) for k in ("loss", "loss_main", "loss_mtp", "expert_load")},
                 "bias_before": before_b, "bias_after": [layer.mlp.gate.e_score_correction_bias.clone()
                                                         for layer in m.layers[1:]],
-                "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)]}
+                "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)],
+                "grad_norm": math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in m.parameters()
+                                           if p.grad is not None))}
     return probe
 
 
@@ -410,9 +482,26 @@ def check_train_step(t):
     # clipping before the step: SGD with lr 1 moves the weights by exactly the clipped gradient
     got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05))
     norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in got["delta"]))
+    if norm > 0.05 * 1.001 and abs(float(got.get("grad_norm") or 0.0) - 0.05) < 1e-4:
+        t.fail(f"with plain SGD (lr 1) and max_norm=0.05 the step moved the weights by a global norm of {norm:.4g}, "
+               "while the gradients left behind have norm 0.05: they were clipped after optimizer.step() had used "
+               "them", bug="B17.clip_after_step")
     t.expect(norm <= 0.05 * 1.001 and norm > 0.04, f"with plain SGD (lr 1) and max_norm=0.05 the step moved the "
              f"weights by a global norm of {norm:.4g}: the gradients must be clipped to max_norm before "
              "optimizer.step()")
+    ref = _course_model(state, seed=0, **SMALL).train()
+    ref(x, y)["loss"].backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ref.parameters()]
+    gnorm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    step = [-g * min(1.0, 0.05 / (gnorm + 1e-6)) for g in grads]
+    names = [n for n, _ in ref.named_parameters()]
+    num = sum(float(((d - w).double() ** 2).sum()) for d, w in zip(got["delta"], step))
+    den = sum(float((w.double() ** 2).sum()) for w in step)
+    mtp_moved = any(float(d.abs().max()) > 0 for d, n in zip(got["delta"], names) if n.startswith("mtp."))
+    t.expect((num / den) ** 0.5 < 1e-3,
+             "with plain SGD (lr 1, max_norm 0.05) the step must be minus the clipped gradient of the training loss "
+             f"loss_main + λ/D·Σ loss_mtp; your step differs from it by {(num / den) ** 0.5:.1%} of its norm"
+             + ("" if mtp_moved else " (the MTP module never moved: its loss was not back-propagated)"))
 
 
 # ================================================================== 17.compare_models
@@ -545,12 +634,11 @@ def check_compare(t):
     for r in rows:
         tot, act, cache = expected[r["name"]]
         if r["name"] == "deepseek" and r.get("active_params") == r.get("total_params"):
-            t.fail(f"deepseek: active_params equals total_params ({r.get('total_params')!r}); a token uses the shared "
-                   "expert, k routed experts and everything dense: 872,960", bug="B17.active_counts_total")
+            t.fail(f"deepseek: active_params equals total_params ({r.get('total_params')!r}); one token's forward pass "
+                   "does not run every routed expert: expected 872,960", bug="B17.active_counts_total")
         t.expect(r.get("total_params") == tot and r.get("active_params") == act,
                  f"{r['name']}: total/active parameters must be {tot:,}/{act:,} (main path, tied head once, MTP "
-                 f"excluded; active: the router, the shared expert and k of the E routed experts in every MoE layer "
-                 f"plus everything dense, not all E experts, not without the shared expert or the router); got "
+                 f"excluded; active: what one token's forward pass uses); got "
                  f"{r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
         t.expect(r.get("cache_elems_per_token") == cache, f"{r['name']}: cache elements per token must be {cache}; got "
                  f"{r.get('cache_elems_per_token')!r}")
@@ -609,6 +697,32 @@ def _fp8_case_reference() -> torch.Tensor:
     return torch.tensor([ref["val_loss_fp32"], ref["val_loss_fp8"]], dtype=torch.float64)
 
 
+@functools.lru_cache(maxsize=1)
+def _fp8_fingerprints_cached() -> tuple:
+    """``{name: (weight shape, sum of its 128×128 block scales)}`` of every nn.Linear of the :func:`_fp8_case` model
+    (the scales of unit 16's ``quantize_weight_blocks``: amax/448 per block; distinct for seeded weights)."""
+    from llmcourse.quant.fp8 import quantize_weight_blocks
+
+    state, _ = _fp8_case()
+    m = _course_model(state, seed=0)
+    out = {}
+    for name, mod in m.named_modules():
+        if type(mod) is torch.nn.Linear:
+            _, sc = quantize_weight_blocks(mod.weight.detach())
+            out[name] = (list(mod.weight.shape), float(sc.double().sum()))
+    return tuple(out.items())
+
+
+def _fp8_fingerprints() -> dict:
+    return dict(_fp8_fingerprints_cached())
+
+
+def _name_summary(names) -> str:
+    """A few module names and how many more."""
+    names = list(names)
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 @check(f"{U}.fp8_inference", ["fp8_eval"], _ref_fp8)
 def check_fp8(t):
     info = _asset_info()
@@ -651,12 +765,59 @@ def check_fp8(t):
         res = impl.fp8_eval(m, val.clone(), 2, 10_000)
         return torch.tensor([float(res["val_loss_fp32"]), float(res["val_loss_fp8"])], dtype=torch.float64)
 
+    # which modules became FP8: every FP8Linear built during fp8_eval is recorded by its weight scales, matched here
+    # to the linear map of the original model it came from
+    def converted(impl):
+        from llmcourse.quant import fp8 as q
+
+        made, init = [], q.FP8Linear.__init__
+
+        def spy(self, *a, **k):
+            init(self, *a, **k)
+            made.append(self)
+        q.FP8Linear.__init__ = spy
+        try:
+            m = _course_model(state, seed=0).eval()
+            impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
+        finally:
+            q.FP8Linear.__init__ = init
+        return [[list(f.weight_fp8.shape), float(f.weight_scale.double().sum())] for f in made]
+
+    made = t.run(converted)
+    prints = _fp8_fingerprints()
+    names = set()
+    for shape, total in made:
+        hit = [n for n, (sh, tot) in prints.items() if sh == shape and abs(tot - total) <= 1e-9 * max(1.0, abs(tot))]
+        names.update(hit[:1] if hit else ["(a layer that is not a linear map of the model)"])
+    want = {n for n in prints if n.startswith("layers.")}
+    missing, extra = sorted(want - names), sorted(names - want)
+    t.expect(not missing and not extra,
+             f"the FP8 copy must convert the main path's linear maps, every block's attention and feed-forward "
+             f"(experts and shared experts included): {len(want)} layers. Yours converted {len(names & want)} of "
+             f"them" + (f"; not converted: {_name_summary(missing)}" if missing else "")
+             + (f"; converted but outside the stated set: {_name_summary(extra)}" if extra else ""),
+             bug="B17.fp8_partial")
+
     t.compare(probe_heavy, _fp8_case_reference().clone(),
               "val_loss_fp32 and val_loss_fp8 of a seeded DeepSeek-tiny with heavy-tailed weights (2 batches, seed "
               "10,000): every main-path linear layer of every block converted, routers, head, embeddings and MTP "
               "kept in float32", atol=2e-4, rtol=0)
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
+
+    # the model is left as it was found: its mode, also right after a training forward (routing kept with its graph)
+    def modes(impl):
+        out = []
+        for train in (True, False):
+            m = _course_model(state, seed=0).train(train)
+            if train:
+                xb = val[:65].view(1, 65)
+                m(xb[:, :-1], xb[:, 1:])
+            impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
+            out.append(bool(m.training))
+        return out
+    t.expect(t.run(modes) == [True, False], "fp8_eval must leave the model in the mode it found it in (a model that "
+             "has just run a training forward stays in train mode; an eval-mode model stays in eval mode)")
 
 
 # ================================================================== siblings
@@ -669,3 +830,47 @@ also_blocked(f"{U}.generate_latent_cached", "coursetools.bench.capstone:_greedy_
 also_blocked(f"{U}.compare_models", "llmcourse.models.deepseek:_val_loss")
 # fp8_inference: the validation loss of compare_models and fp8_eval
 also_blocked(f"{U}.fp8_inference", "llmcourse.models.deepseek:_val_loss")
+
+
+# ================================================================== declared strength (grader/strength.py)
+from ..strength import decision, defining_property  # noqa: E402
+
+defining_property(f"{U}.DeepSeekLM", "the assembled DeepSeek: MLA blocks, dense then MoE, a tied head and an MTP depth "
+                  "whose logits and loss are those of the module on (h_prev, emb) scored against targets[:, k:]",
+                  probe="logits against transformers' DeepseekV3ForCausalLM (stored); mtp_logits and loss_mtp by value "
+                        "with every weight given, both h0 conventions; loss_mtp re-derived from the returned logits; "
+                        "leak probes; the bias rule")
+defining_property(f"{U}.generate_latent_cached", "greedy decoding with a latent cache: one prefill call, then one call "
+                  "per token, the main head only",
+                  probe="tokens against uncached greedy decoding on the course's model; the sequence lengths the first "
+                        "layer saw; the cache's shapes and bytes; the mode restored")
+defining_property(f"{U}.train_step", "one step on main + MTP loss with the gradient clipped before the optimizer, then "
+                  "the router biases moved by the step's loads",
+                  probe="with SGD (lr 1) the step re-derived here as minus the clipped gradient of the full loss; bias "
+                        "changes against the returned loads")
+defining_property(f"{U}.compare_models", "models compared on identical batches and schedules, by the loss they are "
+                  "judged on and the parameters a token actually uses",
+                  probe="the batches each model trained on (recorded), weights after training against the reference "
+                        "run here, val_loss re-derived from the trained weights, counts against closed forms")
+defining_property(f"{U}.fp8_inference", "an FP8 copy converts exactly the main path's linear maps (attention and every "
+                  "expert); routers, head, embeddings and MTP stay float32; the model itself is unchanged",
+                  probe="every FP8Linear built during the call recorded and matched to the original model's linear maps "
+                        "by their block scales; the losses against the reference conversion; the model's weights after")
+
+decision(f"{U}.generate_latent_cached", "whether the MTP module takes part in plain cached generation (it does not)",
+         forms=[r"MTP (module )?(has|plays|takes) no (part|role)", r"(do not|don't|never) (use|call) the MTP",
+                r"main (path|head) only"],
+         wrong=("B17.mtp_in_generation",))
+decision(f"{U}.compare_models", "which of an MoE layer's parameters count as active: the router, the shared expert and "
+         "k of the E routed experts",
+         forms=[r"shared (expert|experts)?\s*\+\s*k\b", r"k of the E routed", r"\(\s*n_routed_experts\s*-\s*(top_k|"
+                r"num_experts_per_tok)\s*\)", r"router, the shared expert and k"],
+         wrong=("B17.active_counts_total",))
+decision(f"{U}.compare_models", "what val_loss means for a model with an MTP head: the main head's loss only",
+         forms=[r"val_loss[^.]{0,60}main(-| )head", r"main(-| )head (validation )?(loss|cross-entropy)"],
+         wrong=("B17.val_with_mtp",))
+decision(f"{U}.fp8_inference", "which layers the FP8 copy converts: every main-path linear map, not the routers, head, "
+         "embeddings or MTP modules",
+         forms=[r"routers?, (the )?head, (the )?embeddings?", r"main-path linear (layers|maps)",
+                r"routers?[^.]{0,40}(stay|kept|remain)[^.]{0,20}float32"],
+         wrong=("B17.fp8_partial",))

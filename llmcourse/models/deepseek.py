@@ -555,10 +555,40 @@ _DISPATCH_OPS = ("sort", "argsort", "index_select", "index_add", "index", "gathe
                  "repeat_interleave", "histc", "nonzero", "unique")
 
 
+def sdpa_flops(q_shape, k_shape, v_shape) -> int:
+    """Forward FLOPs of ``scaled_dot_product_attention`` for ``q (…, H, Tq, d_k)``, ``k (…, H, Tk, d_k)``,
+    ``v (…, H, Tk, d_v)``: the two products ``q kᵀ`` and ``p v``, ``2·B·H·Tq·Tk·(d_k + d_v)`` (a multiply-add counts 2;
+    a causal mask is not subtracted, as for explicit matmuls). The backward pass is counted as twice this (the four
+    products ``dV``, ``dP``, ``dQ``, ``dK``), as for an explicit attention."""
+    *batch, tq, dk = q_shape
+    tk, dv = k_shape[-2], v_shape[-1]
+    n = 1
+    for b in batch:
+        n *= int(b)
+    return 2 * n * int(tq) * int(tk) * (int(dk) + int(dv))
+
+
+def _sdpa_flop_mapping() -> dict:
+    """``FlopCounterMode`` formulas for CPU's fused attention, which PyTorch's counter does not know (it counts 0 for
+    ``aten._scaled_dot_product_flash_attention_for_cpu``): forward :func:`sdpa_flops`, backward twice that."""
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs):
+        return sdpa_flops(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+        return 2 * sdpa_flops(query, key, value)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
     """Floating-point operations of one training step's forward and backward pass, counted by
     ``torch.utils.flop_counter.FlopCounterMode`` (matrix products and attention; a multiply-add counts 2; the
-    optimizer's elementwise update and the norms are not counted).
+    optimizer's elementwise update and the norms are not counted). PyTorch's counter has no formula for CPU's fused
+    ``scaled_dot_product_attention`` (it would count 0 there, while MLA's explicit products are counted): the
+    count adds it in closed form (:func:`sdpa_flops`, backward twice the forward, as for explicit products).
 
     A :class:`DeepSeekLM` is run on ``(x, y)`` (main + MTP loss); any other model on ``cross_entropy(model(x), y)``.
     ``FlopCounterMode`` has no formula for ``F.grouped_mm``, so during the count every MoE layer takes its
@@ -572,7 +602,7 @@ def train_step_flops(model: nn.Module, x: Tensor, y: Tensor) -> int:
     model.train()
     DeepSeekMoE.use_grouped_mm = False
     try:
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=_sdpa_flop_mapping()) as counter:
             if isinstance(model, DeepSeekLM):
                 loss = model(x, y)["loss"]
             else:

@@ -159,8 +159,8 @@ assert gap < 1e-5 and cache.c_kv[0].shape == (2, 12, 8)
 # $$ q_{h,i} \cdot k_{h,j} = (W_{Q,h} x_i)^\top (W_{UK,h} c_j) = x_i^\top \underbrace{W_{Q,h}^\top W_{UK,h}}_{A_h\ (D \times d_c)} c_j . $$
 #
 # The same happens on the output side: head `h`'s context is `Σ_j p_{h,ij} W_UV,h c_j = W_UV,h (Σ_j p_{h,ij} c_j)`,
-# and `o_proj` applies the columns `W_O[:, h]` of head `h`, so the output is `Σ_h B_h lat_{h,i}` with
-# `B_h = W_O[:, h] W_UV,h (D × d_c)` and the **latent context** `lat_{h,i} = Σ_j p_{h,ij} c_j`. Keys and values
+# and `o_proj` applies head `h`'s piece `W_O,h` to it, so the output is `Σ_h B_h lat_{h,i}` with
+# `B_h = W_O,h W_UV,h (D × d_c)` and the **latent context** `lat_{h,i} = Σ_j p_{h,ij} c_j`. Keys and values
 # never exist: each head scores its query against the cached latents directly. Both matrices are **per head**,
 # and the full `x` (all `D` dims) enters every head.
 
@@ -637,8 +637,23 @@ assert rows["MLA absorbed"][0] < rows[f"GQA ({groups3} groups)"][0] and rows["ML
 # MHA does one multiply–add per two bytes it reads: decoding is bound by memory bandwidth, the arithmetic units
 # wait for the cache. GQA raises the ratio by the group size. Absorbed MLA reads the least and computes the most
 # per cached token (its multiply–adds even exceed MHA's, since `d_c` is wider than a head), so its ratio is the
-# factor printed above higher than MHA's: at long contexts the bottleneck of decoding moves from bandwidth toward compute,
-# which is why serving systems batch many queries (or several query tokens) against the same latent cache.
+# factor printed above higher than MHA's: the bottleneck of decoding moves from bandwidth toward compute. How far?
+# Place it against a GPU's ridge point (peak FLOP/s over memory bandwidth; an H800: about 989 dense BF16 TFLOP/s
+# over 3.35 TB/s):
+
+# %%
+h800_flops, h800_bytes = 989e12, 3.35e12     # H800 SXM: dense BF16 FLOP/s, HBM bytes/s (NVIDIA's data sheet)
+ridge = h800_flops / h800_bytes
+mla_flop_per_byte = 2 * rows["MLA absorbed"][1] / rows["MLA absorbed"][0]   # a multiply-add is 2 FLOPs
+print(f"ridge point {ridge:.0f} FLOP/B; absorbed MLA with one query token per sequence: {mla_flop_per_byte:.0f} "
+      f"FLOP/B, {'below' if mla_flop_per_byte < ridge else 'above'} the ridge")
+assert abs(ridge - 295) < 1
+
+# %% [markdown]
+# Batching requests does not change this ratio: every request reads its own latent cache, so bytes and
+# multiply–adds grow together. Only several query tokens of the **same** sequence scoring the same cache raise it
+# (the drafts of multi-token prediction or speculative decoding verified in one step, unit 15): with `n` query
+# tokens the cache is read once for `n` times the arithmetic.
 
 # %% [markdown]
 # A note on long contexts: DeepSeek-V3 extends its context with YaRN, which rescales the RoPE frequencies and
@@ -695,7 +710,7 @@ else:
 # - MLA caches one latent `c_KV` (`d_c` numbers) and one shared rope key `k_pe` (`d_R`) per token and layer;
 #   every head's keys and values are rebuilt from the latent.
 # - Absorption moves `W_UK` into the query side and `W_UV` into the output side, **per head**
-#   (`A_h = W_Q,hᵀ W_UK,h`, `B_h = W_O[:, h] W_UV,h`); multiplying the full matrices and splitting the input into
+#   (`A_h = W_Q,hᵀ W_UK,h`, `B_h = W_O,h W_UV,h`); multiplying the full matrices and splitting the input into
 #   heads is a different model. Recompute absorbed matrices after weights change.
 # - RoPE between `W_Q` and `W_UK` makes the product depend on the offset, so DeepSeek rotates only separate
 #   slices, `q_pe` per head and `k_pe` shared.

@@ -16,8 +16,8 @@
 # 6. DeepSeek-V3 routing: sigmoid affinities, a bias that only chooses, the sign update;
 # 7. shared experts (with a spot-the-bug);
 # 8. fine-grained experts and the number of combinations;
-# 9. group-limited (node-limited) routing: why a group is scored by its two best experts, and why excluded
-#    groups get −∞;
+# 9. group-limited (node-limited) routing: why a group is scored by its two best experts, and what can go
+#    wrong when excluded groups are masked;
 # 10. parity with Hugging Face's DeepSeek-V3 layer;
 # 11. the balance experiment, dropped tokens of the trained models, and where the time of an MoE layer goes.
 #
@@ -173,8 +173,10 @@ assert seq_loss > 1.5 * batch_loss
 # ### Capacity and dropped tokens
 #
 # Switch Transformer and GShard bound the work of each expert: an expert accepts at most
-# `C = ⌊capacity factor · k·N/E⌋` assignments of a batch (`k·N/E` is its share under perfect balance), served in
-# token order; the assignments beyond `C` are **dropped** (the token skips that expert and the residual connection
+# `C = ⌊capacity factor · k·N/E⌋` assignments of a batch (`k·N/E` is its share under perfect balance). Switch
+# (k = 1) serves the assignments in token order; GShard's Algorithm 1 first fills every token's first choice, then
+# the second choices, and keeps a second choice only with probability proportional to 2·g₂ (its gate weight). The
+# library's `capacity_mask` serves in token order. The assignments beyond `C` are **dropped** (the token skips that expert and the residual connection
 # carries it on). A capacity factor above 1 leaves slack for imbalance at the price of padded, idle slots.
 # DeepSeek-V3 drops no tokens at all, in training or inference: it relies on its routing staying balanced. (How
 # many tokens the trained models would drop is measured after the balance experiment of section 11.)
@@ -421,8 +423,8 @@ vmoe.show_combinatorics()
 # DeepSeek-V3's 256 routed experts are spread over the GPUs of 8 nodes, and sending a token's hidden state to
 # another node is the expensive part of expert parallelism. So V3 limits **nodes**: the experts form `n_group`
 # groups, one per node, and each token may use experts on at most `M = topk_group` of them. Routing then has two
-# stages: choose the groups, then the usual top-`k` inside the chosen groups (every expert outside them gets
-# score −∞).
+# stages: choose the groups, then the usual top-`k` inside the chosen groups (no expert outside them may be
+# chosen).
 #
 # How should a group be scored? A token picks `K_r = top_k` experts in at most `M` groups, so a chosen group
 # contributes `K_r / M` experts on average. V3 therefore scores a group by the **sum of its `K_r/M` largest
@@ -455,9 +457,9 @@ print(f"best-single-expert group scores {best_single.numpy().round(2)} -> expert
       f"affinity used {affin[0, v2_experts].sum().item():.2f}")
 
 # %% [markdown]
-# Why −∞ and not 0 for the experts of excluded groups? Biased scores can be negative. In the example below (two
-# groups of two, keep one, top-2) the first group wins, yet masking the losers with 0 would make them *higher*
-# than the kept experts:
+# How do the experts of excluded groups drop out of the top-`k`? Masking them with 0 looks natural, but biased
+# scores can be negative. In the example below (two groups of two, keep one, top-2) the first group wins; compare
+# the library's choice with the masked-with-0 one, and ask what score an excluded expert must have instead:
 
 # %%
 w, idx = M.deepseek_route(logits4, neg_bias, top_k=2, n_group=2, topk_group=1)
@@ -636,7 +638,8 @@ print(f"routing and data movement (router + sort + gather + pack + scatter): "
 # - DeepSeek-V3 uses sigmoid affinities, normalised and scaled; the correction bias only chooses experts and
 #   is updated by the sign rule, in float32, outside the optimizer.
 # - Shared experts are summed (one wide network); fine-grained experts multiply the combinations at equal
-#   cost; groups are scored by their two best experts and the others masked with −∞.
+#   cost; groups are scored by their two best experts, and no expert of an excluded group may be chosen, whatever
+#   the sign of the biased scores.
 # - Group-limited routing is node-limited: `K_r/M` experts per chosen group explains the top-2 group score.
 # - A capacity factor drops assignments of the busiest experts; DeepSeek-V3 drops none and balances instead.
 #   The max/mean load of top-k routing lies between 1 and `E/k`.

@@ -175,9 +175,9 @@ print("parameters counted once:", len({id(p) for p in model.parameters()}) == le
 # %% [markdown]
 # ## 4. The concatenation order
 #
-# DeepSeek-V3's paper writes the concatenation as `[hidden; embedding]`, while its released checkpoints (whose
-# `eh_proj` weights define the order) put the **normalised embedding first**. The course follows the
-# checkpoints. `transformers` has no MTP layer in the installed version, so there is no library to compare
+# DeepSeek-V3's paper writes the concatenation in one order, while its released checkpoints (whose `eh_proj`
+# weights define the order) use the other; the course's trained model follows the checkpoints, and which order
+# that is you can read off the trained weights (the exercise asks you to). `transformers` has no MTP layer in the installed version, so there is no library to compare
 # against here: the order is a convention, and a trained projection only works with the order it was trained
 # with. Swap the two halves on the trained model and measure the depth-1 loss:
 
@@ -187,7 +187,7 @@ with torch.no_grad():
     normal = model(xb, yb)["loss_mtp"][0].item()
     Dm = mcfg.d_model
     saved = mod.eh_proj.weight.clone()
-    mod.eh_proj.weight.copy_(torch.cat([saved[:, Dm:], saved[:, :Dm]], dim=1))   # as if fed [hidden; embedding]
+    mod.eh_proj.weight.copy_(torch.cat([saved[:, Dm:], saved[:, :Dm]], dim=1))   # as if fed the other order
     swapped = model(xb, yb)["loss_mtp"][0].item()
     mod.eh_proj.weight.copy_(saved)
 print(f"depth-1 loss with the order it was trained with: {normal:.3f}; with the halves swapped: {swapped:.3f} "
@@ -566,8 +566,10 @@ viz.show_mtp_loss_curves(runs)
 
 # %% [markdown]
 # At this size and budget MTP may bring no gain in the main loss, or a small loss: the reported benefits come
-# from large models trained on trillions of tokens, where predicting further ahead shapes more useful
-# representations. A tiny character model on a few hundred steps is a test that the machinery works, not a
+# from large models trained on trillions of tokens, where the extra, denser training signal (every position also
+# supervises a later token through the shared trunk) shapes representations that plan ahead. Note that depth `k`
+# does not predict "further ahead" from the same input: it sees the token just before its target, like the main
+# head, through less computation. A tiny character model on a few hundred steps is a test that the machinery works, not a
 # measurement of that effect. What the module certainly gives, even here, is a drafter whose guesses the main
 # model accepts often enough to save calls (section 7).
 #
@@ -575,8 +577,9 @@ viz.show_mtp_loss_curves(runs)
 #
 # - Depth `k` at position `i` combines the previous depth's state at `i` with the embedding of token `i+k` and
 #   predicts token `i+k+1`; embedded tokens `x[:, k:]`, targets `y[:, k:]`, states of positions `0 … T−k−1`.
-#   It sees what the main head sees at `i+k`, so `L_k ≥ L_main` on the same targets.
-# - The module: separate RMSNorms on both inputs, embedding first, a `2D → D` projection, one causal block over
+#   It has the information the main head has at `i+k` (the tokens up to `i+k`) through less computation; that
+#   `L_k ≥ L_main` on the same targets is an empirical regularity of trained models, not a consequence.
+# - The module: separate RMSNorms on both inputs, the two halves in the checkpoints' order, a `2D → D` projection, one causal block over
 #   the whole sequence, a final norm; the embedding and head are the main model's.
 # - The loss is `L_main + λ/D·Σ L_k`.
 # - Leakage tests perturb one token at a time: nothing at `≥ i+k+1` may move the depth-`k` logits at `i`.
@@ -587,7 +590,8 @@ viz.show_mtp_loss_curves(runs)
 #
 # Train a model with **two** MTP depths (`MTPLanguageModel(cfg, mtp_depth=2)`) on the same data for a short run
 # (for example with `llmcourse.train.mtp_char.train_mtp` and the sizes of section 8) and store its depth-2
-# validation loss in `depth2_val_loss`. Is predicting three tokens ahead much harder than two?
+# validation loss in `depth2_val_loss`. Is the depth-2 loss much higher than depth 1's? Both see the token just
+# before their target; what differs is the computation their state was built with.
 
 # %%
 depth2_val_loss = None   # TODO (optional): a float, the depth-2 validation loss of your run

@@ -29,6 +29,7 @@ import math
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 import llmcourse
@@ -137,9 +138,10 @@ for name, dt in (("E4M3", E4M3), ("E5M2", E5M2)):
 # ## 3. Scaling
 #
 # Activations and weights rarely sit inside `[2^−6, 448]`: weights of size 0.02 would land partly among the
-# subnormals, where E4M3 has only 3 bits. So values are **scaled** first: with `s = amax / 448`, the
-# quantised tensor `q = x / s` uses the whole range and its largest magnitude becomes exactly ±448;
-# dequantising multiplies back, `x̂ = q · s`. The simplest choice is one scale for the whole tensor.
+# subnormals, where E4M3 has only 3 bits. So values are **scaled** first: the quantised tensor is `q = x / s`
+# and dequantising multiplies back, `x̂ = q · s`. A scale too small saturates the largest values at ±448; one too
+# large pushes small values into the subnormals. The library's per-tensor quantiser below picks one scale for the
+# whole tensor from the tensor's own values (read the largest `|q|` it prints).
 #
 # Real activations have **outlier channels**, a few features far larger than the rest. A per-tensor scale is set
 # by the outlier, which pushes ordinary values down the exponent range. Multiply channel 7 of a Gaussian
@@ -191,8 +193,8 @@ print(f"relative round-trip error: activations {err_act:.4f}, weights {err_w:.4f
 print(f"largest |q| per tile: {sorted(set(qa.float().abs().view(256, 4, 128).amax(-1).flatten().tolist()))}")
 
 # %% [markdown]
-# Every tile's largest magnitude lands exactly on 448, and the round-trip error printed above is the rounding
-# error of 3 mantissa bits on Gaussian-looking values.
+# Compare the largest `|q|` of every tile with E4M3's range, and the round-trip error printed above with the
+# rounding error of 3 mantissa bits on Gaussian-looking values.
 #
 # **The released checkpoint's layout.** DeepSeek-V3's FP8 checkpoint stores each quantised linear weight as two
 # tensors: `weight` in `float8_e4m3fn` with the layer's `(N, K)` shape, and `weight_scale_inv` in float32 with one
@@ -258,6 +260,21 @@ def fp8_matmul(qa, sa, qw, sw, chunk=128):
     return raw * sa.mean() * sw.mean()
 
 
+class _ProductOperands(TorchDispatchMode):
+    """Records the matrix products run inside it and whether all their operands were FP8 payload values."""
+
+    def __init__(self):
+        super().__init__()
+        self.products, self.fp8_only = 0, True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm):
+            self.products += 1
+            mats = [a for a in args if isinstance(a, torch.Tensor) and a.dim() >= 2][-2:]
+            self.fp8_only &= all(bool(Q.is_e4m3_representable(m).all()) for m in mats)
+        return func(*args, **(kwargs or {}))
+
+
 def self_check_fp8_matmul(matmul=None):
     matmul = matmul or fp8_matmul
     g = torch.Generator().manual_seed(1)
@@ -266,11 +283,15 @@ def self_check_fp8_matmul(matmul=None):
     a, s_a = Q.quantize_act_tiles(xx)
     b, s_b = Q.quantize_weight_blocks(ww)
     want = Q.dequantize_act_tiles(a, s_a) @ Q.dequantize_weight_blocks(b, s_b).T
-    got = matmul(a, s_a, b, s_b)
+    with _ProductOperands() as seen:      # what every matrix product of `matmul` multiplies
+        got = matmul(a, s_a, b, s_b)
     ok = tuple(got.shape) == tuple(want.shape) and Q.rel_error(got, want) < 1e-5
-    print("✓ the product applies every chunk's own scales" if ok else
-          "✗ not yet: the product differs from the dequantised product")
-    return ok
+    on_payloads = seen.products > 0 and seen.fp8_only
+    print("✓ the product applies every chunk's own scales to products of the FP8 payloads" if ok and on_payloads else
+          "✗ not yet: the product differs from the dequantised product" if not ok else
+          "✗ not yet: a matrix product ran on dequantised values (q·s), not on the FP8 payloads: the tensor core "
+          "multiplies FP8 values and the scales meet the partial products afterwards")
+    return ok and on_payloads
 
 
 self_check_fp8_matmul();
@@ -437,7 +458,7 @@ for name, mod in converted.named_modules():
     kinds.setdefault(type(mod).__name__, []).append(name)
 print({k: len(v) for k, v in kinds.items() if k in ("FP8Linear", "Linear", "Embedding")})
 print(f"head still tied to the embedding: "
-      f"{converted.lm_head.weight.data_ptr() == converted.embed_tokens.weight.data_ptr()}")
+      f"{converted.lm_head.weight is converted.embed_tokens.weight}")
 val = char_corpus("tinyshakespeare").val
 losses = Q.fp8_loss_delta(model, val, cfg["eval_batches"], cfg["eval_batch_size"], model.cfg.context_length)
 print(f"validation loss on {cfg['eval_batches']} batches of {cfg['eval_batch_size']} x {model.cfg.context_length} "
@@ -558,9 +579,10 @@ fig16
 #
 # ## 10. What a CPU simulation shows
 #
-# Everything above is **numerically exact**: the payloads are the bytes an FP8 GPU would store, and the
-# block-scaled product equals what a kernel with float32 promotion computes, up to the order of float32
-# additions. What it cannot show is **speed**: here every FP8 value is converted back to float32 before the
+# The payloads above are **exactly** the bytes an FP8 GPU would store. The block-scaled product is close to, not
+# equal to, what a kernel computes: here each chunk's partial product is summed in float32, while a tensor core
+# accumulates it in its limited accumulator (the section on the accumulator: about 14 bits, rounded at every
+# addition inside the chunk, then promoted), and float32 additions may come in another order. What it cannot show is **speed**: here every FP8 value is converted back to float32 before the
 # multiplication, so the FP8 model is slower than the float32 one. The gains (half the memory traffic of bf16,
 # twice the tensor-core throughput) exist only on hardware with FP8 units.
 #
@@ -568,7 +590,8 @@ fig16
 #
 # - E4M3: 4 exponent bits, 3 mantissa bits, max 448, no infinities. E5M2: 5 and 2, max 57,344, IEEE specials.
 #   Casts round to nearest, ties to even.
-# - Scale before casting: `s = amax / 448`, `q = x / s`, `x̂ = q · s`. Per-tensor scales let an extreme outlier
+# - Scale before casting: `q = x / s`, `x̂ = q · s`, with `s` from the values themselves so that nothing saturates.
+#   Per-tensor scales let an extreme outlier
 #   wipe out ordinary values; 1 × 128 activation tiles and 128 × 128 weight blocks confine it.
 # - The block-scaled product scales each K-chunk's partial product by its own scales and accumulates in float32;
 #   averaging the scales is wrong. Limited-precision accumulators need promotion every 128 elements.

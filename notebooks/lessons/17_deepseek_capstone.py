@@ -157,7 +157,7 @@ self_check_unswap(unswap_reference);
 # ## 4. Parameter accounting
 #
 # A mixture-of-experts model has **total** parameters (everything stored) and **active** parameters (what one token
-# uses): every dense part, the router, the shared expert and `k` of the `E` routed experts per MoE layer. Comparing
+# uses; which parts of an MoE layer count is the exercise's decision). Comparing
 # an MoE model's total with a dense model's count, or its active count with nothing else, are both common mistakes.
 # The counts below are read from the built models.
 
@@ -419,8 +419,10 @@ print(f"time share {'below' if time_share < flop_share else 'at or above'} the F
 assert with_mtp["gflops_per_step"] > without_mtp["gflops_per_step"]
 
 # %% [markdown]
-# The FLOPs are exact counts for this configuration, the same on every machine; the milliseconds belong to this
-# machine. The MTP module adds one dense block, its input projection `eh_proj` and a second pass through the head,
+# The FLOPs are counts of the matrix products for this configuration, the same on every machine (PyTorch's counter
+# has no formula for CPU's fused attention, which GPT-2 and Llama use, so `train_step_flops` adds it in closed form,
+# `2·B·H·T²·(d_k + d_v)` forward and twice that backward, as MLA's explicit products are counted); the milliseconds
+# belong to this machine. The MTP module adds one dense block, its input projection `eh_proj` and a second pass through the head,
 # on `T − 1` positions: the FLOP share printed above, paid on every training step and never at inference (there the
 # module is dropped, or drafts tokens as in unit 15). Its time share can differ from its FLOP share: a dense block
 # multiplies larger matrices than the MoE layers' small per-expert products, which run further below the CPU's
@@ -491,8 +493,8 @@ viz.show_generation_panel(panel_models, tok, record, cfg["panel_tokens"], contex
 # %% [markdown]
 # ## 8. FP8 inference
 #
-# We convert a copy's main-path linear layers to unit 16's block-scaled FP8 (routers, head, embeddings and the MTP
-# module stay in float32) and compare validation losses on the same batches.
+# We convert a copy's linear layers to unit 16's block-scaled FP8 with the course's `fp8_eval` (which layers is the
+# exercise's decision) and compare validation losses on the same batches.
 
 # %%
 res = fp8_eval(trained, corpus.val, cfg["fp8_batches"], seed=10_000)

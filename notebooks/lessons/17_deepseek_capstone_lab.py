@@ -146,7 +146,7 @@ for name, a in accounting.items():
 # For each seed: the three models are built from that seed, then `compare_models` trains them one after the other
 # on the same batches (step `s` uses the generator seeded `batch_seed + s`; each seed has its own, far-apart
 # `batch_seed`, so the second seed changes both the initial weights and the order of the batches), with warm-up plus
-# cosine decay of the learning rate. A callback records every step's training loss (DeepSeek's main-head loss, and its MTP loss separately), the
+# cosine decay of the learning rate. A callback records every step's training loss (DeepSeek's next-token loss, and its MTP loss separately), the
 # expert-load imbalance (max/mean of each MoE layer's loads, averaged over the layers) and, every `lab_eval_every`
 # steps, the validation loss on a fixed set of validation batches — the ones `compare_models` itself scores at the
 # end (generators `10_000 + i`), so the last point of each curve must equal the table's value.

@@ -190,7 +190,7 @@ print("visible tests passed")
 
 # %% tags=["solution:13.absorb"]
 def absorb_mla_weights(mla):
-    """A[h] = W_q[h]^T W_uk[h], Bo[h] = W_o[:, h] W_uv[h]; each (H, D, d_c)."""
+    """A (H, D, d_c): head h's score as a bilinear form; Bo (H, D, d_c): head h's latent context to the output."""
     ### BEGIN SOLUTION
     H, hd = mla.n_heads, mla.head_dim
     wq = mla.W_q.weight.view(H, hd, -1)

@@ -99,7 +99,7 @@ print("visible tests passed")
 
 # %% tags=["solution:15.MTPModule"]
 class MTPModule(nn.Module):
-    """[enorm(emb); hnorm(h_prev)] -> eh_proj -> block -> post_norm."""
+    """Both inputs normalised, concatenated (your order), eh_proj -> block -> post_norm."""
 
     def __init__(self, d_model, block, rms_norm_eps=1e-5):
         super().__init__()

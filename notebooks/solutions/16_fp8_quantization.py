@@ -94,9 +94,10 @@ print("visible tests passed")
 #
 # - **Activations** `x (M, K)` float32: one scale per row and per `tile`-wide slice of K (a 1 × 128 tile).
 #   Return `q (M, K)` `float8_e4m3fn` and `s (M, ceil(K/tile))` float32. **Your decision: the scale.** The
-#   contract is the round trip `x̂ = q.float() · s`; choose `s` from the tile's own elements so that the tile's
-#   largest magnitude lands exactly on the largest finite E4M3 value (the full range, nothing saturated, so every
-#   normal value keeps E4M3's 2⁻⁴ relative precision), `q` the scaled tile cast to E4M3 (clamped to the format's
+#   contract is the round trip `x̂ = q.float() · s`; choose `s` from the tile's own elements, stated as a property: no
+#   value of the tile saturates, and the tile keeps as many of its values as it can among E4M3's normal numbers,
+#   where the round trip is within 2⁻⁴ relative (the grader compares your scales and payloads bit for bit with
+#   the one choice that does both), `q` the scaled tile cast to E4M3 (clamped to the format's
 #   range first), and an all-zero tile gives zeros and a finite scale (floor its amax at 1e-12). The last tile
 #   may be narrower; it uses only its own elements.
 # - **Weights** `w (N, K)`: the same with one scale per `block × block` square, `s (ceil(N/block),
@@ -158,8 +159,7 @@ x = torch.randn(4, 200)
 q, s = quantize_act_tiles(x)
 assert q.dtype == E4M3 and q.shape == (4, 200), f"q: expected float8_e4m3fn (4, 200), got {q.dtype} {tuple(q.shape)}"
 assert s.shape == (4, 2), f"s: one scale per row and 128-wide tile -> (4, 2), got {tuple(s.shape)}"
-assert q[0, 128:].float().abs().max() == torch.finfo(E4M3).max, "the largest |value| of a non-zero tile must map to " \
-    "E4M3's largest finite value"
+assert q.float().abs().max() <= torch.finfo(E4M3).max, "no value may go beyond E4M3's largest finite value"
 back = dequantize_act_tiles(q, s)
 assert ((back - x).abs() <= x.abs() / 16 + 1e-3).all(), "round trip: within 2^-4 relative"
 qw, sw = quantize_weight_blocks(torch.randn(300, 200) * 0.02)
@@ -181,7 +181,8 @@ print("visible tests passed")
 # scale `sw[n // chunk, c]` of its output column, and the scaled partial products are summed in float32.
 # The result equals the product of the two dequantised matrices up to float32 rounding.
 #
-# `acc_bits` emulates the tensor core's limited accumulator and its promotion: when it is an int, each chunk's raw
+# `acc_bits` is a coarse model of the tensor core's limited accumulator and its promotion (it rounds each chunk's
+# exact sum once, where the hardware rounds after every addition inside the chunk): when it is an int, each chunk's raw
 # partial product (the FP8 values' product, before any scale) is rounded to `acc_bits` significant bits with
 # `llmcourse.quant.fp8.round_mantissa(partial, acc_bits)` (it returns float64: turn it back into float32) and only
 # then scaled and added to the float32 sum. With `acc_bits=None` nothing is rounded.
@@ -343,7 +344,7 @@ convert_linears_to_fp8(model)
 assert isinstance(model.layers[0].self_attn.q_proj, FP8Linear), "q_proj must become an FP8Linear"
 assert isinstance(model.layers[0].mlp.gate_proj, FP8Linear), "'gate_proj' is not 'gate': convert it"
 assert type(model.lm_head) is nn.Linear, "lm_head stays a Linear"
-assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr(), "the tie must survive"
+assert model.lm_head.weight is model.embed_tokens.weight, "the tie must survive"
 with torch.no_grad():
     after = model(ids)
 print(f"relative change of the logits: {((after - before).norm() / before.norm()).item():.4f}")

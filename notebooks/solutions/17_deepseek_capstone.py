@@ -88,7 +88,7 @@ cfg = llmcourse.setup_notebook("17")
 # also `loss_main` (cross-entropy of the main logits), `mtp_logits` (list: depth `k` gives `(B, T−k, V)`; position `i`
 # embeds token `i+k` and predicts token `i+k+1`, as in unit 15), `loss_mtp` (list of their cross-entropies against
 # `targets[:, k:]`) and `loss = loss_main + mtp_lambda / mtp_depth · Σ loss_mtp`. With a `LatentCache`, `idx` holds
-# new tokens at positions `cache.seq_len, …` and the MTP modules are not used. `update_router_biases()` applies the
+# new tokens at positions `cache.seq_len, …`. `update_router_biases()` applies the
 # sign rule `b ← b + γ·sign(mean(c) − c)` to every MoE layer, with the loads `c` of the last training-mode forward.
 #
 # `load_hf_deepseek(model, hf_state)` loads the state dict of `transformers`' `DeepseekV3ForCausalLM` (same sizes):
@@ -414,8 +414,9 @@ print("visible tests passed")
 # Parameters count the main path (MTP modules excluded, a tied weight once). **Your decision: `active_params`**, the
 # parameters one token's forward pass actually uses. Decide, for an MoE layer, which of its router, shared expert
 # and routed experts count (a token is sent to `num_experts_per_tok` of the `n_routed_experts`); a dense model's
-# active count is its total. `val_loss`: the mean main-head loss over 10 validation batches
-# (generator seed `10_000 + i`). Cache elements per token: unit 12's formulas (MLA: `L·(d_c + d_R)`; Llama: GQA;
+# active count is its total. **`val_loss` is your decision too**: the validation loss that compares the three
+# models fairly (a DeepSeek model's output with targets also holds MTP losses), the mean over 10 validation
+# batches (generator seed `10_000 + i`). Cache elements per token: unit 12's formulas (MLA: `L·(d_c + d_R)`; Llama: GQA;
 # GPT-2: MHA).
 
 # %% tags=["solution:17.compare_models"]
@@ -499,10 +500,14 @@ print("visible tests passed")
 # def fp8_eval(model: DeepSeekLM, val_data, n_batches: int, seed: int = 0) -> dict: ...
 # ```
 #
-# Return `{"val_loss_fp32", "val_loss_fp8", "delta"}` (`delta = val_loss_fp8 − val_loss_fp32`, main head, eval mode,
-# no gradients) over `n_batches` batches `get_batch(val_data, 32, 64, torch.Generator().manual_seed(seed + i))`,
-# the FP8 loss from a deep copy whose main-path linear layers are converted with unit 16's `convert_linears_to_fp8`:
-# the routers, the head, the embeddings and the MTP modules stay in float32, and `model` itself is left unchanged.
+# Return `{"val_loss_fp32", "val_loss_fp8", "delta"}` (`delta = val_loss_fp8 − val_loss_fp32`, the cross-entropy of
+# `model(x)["logits"]`, eval mode, no gradients) over `n_batches` batches
+# `get_batch(val_data, 32, 64, torch.Generator().manual_seed(seed + i))`, the FP8 loss from a deep copy converted
+# with unit 16's `convert_linears_to_fp8`; `model` itself is left unchanged. **Your decision: which layers the copy
+# converts.** The evidence to weigh: the loss budget (on the course's trained DeepSeek your copy may lose at most
+# 0.02 nats more than the course's conversion), a router's top-k is discrete (a small error in its logits sends
+# tokens to other experts), the head is tied to the embedding, and a converted layer that never runs in this loss
+# saves nothing. The grader records which of the model's linear maps your copy converted.
 # (A model that has just trained keeps its last routing in each MoE layer; clear `last_indices` and
 # `last_router_logits` of the copy's source before `copy.deepcopy` if it complains about non-leaf tensors.)
 
