@@ -42,7 +42,7 @@ import math
 import torch
 from torch import nn
 
-from ..core import check, module_facts, run_learner, unwrap
+from ..core import check, forbid, module_facts, run_learner, unwrap
 from ..oracles import float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
 
@@ -480,6 +480,32 @@ def _check_train_mode_dropout(t):
         t.fail(f"GPT2Model(dropout={DROP_P}) whose blocks add nothing (attention and feed-forward outputs 0) gives the "
                "same logits in train and in eval mode: the embeddings are not dropped (dropout on tok_emb + pos_emb, "
                "before the first block)", bug="B08.emb_dropout_missing")
+    # eval mode: dropout off everywhere. The quiet model's eval logits equal the reference's with the same weights,
+    # and two eval calls under different seeds agree (issue 38: F.dropout(..., training=True) earned full points)
+    ref_m = GPT2Model(cfg)
+    ref_m.load_state_dict(quiet, strict=False)
+    ref_m.eval()
+    with torch.no_grad():
+        want_eval = ref_m(idx)
+
+    def eval_twice(impl):
+        torch.manual_seed(3)
+        m = impl.GPT2Model(cfg)
+        unwrap(m).load_state_dict(quiet, strict=False)
+        unwrap(m).eval()
+        with torch.no_grad():
+            torch.manual_seed(11)
+            a = m(idx)
+            torch.manual_seed(12)
+            return a, m(idx)
+
+    e1, e2 = t.run(eval_twice)
+    t.expect(torch.equal(e1, e2), f"GPT2Model(dropout={DROP_P}) in eval mode gave different logits in two calls on the "
+             f"same input (max difference {float((e1 - e2).abs().max()):.3g}): in eval mode dropout must be off "
+             "(a dropout that ignores the module's mode, e.g. F.dropout(..., training=True), stays on)")
+    t.expect(bool(torch.allclose(e1, want_eval, atol=float32_atol(want_eval, 3 * cfg.d_model), rtol=1e-5)),
+             f"GPT2Model(dropout={DROP_P}) in eval mode must give the logits of the same weights without dropout; max "
+             f"difference {float((e1 - want_eval).abs().max()):.3g}")
     if emb["x0"] is not None:  # the input of blocks[0] can be read: dropped by the right rule?
         clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
         x0 = emb["x0"].double()
@@ -492,6 +518,15 @@ def _check_train_mode_dropout(t):
         frac = 1.0 - float(kept.double().mean())
         lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
         t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
+        # blocks that add nothing pass x0 on unchanged: the train-mode logits are lm_head(final_norm(x0)), so a
+        # dropout anywhere after the blocks (before the head) shows (issue 38)
+        with torch.no_grad():
+            want_train = ref_m.lm_head(ref_m.final_norm(emb["x0"].float()))
+        gap = float((emb["train"].float() - want_train).abs().max())
+        t.expect(gap <= float32_atol(want_train, 3 * cfg.d_model), f"GPT2Model(dropout={DROP_P}) in train mode, with "
+                 f"blocks that add nothing (attention and feed-forward outputs 0): the logits must be "
+                 f"lm_head(final_norm(input of blocks[0])); they differ by {gap:.3g}: dropout belongs on the embeddings "
+                 "and on each sublayer's output only, not after the blocks or before the head")
 
     # side effects: a forward (eval, then train) leaves every parameter and buffer as it was
     before, after_eval, after_train = t.run(_side_effect_probe(cfg, idx))
@@ -510,6 +545,14 @@ def check_gpt2_param_count(t):
         cfg = _cfg(**{**PRESETS[name], "tie_weights": tied, "qkv_bias": bias})
         t.compare(lambda impl, cfg=cfg: impl.gpt2_param_count(cfg), expected,
                   f"gpt2_param_count({name}, tie_weights={tied}, qkv_bias={bias})", atol=0, rtol=0)
+    # from the config alone: no nn.Module may be built (on any device; issue 38: a meta-device model earned 3/3)
+    def no_model(impl):
+        with forbid((nn.Module, "__init__"), reason="gpt2_param_count works from the config alone, no model is built"):
+            return impl.gpt2_param_count(_cfg(**PRESETS["gpt2-small"]))
+
+    err = t.raised_error(no_model)
+    t.expect(err is None, "gpt2_param_count must compute the count from the config's numbers alone (the formula), "
+             f"without building a model (not even on the meta device); building one failed with: {err and err[1]}")
     # count_parameters: an nn.Module with one shared tensor, then GPT-2 presets built on the meta device
     lin = nn.Linear(3, 4)
 

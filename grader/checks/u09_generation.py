@@ -775,7 +775,9 @@ def check_generate_batched(t):
         runs = [impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.3, top_k=3,
                                       generator=torch.Generator().manual_seed(3)) for _ in range(2)]
         return {"runs": runs, "top1": impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.0,
-                                                            top_k=1)}
+                                                            top_k=1),
+                "top_p": impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.0, top_p=0.01,
+                                               generator=torch.Generator().manual_seed(4))}
 
     s = t.run(sampled)
     a, b = s["runs"]
@@ -795,6 +797,11 @@ def check_generate_batched(t):
     t.expect(isinstance(s["top1"], torch.Tensor) and torch.equal(s["top1"], expected[:, :12]),
              "generate_batched(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and "
              "top_p on to the sampler")
+    # top_p reaches the sampler (issue 38: it was never probed): with 65 tokens the most likely one has probability
+    # >= 1/65 > 0.01, so top_p=0.01 keeps it alone, whatever the row, and sampling is greedy
+    t.expect(isinstance(s["top_p"], torch.Tensor) and torch.equal(s["top_p"], expected[:, :12]),
+             "generate_batched(..., temperature=1.0, top_p=0.01) must equal greedy decoding (only the most likely token "
+             "survives a nucleus of mass 0.01): pass top_p on to the sampler")
 
     # eval mode inside, the caller's mode restored, weights unchanged
     def modes(impl):
