@@ -82,7 +82,7 @@ def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None, generator
     filtered = top_p_filter(top_k_filter(apply_temperature(logits, temperature), top_k), top_p)
     probs = torch.softmax(filtered, dim=-1)
     return torch.multinomial(probs, 1, generator=generator)
-''', says=r"PLACEHOLDER"),
+''', says=r"raised ValueError: temperature must be > 0"),
     # ---------------------------------------------------------------- 09.generate
     Answer("09.generate", "crops to the first context_length tokens", _GEN_HEAD + '''
     was_training = model.training
