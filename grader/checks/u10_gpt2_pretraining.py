@@ -34,6 +34,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..core import check, forbid
 from ..runner import also_blocked
@@ -380,6 +381,31 @@ def check_configure_optimizer(t):
     t.compare(custom, [[0.05, [0.8, 0.9], 1e-3], [0.0, [0.8, 0.9], 1e-3]],
               "configure_optimizer(model, 1e-3, weight_decay=0.05, betas=(0.8, 0.9)): [weight_decay, betas, lr] of "
               "each group", atol=1e-12)
+    # the rule must hold for any model, so names must not decide (issue 38: `endswith("bias") or "norm" in name`
+    # earned 3/3 on GPT-2's names): a 1-D gain called `proj_weight`, a matrix called `norm_mix`, a Linear called
+    # `norm` (its weight mixes features, its bias does not)
+    def misleading(impl):
+        class Misleading(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj_weight = nn.Parameter(torch.ones(6))
+                self.norm_mix = nn.Parameter(torch.randn(6, 6))
+                self.norm = nn.Linear(6, 6)
+                self.bias_table = nn.Embedding(5, 6)
+
+            def forward(self, x):
+                return self.norm(x @ self.norm_mix * self.proj_weight)
+
+        m = Misleading()
+        names = {id(p): n for n, p in m.named_parameters()}
+        opt = impl.configure_optimizer(m, 1e-3)
+        return [sorted(names.get(id(p), "?") for p in g["params"]) for g in opt.param_groups]
+
+    want_mis = [["bias_table.weight", "norm.weight", "norm_mix"], ["norm.bias", "proj_weight"]]
+    got_mis = t.run(misleading)
+    t.expect(got_mis == want_mis, f"on a model whose names mislead (a 1-D gain `proj_weight`, a matrix `norm_mix`, a "
+             f"Linear called `norm`, an embedding `bias_table`) the groups must be {want_mis}; got {got_mis}: decide "
+             "from what each tensor does (its shape), not from its name", bug="B10.decay_by_name")
     # what the optimizer does: one step with zero gradients moves only the decayed weights, by (1 − lr·wd)
     lr, wd = 0.5, 0.2
     expected = [p.detach() * (1 - lr * wd) if p.dim() >= 2 else p.detach().clone() for p in model.parameters()]
