@@ -529,6 +529,19 @@ def check_gqa(t):
     a, b = t.run(lambda impl: (_gqa_out(impl, st, x, cos, sin, mask), _gqa_out(impl, st, x2, cos, sin, mask)))
     t.expect(bool(torch.allclose(a[:, :6], b[:, :6], atol=1e-6)), "changing the inputs at positions ≥ 6 changed the "
              "outputs at positions < 6: the mask must be applied (True = may attend)")
+    # the mask is an argument: any boolean mask, broadcastable to (B, H, T, T), not only the causal one (issue 38: an
+    # attention that built its own causal tril earned 4/4). A random per-sequence mask (B, 1, T, T) with the
+    # diagonal kept (no empty row) vs SDPA with the same mask
+    g_m = _gen(16)
+    free = torch.rand(2, 1, 9, 9, generator=g_m) < 0.5
+    free |= torch.eye(9, dtype=torch.bool)
+    ctx_m = F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, attn_mask=free,
+                                           enable_gqa=True)
+    want_m = ctx_m.transpose(1, 2).reshape(2, 9, 64) @ st["o_proj.weight"].T
+    t.compare(functools.partial(_gqa_out, state=st, x=x, cos=cos, sin=sin, mask=free), want_m,
+              "GroupedQueryAttention(64, 8, 2, 8) with a non-causal boolean mask (B, 1, T, T) (True = may attend) vs "
+              "F.scaled_dot_product_attention with the same mask: apply the mask you are given",
+              atol=float32_atol(want_m, ATTN_REDUCTION), rtol=1e-5)
     # head_dim is an argument of its own: 4 heads of 16 on a 48-wide model (d_model / n_heads would be 12)
     f3 = t.run(lambda impl: module_facts(impl.GroupedQueryAttention(48, 4, 2, 16)))
     want3 = {"q_proj.weight": (64, 48), "k_proj.weight": (32, 48), "v_proj.weight": (32, 48), "o_proj.weight": (48, 64)}
