@@ -27,7 +27,7 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   - ``ValueError`` past the context; no side effects: parameters and buffers unchanged after cached calls.
 12.generate_cached
   - tokens equal uncached greedy decoding (seeded weights, two prompts; the trained asset, two prompts in a row);
-  - the call pattern: one prefill call, then ``T = 1`` calls with the right cache length (feedback only);
+  - the call pattern: one prefill call, then ``T = 1`` calls with the right cache length (it costs the points: right tokens computed without reusing the cache fail);
   - ``eos_id``: a batch of three rows that produce it at different steps (finished rows keep emitting it; the loop
     stops when every row has; stopping at the first row, ignoring it and not filling are named mutants), and an
     ``eos_id`` no row produces (runs to ``max_new_tokens``);
@@ -363,7 +363,7 @@ def _pattern_problem(calls, prompt: torch.Tensor, out: torch.Tensor) -> tuple[st
     for i, (x, n_cached) in enumerate(calls[1:], start=1):
         if x is None or x.shape[1] != 1:
             return (f"model call #{i + 1} received {tuple(getattr(x, 'shape', ()))} tokens: after the prefill, feed "
-                    "only the newly generated token (T = 1); the cache holds the rest"), "B12.cache_queries"
+                    "only the newly generated token (T = 1); the cache holds the rest"), "B12.rerun_sequence"
         if n_cached != t0 + i - 1:
             return f"model call #{i + 1} found {n_cached} cached tokens, expected {t0 + i - 1}", None
         if not torch.equal(x[:, 0], out[:, t0 + i - 1]):
