@@ -45,6 +45,7 @@ from torch import nn
 from ..core import check, forbid, module_facts, run_learner, unwrap
 from ..oracles import float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "08"
 
@@ -675,3 +676,28 @@ def check_load_hf_gpt2(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # GPT2Model: the capstone benchmark's GPT-2 forward over a KVCache (an empty cache gives the whole forward)
 also_blocked(f"{U}.GPT2Model", "coursetools.bench.capstone:_gpt2_cached_logits")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.GPT2Config", "presets are fresh configs built from a table of sizes, and an unknown name is "
+                  "an error, not a fallback", probe="every preset's fields; two calls return independent objects; "
+                  "an unknown name raises KeyError")
+defining_property(f"{U}.GPT2Model", "a pre-LN decoder whose logits equal GPT-2's for the same weights, with dropout "
+                  "exactly on the embeddings and each sublayer's output in train mode and nowhere in eval mode",
+                  probe="logits vs transformers' GPT2LMHeadModel; dropout read off outputs of sublayers made constant "
+                  "(train), two eval calls and the no-dropout logits (eval); causality; init statistics")
+defining_property(f"{U}.gpt2_param_count", "the parameter count is a formula of the config's numbers; a shared "
+                  "tensor counts once", probe="counts of every released size with and without tying and Q/K/V biases, "
+                  "computed with nn.Module construction forbidden; count_parameters on a tied module")
+defining_property(f"{U}.load_hf_gpt2", "a checkpoint in another layout (Conv1D, fused c_attn) is mapped so that the "
+                  "model computes the same function", probe="logits of the loaded course model vs GPT2LMHeadModel on "
+                  "random weights in every tensor; the tied head still one Parameter after loading")
+decision(f"{U}.load_hf_gpt2", "how each Conv1D tensor is transformed (transposed) and along which dimension, in which "
+         "order, the fused c_attn splits into query, key and value",
+         forms=[r"c_attn\.weight\[:, ?\w* ?\*? ?d ?:", r"split (c_attn|the fused \w+) along (dim(ension)? )?(1|-1)\b",
+                r"transpose (every|each|all) Conv1D weights?", r"Conv1D weights? (must|need to) be transposed"],
+         wrong=("B08.conv1d_not_transposed", "B08.c_attn_split_dim0", "B08.c_attn_order"))
+decision(f"{U}.gpt2_param_count", "the per-block count, derived from the state_dict table",
+         forms=[r"12 ?\* ?d ?\* ?d ?\+ ?13 ?\* ?d", r"12 ?\* ?d ?\*\* ?2 ?\+ ?13 ?\* ?d", r"12 ?d\^?2 ?\+ ?13 ?d",
+                r"12D2 ?\+ ?13D"],
+         wrong=("B08.count_ignores_qkv_bias", "B08.count_tied_twice"))

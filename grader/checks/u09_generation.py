@@ -47,6 +47,7 @@ import torch
 
 from ..core import check, describe_difference
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "09"
 T = torch.tensor
@@ -826,3 +827,33 @@ def check_generate_batched(t):
 also_blocked(f"{U}.sample_next_token", "llmcourse.train.sampling:filtered_probs")
 # generate_batched: the left padding, the mask and the positions in one call
 also_blocked(f"{U}.generate_batched", "llmcourse.train.sampling:padded_batch")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.apply_temperature", "temperature divides the logits (a sharper or flatter softmax), and T <= 0 "
+                  "is refused", probe="the worked example at T = 0.5 and 3; argmax unchanged; ValueError at T = 0")
+defining_property(f"{U}.top_k_filter", "each row keeps the logits at or above its own k-th largest value",
+                  probe="ties at the k-th value, batches with a threshold per row, k = None and k >= V")
+defining_property(f"{U}.top_p_filter", "each row keeps the shortest probability-sorted prefix whose mass reaches p, "
+                  "the top token always, in the original vocabulary order",
+                  probe="exact thresholds on equal probabilities, shuffled vocabularies, batches, -inf inputs")
+defining_property(f"{U}.sample_next_token", "temperature, then top-k, then top-p, then one seeded draw for the batch",
+                  probe="frequencies of 20,000 draws vs the filtered probabilities; seeded draws repeat; greedy at T = 0")
+defining_property(f"{U}.generate", "autoregressive decoding that feeds the model the most recent context_length tokens, "
+                  "freezes finished rows, runs in eval mode and restores the caller's", probe="long prompts token by "
+                  "token vs the reference; EOS rows; a dropout model in train mode; the mode after the call")
+defining_property(f"{U}.generate_batched", "one model call per step for prompts of different lengths, each row equal "
+                  "to its prompt generated alone (padding invisible through the mask and the positions)",
+                  probe="greedy rows vs one-by-one generation for mixes of lengths and pad ids; seeded sampling with "
+                  "top_k and top_p; EOS; modes")
+decision(f"{U}.top_p_filter", "where the nucleus ends: the quantity compared with p for sorted token i and whether the "
+         "comparison is strict", forms=[r"mass before (it|token i|the token) is < ?p", r"cumsum\(.{0,30}\) ?- ?sorted",
+                                        r"exclusive cumulative", r"crossing token included",
+                                        r"the token that (reaches|crosses) (it|p) included"],
+         wrong=("B09.topp_strict", "B09.topp_not_strict"))
+decision(f"{U}.top_k_filter", "what happens to logits tied with the k-th largest value (kept: the only rule that does "
+         "not depend on the vocabulary order and never leaves fewer than k tokens)",
+         forms=[r"ties (are |with the k-th (largest )?value are )?kept", r"keeps? (the )?ties", r"every logit equal to the k-th",
+                r"equal to the k-th (largest )?value (are|is) kept", r"keeps indices 0, 1 (\*\*)?and(\*\*)? 2",
+                r"\[True, True, True, False\]"],
+         wrong=("B09.topk_exact_k",))

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..core import check, forbid
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "10"
 T = torch.tensor
@@ -641,3 +642,30 @@ def check_train_steps(t):
 also_blocked(f"{U}.configure_optimizer", "llmcourse.train.optim:parameter_groups")
 # train_steps: one step of train_steps, and unit 17's copy of estimate_loss
 also_blocked(f"{U}.train_steps", "llmcourse.train.pretraining:train_step", "llmcourse.models.deepseek:_val_loss")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.get_batch", "training windows and their next-token targets, offsets drawn by one seeded call",
+                  probe="x and y from known streams (y = x shifted), offsets of a seeded generator, long dtype")
+defining_property(f"{U}.lm_loss", "the mean next-token cross-entropy over the counted positions; perplexity its exp",
+                  probe="vs F.cross_entropy on flattened positions with ignore_index; uniform logits give ln V")
+defining_property(f"{U}.warmup_cosine_lr", "a linear warm-up whose first step moves, a cosine decay reaching min_lr "
+                  "at total_steps, then constant", probe="the schedule at every step of several settings, "
+                  "warmup_steps = 0 included; continuity, symmetry and zero slope at the decay's ends")
+defining_property(f"{U}.clip_grad_norm", "all gradients rescaled together by their global norm, in place",
+                  probe="gradients after clipping; the returned norm before clipping; a generator of parameters")
+defining_property(f"{U}.configure_optimizer", "decay only the tensors that mix features, decided by what a tensor "
+                  "does (its shape), for any model", probe="the groups of GPT-2 and of a model whose names mislead; "
+                  "one AdamW step with zero gradients shrinks exactly the decayed tensors")
+defining_property(f"{U}.train_steps", "the training step in the right order (zero_grad, forward, loss, backward, clip, "
+                  "step) with the scheduled lr, and an exact resume from a checkpoint", probe="losses and weights "
+                  "against a reference loop; SGD updates show accumulation; 10 steps vs 5 + checkpoint + 5 with dropout")
+decision(f"{U}.configure_optimizer", "which tensors are decayed: those that mix features (matrices, ndim >= 2), not "
+         "the per-feature gains and biases",
+         forms=[r"matrices (are )?decayed", r"\.dim\(\) ?>= ?2", r"\.ndim ?>= ?2", r"0\.1 on matrices",
+                r"vectors (are )?not decayed", r"decays matrices( only)?", r"decay (only )?(the )?(2-?D|two-dimensional) (tensors|parameters)"],
+         wrong=("B10.decay_by_name", "B10.decay_everything"))
+decision(f"{U}.warmup_cosine_lr", "the formula of each phase (the warm-up's first step, the cosine's argument)",
+         forms=[r"\(step ?\+ ?1\) ?/ ?warmup_steps", r"max_lr ?\* ?\(step ?\+ ?1\)",
+                r"1 ?\+ ?(math\.)?cos\((math\.)?pi ?\* ?progress"],
+         wrong=("B10.warmup_from_zero", "B10.linear_decay", "B10.cosine_to_zero"))

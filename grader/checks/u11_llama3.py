@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from ..core import CheckFailure, check, forbid, module_facts, run_learner, state_change, unwrap
 from ..oracles import F32_EPS, float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "11"
 ORACLE_ASSET = "oracles/u11_hf_llama.pt"
@@ -738,3 +739,29 @@ also_blocked(f"{U}.Llama3Model",
              "llmcourse.models.llama3_cached:CachedLlama3Model",
              "llmcourse.models.llama3_cached:CachedLlama3Block",
              "llmcourse.models.mtp:MTPLanguageModel.trunk")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.RMSNorm", "rescale by the root mean square (no centring), statistics in float32",
+                  probe="vs transformers' LlamaRMSNorm and torch's rms_norm (eps at a non-default value); a row plus 5 "
+                  "changes, a row times 3 does not; bfloat16 input")
+defining_property(f"{U}.SwiGLUFeedForward", "the gated MLP down(silu(gate(x)) * up(x))",
+                  probe="vs transformers' LlamaMLP with the same weights, also with F.silu unavailable")
+defining_property(f"{U}.rope", "rotary embeddings: half-split pairs rotated by position times frequency, Llama 3's "
+                  "smoothed frequencies", probe="inverse frequencies vs transformers (default and llama3 types, two "
+                  "scaling dicts); the relative-position identity; norm preservation; position 0 unrotated")
+defining_property(f"{U}.GroupedQueryAttention", "KV heads shared by groups of query heads, the given mask applied",
+                  probe="vs transformers' LlamaAttention and SDPA(enable_gqa) with causal and non-causal masks; "
+                  "head_dim != D/H; KV = H is MHA")
+defining_property(f"{U}.Llama3Model", "the Llama 3 decoder equals transformers' LlamaForCausalLM for the same weights",
+                  probe="logits of the two parity configs (scaling, untied head), head_dim and rms_norm_eps at "
+                  "non-default values, presets counted on the meta device, causality")
+decision(f"{U}.GroupedQueryAttention", "which query heads share a KV head (consecutive groups: repeat_interleave)",
+         forms=[r"query heads? \d+ ?(and|-|to) ?\d+ share", r"repeat_interleave\(\w+, ?n_rep, ?dim ?= ?1\)",
+                r"consecutive query heads share", r"repeat_interleave`?,? not `?repeat",
+                r"contiguous groups? of query heads"],
+         wrong=("B11.repeat_not_interleave",))
+decision(f"{U}.rope", "the pair layout of the rotation (half-split, as transformers' Llama)",
+         forms=[r"cat\(\(-x\[\.\.\., ?\w+:\], ?x\[\.\.\., ?:\w+\]\)", r"pairs? \(x_?i, ?x_?\{?i ?\+ ?d ?/ ?2\}?\)",
+                r"half-split (here and )?in .?transformers"],
+         wrong=("B11.rope_interleaved",))

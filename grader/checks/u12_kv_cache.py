@@ -48,6 +48,7 @@ import torch
 
 from ..core import check, module_facts, reference_memo, state_change, unwrap
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "12"
 T = torch.tensor
@@ -591,3 +592,26 @@ also_blocked(f"{U}.kv_cache_bytes",
              "llmcourse.viz.llama:kv_bytes_per_token")
 # (llmcourse.nn.kv_cache.decode_step_bytes, the roofline's bytes per step, calls kv_cache_bytes itself: refused
 # through the reference, tests/test_blocked_siblings.py)
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.KVCache", "keys and values appended per layer along the sequence axis, their length and bytes "
+                  "measured from what is held", probe="sequences of updates in several layers and dtypes; seq_len "
+                  "after chunks; nbytes in bfloat16; reset")
+defining_property(f"{U}.cached_forward", "feeding a sequence in pieces through one cache gives the cache-free logits, "
+                  "position by position", probe="prefill then single-token steps and chunked prefill vs the uncached "
+                  "forward at every position; the cached tensors' shapes; ValueError past the context")
+defining_property(f"{U}.generate_cached", "one prefill, then one call per new token that reuses the cache, equal to "
+                  "uncached greedy decoding", probe="tokens vs uncached greedy (seeded and trained models, two prompts "
+                  "in a row); every model call recorded (inputs and cached length); EOS rows")
+defining_property(f"{U}.kv_cache_bytes", "the cache's size follows from its shapes: K and V per layer, KV head, "
+                  "position and sequence", probe="predictions vs caches filled and measured, each size varied, real "
+                  "models' configs")
+defining_property(f"{U}.mha_to_gqa", "MHA heads averaged in the groups unit 11's attention shares, so a GQA layer "
+                  "written out as MHA comes back exactly", probe="the written-out GQA layer round trip; KV = H; KV = 1")
+decision(f"{U}.mha_to_gqa", "which heads form a group (contiguous: heads g*H/KV ... (g+1)*H/KV - 1)",
+         forms=[r"contiguous groups?", r"each group of `?H ?/ ?KV`? consecutive", r"reshape\(n_kv_heads, ?n_heads ?// ?n_kv_heads", r"consecutive heads form"],
+         wrong=("B12.gqa_strided_groups",))
+decision(f"{U}.kv_cache_bytes", "the formula of the cache's size",
+         forms=[r"2 ?\* ?n_layers ?\* ?n_kv_heads ?\* ?head_dim", r"2 ?[*·] ?L ?[*·] ?KV ?[*·] ?hd ?[*·] ?T"],
+         wrong=("B12.bytes_no_factor2", "B12.bytes_ignores_batch"))

@@ -937,7 +937,7 @@ assert char_tok.chars == corpus.tokenizer.chars
 # * A batch keyed by `seed + step` and a checkpoint with model, optimizer, step and RNG state make a run
 #   resumable **exactly**, dropout included; plain-data checkpoints load with `weights_only=True`.
 # * Start at `ln V`; report mean losses per token and `exp` of them as perplexity.
-# * AdamW decays matrices only, every tensor once; warm-up then cosine to a floor; clip by the global
+# * AdamW decays only what the data asks to shrink (section 4 measures the pull), every tensor once; warm-up then cosine to a floor; clip by the global
 #   norm and log the norm before clipping.
 # * Always watch a validation curve next to the training curve.
 # * A budget is minutes: tokens per step trade against steps per minute, so compare recipes by loss

@@ -502,7 +502,7 @@ viz.show_memory_calculator("Llama-3.2-3B")
 
 # %% [markdown]
 # **Converting MHA to GQA.** A trained multi-head model can be turned into a grouped-query one by replacing
-# each group of `H/KV` consecutive key (and value) heads with their **mean** and then fine-tuning briefly
+# each group of `H/KV` key (and value) heads with their **mean** and then fine-tuning briefly
 # (the GQA paper's "uptraining"). Which heads form a group is not free: each group must be the set of query
 # heads that `repeat_kv` (unit 11) hands the new KV head to. Without any fine-tuning, how much does it cost?
 # Pool the model's KV heads
