@@ -121,3 +121,15 @@ def test_a_forward_that_changes_its_parameters_fails_the_side_effect_probe():
     verdict = run_check("11.RMSNorm", namespace={**base, "RMSNorm": RMSNorm})
     assert verdict.status == "failed" and "changed the module's parameters" in verdict.render(), verdict.render()
 
+
+
+def test_readme_states_the_char_llama_training_time_as_recorded():
+    """README's line for assets/llama_char_tiny.pt agrees with the training time the asset records (issue 38: it
+    said "a few minutes" for a run of about half an hour)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    seconds = float(torch.load(root / "assets" / "llama_char_tiny.pt", weights_only=True)["seconds"])
+    line = next(s for s in (root / "README.md").read_text().splitlines() if "assets/llama_char_tiny.pt" in s)
+    if seconds > 600:
+        assert "few minutes" not in line and "tens of minutes" in line, (seconds, line)

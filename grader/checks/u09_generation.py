@@ -261,6 +261,13 @@ def check_top_p_filter(t):
     t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (two of them already reach "
              f"p = 0.5; the third, with exactly 0.5 before it, is not needed); kept {n_kept}",
              bug=t.diagnose(u4_probe, got) if n_kept != 2 else None)
+    # p = 0: the most likely token alone survives (one behaviour, stated and graded; transformers keeps
+    # min_tokens_to_keep=1 likewise), in every row of a batch
+    rows = torch.randn(3, 7, generator=torch.Generator().manual_seed(17))
+    t.compare(lambda impl: torch.isfinite(impl.top_p_filter(rows.clone(), 0.0)),
+              torch.nn.functional.one_hot(rows.argmax(-1), 7).bool(),
+              "top_p_filter(logits (3, 7), p=0) keeps each row's most likely token alone (a row is never emptied)",
+              atol=0, rtol=0)
     u8 = torch.zeros(8)
     for p, n in ((0.25, 2), (0.75, 6), (0.7501, 7)):
         got = t.run(lambda impl, pp=p: impl.top_p_filter(u8.clone(), pp))

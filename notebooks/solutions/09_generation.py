@@ -135,7 +135,7 @@ print("visible tests passed")
 # and more, on batches and shuffled vocabularies):
 #
 # - the kept tokens carry a total probability of at least `p`, and the prefix is the shortest one that does;
-# - the most likely token always survives, whatever `p` (a row is never emptied);
+# - the most likely token always survives, whatever `p`, `p = 0` included (a row is never emptied);
 # - on `z`: `p=0.5` keeps only token 0 (probability 0.5630); `p=0.8` keeps tokens 0–2 (probabilities after the
 #   softmax `[0.6285, 0.2312, 0.1402, 0, 0]`);
 # - four equally likely tokens with `p = 0.5` keep exactly **two**, and with `p = 0.5001` three.
@@ -153,6 +153,7 @@ def top_p_filter(logits, p):
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     before = sorted_probs.cumsum(dim=-1) - sorted_probs
     keep_sorted = before < p
+    keep_sorted[..., 0] = True  # the most likely token always survives, p = 0 included
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return logits.masked_fill(~keep, float("-inf"))
     ### END SOLUTION
