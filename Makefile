@@ -24,7 +24,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
-.PHONY: lab lab-instructor test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps hub hub-deps doctor clean bench
+.PHONY: lab lab-instructor test setup kernel lint release release-check notebooks test-fast test-notebooks test-browser browser-deps hub hub-deps doctor clean bench mutation
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -137,6 +137,14 @@ release-check: setup
 bench: setup
 	$(PY) -m pip install --quiet --no-deps -r requirements-bench.txt
 	$(VENV)/bin/course bench all
+
+# Mutation testing of every graded exercise's check (not a test; an idle machine): each unit's full run stored in
+# docs/grading-strength/uNN.json, then docs/grading-strength.md regenerated (coursetools/dev/mutation.py says how).
+# UNITS="05 18" runs some units only; `make test` runs a seeded sample of two units (tests/test_mutation.py).
+UNITS ?= $(shell seq -w 0 19)
+mutation: setup
+	for u in $(UNITS); do LLMCOURSE_PROFILE=ci $(PY) -m coursetools.dev.mutation $$u --store --jobs 2; done; \
+	$(PY) -m coursetools.dev.mutation --report
 
 doctor: setup
 	$(VENV)/bin/course doctor
