@@ -286,6 +286,26 @@ def check_clip_grad_norm(t):
 
     t.compare(eps_probe, T([3.0, 4.0]) / 5.5, "gradient [3, 4] clipped with max_norm=1, eps=0.5 (factor "
               "max_norm / (norm + eps) = 1/5.5)", atol=1e-5)
+
+    # only a norm *above* max_norm is clipped: at exactly max_norm the gradients stay bit for bit
+    def at_limit(impl):
+        a = torch.nn.Parameter(torch.zeros(2))
+        a.grad = torch.tensor([3.0, 4.0])
+        with _clip_forbidden():
+            impl.clip_grad_norm([a], 5.0)
+        return a.grad
+
+    t.compare(at_limit, T([3.0, 4.0]), "gradient [3, 4] (norm 5) with max_norm=5: not above the limit, left unchanged",
+              atol=0, rtol=0)
+
+    # no gradient at all: the global norm of nothing is 0
+    def no_grads(impl):
+        a = torch.nn.Parameter(torch.zeros(2))
+        with _clip_forbidden():
+            return float(impl.clip_grad_norm([a], 1.0))
+
+    t.compare(no_grads, 0.0, "clip_grad_norm of parameters that all have .grad None (the global norm of nothing)",
+              atol=0, rtol=0)
     # against torch.nn.utils.clip_grad_norm_ on a small network, parameters passed as a generator
     for seed, max_norm, frozen in ((0, 0.5, False), (1, 0.05, True), (2, 1e4, False)):
         net = _tiny_grads(seed)

@@ -304,6 +304,33 @@ def check_cached_forward(t):
     t.expect(err == "ValueError", f"feeding 5 tokens after {C - 3} cached ones (context_length {C}) must raise "
              f"ValueError (start + T > context_length); got {err}")
 
+    def exactly_full(impl):   # the window filled exactly is allowed: start + T == context_length
+        from llmcourse.nn.kv_cache import KVCache
+
+        m = _learner_model(impl, cfg, state)
+        cache = KVCache(cfg["n_layers"])
+        with torch.no_grad():
+            m(torch.zeros(1, C - 3, dtype=torch.long), cache=cache)
+            return tuple(m(torch.zeros(1, 3, dtype=torch.long), cache=cache).shape)
+
+    err = t.raised_error(exactly_full)
+    t.expect(err is None, f"feeding 3 tokens after {C - 3} cached ones fills the context exactly ({C} positions) and "
+             f"must work; got {err and ': '.join(err)}")
+
+    # without a cache the forward is unit 11's, trainable: gradients reach the token embedding
+    def grads(impl):
+        m = _learner_model(impl, cfg, state)
+        out = m(idx[:, :6])
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return 0.0
+        out.float().pow(2).mean().backward()
+        mm = unwrap(m)
+        ws = [mm.embed_tokens.weight, mm.layers[0].self_attn.q_proj.weight, mm.layers[0].mlp.gate_proj.weight]
+        return min(0.0 if w.grad is None else float(w.grad.abs().sum()) for w in ws)
+
+    t.expect(t.run(grads) > 0, "forward(idx) without a cache must stay differentiable as unit 11's (the logits carry "
+             "gradients to the embedding, the attention and the MLP weights): nothing in it may be detached")
+
     def side(impl):
         from llmcourse.nn.kv_cache import KVCache
 
@@ -407,6 +434,10 @@ def check_generate_cached(t):
             problem = _pattern_problem(got["calls"][j], p, out)
             if problem is not None:
                 t.fail(f"{what}: the tokens are right, but {problem[0]}", bug=problem[1])
+            n_calls, n_new = len(got["calls"][j]), out.shape[1] - p.shape[1]
+            t.expect(n_calls == n_new, f"{what}: the tokens are right, but the model was called {n_calls} times for "
+                     f"{n_new} new tokens: the prefill gives the first, each further call one more, and the last new "
+                     "token is never fed (its logits would not be used)")
     _check_eos(t, cfg, cases[0][2])
 
     def side(impl):
@@ -415,9 +446,18 @@ def check_generate_cached(t):
 
     change = t.run(side)
     t.expect(change == 0.0, f"generate_cached changed the model's parameters or buffers (largest change {change!r})")
-    zero = t.run(lambda impl: impl.generate_cached(_plain_cached(cfg, cases[0][2]), T([[1, 2, 3]]), 0))
-    t.expect(isinstance(zero, torch.Tensor) and zero.tolist() == [[1, 2, 3]],
+    zero = t.run(_gen_probe(cfg, cases[0][2], [T([[1, 2, 3]])], 0))
+    t.expect(isinstance(zero["out"][0], torch.Tensor) and zero["out"][0].tolist() == [[1, 2, 3]],
              "max_new_tokens=0 must return the prompt unchanged")
+    t.expect(len(zero["calls"][0]) == 0, f"max_new_tokens=0 needs no model call (nothing is generated); the model was "
+             f"called {len(zero['calls'][0])} time(s)")
+    one_p = T([[1, 2, 3]])
+    one = t.run(_gen_probe(cfg, cases[0][2], [one_p], 1))
+    want_one = _uncached_greedy(_plain_model(cfg, cases[0][2]), one_p.clone(), 1)
+    t.expect(isinstance(one["out"][0], torch.Tensor) and torch.equal(one["out"][0], want_one)
+             and len(one["calls"][0]) == 1, f"max_new_tokens=1: one model call (the prefill) and one new token "
+             f"{want_one[0, -1].item()}; got {getattr(one['out'][0], 'tolist', lambda: one['out'][0])()} after "
+             f"{len(one['calls'][0])} call(s)")
 
 
 def _eos_case(plain, vocab_size: int, n: int):
