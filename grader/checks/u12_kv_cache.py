@@ -47,6 +47,7 @@ import functools
 import torch
 
 from ..core import check, module_facts, reference_memo, state_change, unwrap
+from ..oracles import float32_atol
 from ..runner import also_blocked
 from ..strength import decision, defining_property
 
@@ -330,6 +331,18 @@ def check_cached_forward(t):
 
     t.expect(t.run(grads) > 0, "forward(idx) without a cache must stay differentiable as unit 11's (the logits carry "
              "gradients to the embedding, the attention and the MLP weights): nothing in it may be detached")
+
+    def emb_grad(impl):   # the tied table's gradient: from the head and from the looked-up rows
+        m = _learner_model(impl, cfg, state)
+        m(idx[:, :6]).float().pow(2).mean().backward()
+        return unwrap(m).embed_tokens.weight.grad
+
+    ref_m = _plain_model(cfg, state)
+    ref_m(idx[:, :6]).float().pow(2).mean().backward()
+    want_g = ref_m.embed_tokens.weight.grad
+    t.compare(emb_grad, want_g, "the token embedding's gradient after forward(idx[:, :6]) without a cache (mean "
+              "squared logit), vs unit 11's model: the looked-up rows must receive theirs too",
+              atol=float32_atol(want_g, 6 * cfg["d_model"]), rtol=1e-4)
 
     def side(impl):
         from llmcourse.nn.kv_cache import KVCache
