@@ -261,6 +261,10 @@ def check_top_p_filter(t):
     t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (two of them already reach "
              f"p = 0.5; the third, with exactly 0.5 before it, is not needed); kept {n_kept}",
              bug=t.diagnose(u4_probe, got) if n_kept != 2 else None)
+    # p = 1: unchanged, also where the cumulative mass rounds to 1 before the last token (tiny tail probabilities)
+    wide = T([0.0, -30.0, -40.0, -60.0, 2.0])
+    t.compare(lambda impl: impl.top_p_filter(wide.clone(), 1.0), wide.clone(), "top_p_filter(logits, p=1.0) must return the "
+              "logits unchanged (every token kept, including a tail whose mass rounds away in float32)", atol=0, rtol=0)
     # p = 0: the most likely token alone survives (one behaviour, stated and graded; transformers keeps
     # min_tokens_to_keep=1 likewise), in every row of a batch
     rows = torch.randn(3, 7, generator=torch.Generator().manual_seed(17))
@@ -573,6 +577,10 @@ def check_generate(t):
              f"sampled generation of 12 tokens must return (3, {t0 + 12}); got {tuple(getattr(s1, 'shape', ()))}")
     t.expect(torch.equal(s1, s2), "two sampled runs with generators seeded alike differ: pass `generator` on to "
              "sample_next_token")
+    want_s = gen_ref(ref_model, batch.clone(), 12, C, temperature=1.2, top_k=3, generator=torch.Generator().manual_seed(4))
+    t.expect(torch.equal(s1, want_s), "generate(..., temperature=1.2, top_k=3, generator seeded with 4) must draw the "
+             "same tokens as the course's generate with the same generator: pass temperature, top_k, top_p and the "
+             "generator on to sample_next_token, one draw per step")
     with torch.no_grad():
         top3 = ref_model(s1[:, :-1]).topk(3, dim=-1).indices[:, t0 - 1:]  # the top 3 after each prefix
     inside = (top3 == s1[:, t0:, None]).any(-1)
@@ -610,6 +618,17 @@ def check_generate(t):
                f"{out.shape[1] - e_t0}: stop as soon as all rows are finished", bug="B09.eos_ignored")
     _expect_equal(t, probe, out, expected, f"greedy generation of {e_batch.shape[0]} prompts with eos_id={eos} "
                   f"(rows finish at different steps; context_length={e_len})")
+
+    # early stop, always exercised: a stand-in model whose rows reach eos_id=9 after 2, 5, 1 and 7 steps
+    c_batch = T([[0, 7], [0, 4], [0, 8], [3, 2]])
+    c_expected = _freeze_after_eos(_greedy_counter(c_batch, 30), c_batch.shape[1], 9)
+
+    def counter_probe(impl):
+        return impl.generate(_Counter(10), c_batch.clone(), 30, 4, eos_id=9)
+
+    _expect_equal(t, counter_probe, t.run(counter_probe), c_expected, "greedy generation of 4 prompts whose rows "
+                  "produce eos_id=9 after 2, 5, 1 and 7 steps: every row finished after 7 new tokens, so generation "
+                  "stops there")
 
     # dropout: generation runs in eval mode, under no_grad, and restores the mode
     def dropout_runs(start_training: bool, n: int):
@@ -805,6 +824,20 @@ def check_generate_batched(t):
     t.expect(isinstance(s["top1"], torch.Tensor) and torch.equal(s["top1"], expected[:, :12]),
              "generate_batched(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and "
              "top_p on to the sampler")
+    # the padding slots hold pad_id (the contract names the id written there)
+    def pad_probe(impl):
+        m = _char_model(cfg, state)
+        seen = []
+        m.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(
+            (args[0].clone() if args else kwargs.get("idx"), kwargs.get("attention_mask"))), with_kwargs=True)
+        impl.generate_batched(m, [list(p) for p in prompts], 2, C, pad_id=7)
+        return seen[0] if seen else (None, None)
+
+    idx0, mask0 = t.run(pad_probe)
+    if isinstance(idx0, torch.Tensor) and isinstance(mask0, torch.Tensor) and mask0.shape == idx0.shape:
+        pads = idx0[~mask0.bool()]
+        t.expect(bool((pads == 7).all()), f"generate_batched(..., pad_id=7): the padding slots of the first model "
+                 f"call hold {sorted(set(pads.tolist()))[:5]}; write pad_id there")
     # top_p reaches the sampler (issue 38: it was never probed): with 65 tokens the most likely one has probability
     # >= 1/65 > 0.01, so top_p=0.01 keeps it alone, whatever the row, and sampling is greedy
     t.expect(isinstance(s["top_p"], torch.Tensor) and torch.equal(s["top_p"], expected[:, :12]),
