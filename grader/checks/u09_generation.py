@@ -811,6 +811,11 @@ def check_generate_batched(t):
     t.expect(isinstance(a, torch.Tensor) and tuple(a.shape) == (4, 12) and torch.equal(a, b),
              "two sampled runs with generators seeded alike differ (or have the wrong shape): pass `generator` on to "
              "the sampler")
+    want_a = t.reference.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], 12, C, temperature=1.3,
+                                          top_k=3, generator=torch.Generator().manual_seed(3))
+    t.expect(torch.equal(a, want_a), "generate_batched(..., temperature=1.3, top_k=3, generator seeded with 3) must "
+             "draw the same tokens as the course's with the same generator: pass temperature, top_k, top_p and the "
+             "generator on to the sampler, one draw per step for the batch")
     outside = []
     with torch.no_grad():
         for r, p in enumerate(prompts):
@@ -856,6 +861,15 @@ def check_generate_batched(t):
              "a model with dropout 0.3 in train mode must generate the eval-mode tokens: switch to eval() inside",
              bug="B09.train_mode")
     t.expect(training is True, "the model was in train mode before generate_batched and must be again afterwards")
+
+    def from_eval(impl):
+        m = _char_model(cfg, state)
+        m.eval()
+        impl.generate_batched(m, [list(p) for p in prompts], 2, C)
+        return m.training
+
+    t.expect(t.run(from_eval) is False, "the model was in eval mode before generate_batched and must be again "
+             "afterwards (restore the caller's mode, whichever it was)")
     moved = [k for k in state if k not in after or not torch.equal(state[k], after[k])]
     t.expect(not moved, f"generate_batched changed the model's weights or buffers: {moved[:4]}")
 
