@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["assert_oracle_is_current", "assert_same", "load_oracle", "oracle_path", "stored_oracle", "write_oracle"]
+__all__ = ["F32_EPS", "F32_ULPS", "float32_atol", "assert_oracle_is_current", "assert_same", "load_oracle", "oracle_path", "stored_oracle", "write_oracle"]
 
 
 def oracle_path(asset: str) -> Path:
@@ -89,3 +89,24 @@ def assert_oracle_is_current(asset: str, build: Callable[[], dict], atol: float 
     stored = torch.load(oracle_path(asset), weights_only=True)
     assert_same(stored, build(), atol=atol, rtol=rtol)
     return stored
+
+
+# A correct float32 answer does not give the same bits on every CPU: ATen picks its kernels by processor (generic,
+# AVX2, AVX-512, NEON; ATEN_CPU_CAPABILITY forces one) and thread counts change the order of reductions. Each
+# rounding is half an ulp of the partial sum, and the errors of a length-n reduction grow like sqrt(n) ulps of its
+# scale (a random walk; Higham, Accuracy and Stability of Numerical Algorithms, §4.2), so a check comparing a
+# float32 result with a reference computed elsewhere (a stored oracle) or otherwise (another kernel) allows
+# F32_ULPS ulps at the expected output's largest magnitude times sqrt(n), n the summed length of the reductions on
+# the path from the inputs to the output. A wrong answer changes the output at its own scale (relative 1e-2 and more).
+F32_EPS = float(torch.finfo(torch.float32).eps)
+F32_ULPS = 8
+
+
+def float32_atol(expected: torch.Tensor, reduction: int = 1, floor: float = 1e-5) -> float:
+    """The absolute tolerance of a float32 result ``expected`` reached through reductions of summed length
+    ``reduction``: ``F32_ULPS`` ulps at its largest finite magnitude times ``sqrt(reduction)``, never below
+    ``floor``."""
+    mags = expected.detach().abs().double()
+    mags = mags[torch.isfinite(mags)]
+    scale = float(mags.max()) if mags.numel() else 0.0
+    return max(floor, F32_ULPS * F32_EPS * scale * reduction ** 0.5)

@@ -66,7 +66,10 @@ def test_decode_step_bytes_counts_the_weights_and_the_filled_cache():
     cache = ours.new_cache()
     with torch.no_grad():
         ours(torch.zeros(B, T, dtype=torch.long), cache=cache)
-    weights = sum(p.numel() for n, p in hf.named_parameters() if "embed_tokens" not in n) + B * ours.cfg.d_model
+    if ours.cfg.tie_word_embeddings:  # the tied head reads the whole (V, D) table: every HF parameter once
+        weights = sum(p.numel() for p in hf.parameters())
+    else:
+        weights = sum(p.numel() for n, p in hf.named_parameters() if "embed_tokens" not in n) + B * ours.cfg.d_model
     assert bench.decode_step_bytes(ours.cfg, n_params, B, T) == 4 * weights + cache.nbytes()
     # a longer cache costs more; the bound grows with the batch through the cache and the looked-up rows only
     assert bench.decode_step_bytes(ours.cfg, n_params, B, T + 1) > bench.decode_step_bytes(ours.cfg, n_params, B, T)

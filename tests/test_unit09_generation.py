@@ -185,8 +185,12 @@ def test_top_p_original_order_after_top_k_and_off():
     for b in range(2):
         for t in range(3):
             assert torch.equal(y[b, t], top_p_filter(x[b, t], 0.7))
+    # p = 0 keeps the most likely token alone (the top-1 always survives, as transformers' min_tokens_to_keep=1),
+    # independently computed: the argmax of each row
+    zero = top_p_filter(x, 0.0)
+    assert torch.equal(torch.isfinite(zero), torch.nn.functional.one_hot(x.argmax(-1), 9).bool())
     with pytest.raises(ValueError, match="top_p"):
-        top_p_filter(Z, 0.0)
+        top_p_filter(Z, -0.1)
 
 
 # ---------------------------------------------------------------- sampling

@@ -139,8 +139,14 @@ def test_roofline_bytes_and_decode_step_timer():
         m = CachedLlama3Model(c)
         n = sum(p.numel() for p in m.parameters())
         hd = c.d_model // c.n_heads
-        by_hand = 4 * (n - c.vocab_size * c.d_model + 3 * c.d_model) + 4 * 2 * c.n_layers * kv * hd * 40 * 3
-        assert decode_step_bytes(c, n, 3, 40) == by_hand
+        # tied (the preset): the head reads the whole embedding table, so every parameter is read once
+        by_hand = 4 * n + 4 * 2 * c.n_layers * kv * hd * 40 * 3
+        assert c.tie_word_embeddings and decode_step_bytes(c, n, 3, 40) == by_hand
+        # untied: the looked-up rows of the embedding, the whole head
+        u = Llama3Config(**(base | {"n_kv_heads": kv, "tie_word_embeddings": False}))
+        nu = sum(p.numel() for p in CachedLlama3Model(u).parameters())
+        by_hand_u = 4 * (nu - u.vocab_size * u.d_model + 3 * u.d_model) + 4 * 2 * u.n_layers * kv * hd * 40 * 3
+        assert decode_step_bytes(u, nu, 3, 40) == by_hand_u
         sizes[kv] = decode_step_bytes(c, n, 3, 40)
         if kv == 2:
             m.train()

@@ -174,8 +174,25 @@ bug_group("B12.eos_stops_at_first_row", f"{U}.generate_cached", "One finished ro
           "stops only when every row has produced eos_id.", {"generate_cached": _gen_eos("first_row")})
 bug_group("B12.eos_no_fill", f"{U}.generate_cached", "A finished row keeps emitting eos_id while the other rows go "
           "on (its greedy tokens after eos_id are not part of the answer).", {"generate_cached": _gen_eos("no_fill")})
-bug_group("B12.cache_queries", f"{U}.generate_cached", "Past queries are never reused; cache K and V only.",
-          {"generate_cached": _gen_no_cache}, detect="detector")
+bug_group("B12.cache_queries", f"{U}.generate_cached", "Pass the KV cache to every model call: the keys and "
+          "values of past tokens are computed once, stored, and reused.", {"generate_cached": _gen_no_cache},
+          detect="detector")
+
+
+@torch.no_grad()
+def _gen_rerun_sequence(model, idx, max_new_tokens, eos_id=None):
+    model.eval()
+    cache = KVCache(len(model.layers))
+    for _ in range(max_new_tokens):   # the whole sequence again at every step, through a cache emptied first
+        cache.reset()
+        nxt = model(idx, cache=cache)[:, -1, :].argmax(-1, keepdim=True)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+bug_group("B12.rerun_sequence", f"{U}.generate_cached", "After the prefill, each step feeds only the token generated "
+          "last (T = 1): the cache already holds the keys and values of every earlier token, so running the whole "
+          "sequence again recomputes them all.", {"generate_cached": _gen_rerun_sequence}, detect="detector")
 bug_group("B12.no_reset", f"{U}.generate_cached", "Reset (or create) the cache per prompt.",
           {"generate_cached": _gen_no_reset})
 bug_group("B12.prefill_twice", f"{U}.generate_cached", "After prefill, feed only the newly generated token.",

@@ -42,9 +42,10 @@ import math
 import torch
 from torch import nn
 
-from ..core import check, module_facts, run_learner, unwrap
-from ..oracles import stored_oracle, write_oracle
+from ..core import check, forbid, module_facts, run_learner, unwrap
+from ..oracles import float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "08"
 
@@ -141,6 +142,21 @@ def _hf_cases() -> tuple:
         course_sd = {k: v.clone() for k, v in course.state_dict().items()}
         cases.append((cfg, hf_sd, course_sd, case["logits"]))
     return tuple(cases)
+
+
+def gpt2_reduction(cfg, t: int) -> int:
+    """The summed reduction length of a GPT-2 forward pass of ``t`` tokens (``grader.oracles.float32_atol``): per
+    block the two LayerNorms' statistics (2·D each), q/k/v (D), scores (D/H), softmax and weighted sum (T each), the
+    output projection (D), fc1 (D) and fc2 (4·D); then the final norm (2·D) and the head (D)."""
+    d = cfg.d_model
+    block = 2 * d + d + d // cfg.n_heads + t + t + d + 2 * d + d + 4 * d
+    return cfg.n_layers * block + 3 * d
+
+
+def logits_atol(cfg, logits: torch.Tensor) -> float:
+    """The tolerance of a comparison of logits ``(B, T, V)`` with another implementation's: float32 rounding at
+    their scale (measured: 4 ulps at the scale between transformers' GPT-2 and the course's, any kernels)."""
+    return float32_atol(logits, gpt2_reduction(cfg, logits.shape[-2]))
 
 
 def _describe(cfg) -> str:
@@ -280,7 +296,7 @@ def check_gpt2_model(t):
             return m(odd_idx)
 
     t.compare(odd_probe, odd_want, "logits of GPT2Model(qkv_bias=False, layer_norm_eps=0.5, tie_weights=False) with "
-              "random weights (every config field must be used)", atol=1e-5, rtol=1e-5)
+              "random weights (every config field must be used)", atol=logits_atol(odd, odd_want), rtol=1e-5)
 
     # parity with transformers (weights mapped by the reference loader; lm_head follows tok_emb)
     for cfg_p, _hf_sd, course_sd, hf_logits in _hf_cases():
@@ -292,7 +308,8 @@ def check_gpt2_model(t):
                  f"loading GPT-2 weights into your model: missing keys {out['missing'][:6]}, unexpected "
                  f"{out['unexpected'][:6]}")
         t.compare(probe, hf_logits, f"logits vs transformers' GPT2LMHeadModel with the same weights ({_describe(cfg_p)}, "
-                  f"idx (2, 17), eval mode)", atol=1e-5, rtol=1e-5, pick=lambda o: o["logits"])
+                  f"idx (2, 17), eval mode)", atol=logits_atol(cfg_p, hf_logits), rtol=1e-5,
+                  pick=lambda o: o["logits"])
     t.expect(out["logits"].dtype == torch.float32, f"logits must be float32, got {out['logits'].dtype}")
 
     # causality: changing tokens t0.. must leave the logits before t0 unchanged
@@ -464,6 +481,32 @@ def _check_train_mode_dropout(t):
         t.fail(f"GPT2Model(dropout={DROP_P}) whose blocks add nothing (attention and feed-forward outputs 0) gives the "
                "same logits in train and in eval mode: the embeddings are not dropped (dropout on tok_emb + pos_emb, "
                "before the first block)", bug="B08.emb_dropout_missing")
+    # eval mode: dropout off everywhere. The quiet model's eval logits equal the reference's with the same weights,
+    # and two eval calls under different seeds agree (issue 38: F.dropout(..., training=True) earned full points)
+    ref_m = GPT2Model(cfg)
+    ref_m.load_state_dict(quiet, strict=False)
+    ref_m.eval()
+    with torch.no_grad():
+        want_eval = ref_m(idx)
+
+    def eval_twice(impl):
+        torch.manual_seed(3)
+        m = impl.GPT2Model(cfg)
+        unwrap(m).load_state_dict(quiet, strict=False)
+        unwrap(m).eval()
+        with torch.no_grad():
+            torch.manual_seed(11)
+            a = m(idx)
+            torch.manual_seed(12)
+            return a, m(idx)
+
+    e1, e2 = t.run(eval_twice)
+    t.expect(torch.equal(e1, e2), f"GPT2Model(dropout={DROP_P}) in eval mode gave different logits in two calls on the "
+             f"same input (max difference {float((e1 - e2).abs().max()):.3g}): in eval mode dropout must be off "
+             "(a dropout that ignores the module's mode, e.g. F.dropout(..., training=True), stays on)")
+    t.expect(bool(torch.allclose(e1, want_eval, atol=float32_atol(want_eval, 3 * cfg.d_model), rtol=1e-5)),
+             f"GPT2Model(dropout={DROP_P}) in eval mode must give the logits of the same weights without dropout; max "
+             f"difference {float((e1 - want_eval).abs().max()):.3g}")
     if emb["x0"] is not None:  # the input of blocks[0] can be read: dropped by the right rule?
         clean = (emb["tok"][idx] + emb["pos"][: idx.shape[1]]).double()
         x0 = emb["x0"].double()
@@ -476,6 +519,15 @@ def _check_train_mode_dropout(t):
         frac = 1.0 - float(kept.double().mean())
         lo, hi = zero_fraction_bounds(DROP_P, x0.numel())
         t.expect(lo <= frac <= hi, f"{what}: {frac:.1%} of the entries were zeroed; expected about {DROP_P:.0%}")
+        # blocks that add nothing pass x0 on unchanged: the train-mode logits are lm_head(final_norm(x0)), so a
+        # dropout anywhere after the blocks (before the head) shows (issue 38)
+        with torch.no_grad():
+            want_train = ref_m.lm_head(ref_m.final_norm(emb["x0"].float()))
+        gap = float((emb["train"].float() - want_train).abs().max())
+        t.expect(gap <= float32_atol(want_train, 3 * cfg.d_model), f"GPT2Model(dropout={DROP_P}) in train mode, with "
+                 f"blocks that add nothing (attention and feed-forward outputs 0): the logits must be "
+                 f"lm_head(final_norm(input of blocks[0])); they differ by {gap:.3g}: dropout belongs on the embeddings "
+                 "and on each sublayer's output only, not after the blocks or before the head")
 
     # side effects: a forward (eval, then train) leaves every parameter and buffer as it was
     before, after_eval, after_train = t.run(_side_effect_probe(cfg, idx))
@@ -494,6 +546,14 @@ def check_gpt2_param_count(t):
         cfg = _cfg(**{**PRESETS[name], "tie_weights": tied, "qkv_bias": bias})
         t.compare(lambda impl, cfg=cfg: impl.gpt2_param_count(cfg), expected,
                   f"gpt2_param_count({name}, tie_weights={tied}, qkv_bias={bias})", atol=0, rtol=0)
+    # from the config alone: no nn.Module may be built (on any device; issue 38: a meta-device model earned 3/3)
+    def no_model(impl):
+        with forbid((nn.Module, "__init__"), reason="gpt2_param_count works from the config alone, no model is built"):
+            return impl.gpt2_param_count(_cfg(**PRESETS["gpt2-small"]))
+
+    err = t.raised_error(no_model)
+    t.expect(err is None, "gpt2_param_count must compute the count from the config's numbers alone (the formula), "
+             f"without building a model (not even on the meta device); building one failed with: {err and err[1]}")
     # count_parameters: an nn.Module with one shared tensor, then GPT-2 presets built on the meta device
     lin = nn.Linear(3, 4)
 
@@ -577,12 +637,13 @@ def check_load_hf_gpt2(t):
                 alt = functools.partial(_load_probe, cfg=cfg, hf_sd=variant)
                 if t.raised_error(alt) is None:
                     got = _logits_of(t.run(alt), cfg)
-                    if got is not None and torch.allclose(got, hf_logits, atol=1e-5, rtol=1e-5):
+                    if got is not None and torch.allclose(got, hf_logits, atol=logits_atol(cfg, hf_logits), rtol=1e-5):
                         t.fail(f"load_hf_gpt2 raised {failed[0]} on a GPT2LMHeadModel state dict ({_describe(cfg)}), "
                                f"but works when those weights are given in nn.Linear's (out, in) layout", bug=bug)
         out = t.run(probe)  # raises with the learner's error (and a mutant's name when one raises alike)
         t.compare(probe, hf_logits, f"logits of the loaded model vs transformers' GPT2LMHeadModel ({_describe(cfg)}, "
-                  f"every HF tensor random)", atol=1e-5, rtol=1e-5, pick=lambda o, cfg=cfg: _logits_of(o, cfg))
+                  f"every HF tensor random)", atol=logits_atol(cfg, hf_logits), rtol=1e-5,
+                  pick=lambda o, cfg=cfg: _logits_of(o, cfg))
         tie = out["tie"]
         if not (torch.equal(tie["head0"], tie["emb0"]) and torch.equal(tie["head1"], tie["emb1"])):
             t.fail("after loading, lm_head.weight must still be the same Parameter as tok_emb.weight (copy into the "
@@ -597,7 +658,7 @@ def check_load_hf_gpt2(t):
         old[f"transformer.h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     t.compare(functools.partial(_load_probe, cfg=cfg, hf_sd=old), hf_logits,
               "a state dict that also holds the old '.attn.bias' / '.attn.masked_bias' buffers (ignore them)",
-              atol=1e-5, rtol=1e-5, pick=lambda o: _logits_of(o, cfg))
+              atol=logits_atol(cfg, hf_logits), rtol=1e-5, pick=lambda o: _logits_of(o, cfg))
     # shape mismatches: another config, one transposed c_fc
     other = _hf_cases()[1][1]
     err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=other))
@@ -615,3 +676,28 @@ def check_load_hf_gpt2(t):
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
 # GPT2Model: the capstone benchmark's GPT-2 forward over a KVCache (an empty cache gives the whole forward)
 also_blocked(f"{U}.GPT2Model", "coursetools.bench.capstone:_gpt2_cached_logits")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.GPT2Config", "presets are fresh configs built from a table of sizes, and an unknown name is "
+                  "an error, not a fallback", probe="every preset's fields; two calls return independent objects; "
+                  "an unknown name raises KeyError")
+defining_property(f"{U}.GPT2Model", "a pre-LN decoder whose logits equal GPT-2's for the same weights, with dropout "
+                  "exactly on the embeddings and each sublayer's output in train mode and nowhere in eval mode",
+                  probe="logits vs transformers' GPT2LMHeadModel; dropout read off outputs of sublayers made constant "
+                  "(train), two eval calls and the no-dropout logits (eval); causality; init statistics")
+defining_property(f"{U}.gpt2_param_count", "the parameter count is a formula of the config's numbers; a shared "
+                  "tensor counts once", probe="counts of every released size with and without tying and Q/K/V biases, "
+                  "computed with nn.Module construction forbidden; count_parameters on a tied module")
+defining_property(f"{U}.load_hf_gpt2", "a checkpoint in another layout (Conv1D, fused c_attn) is mapped so that the "
+                  "model computes the same function", probe="logits of the loaded course model vs GPT2LMHeadModel on "
+                  "random weights in every tensor; the tied head still one Parameter after loading")
+decision(f"{U}.load_hf_gpt2", "how each Conv1D tensor is transformed (transposed) and along which dimension, in which "
+         "order, the fused c_attn splits into query, key and value",
+         forms=[r"c_attn\.weight\[:, ?\w* ?\*? ?d ?:", r"split (c_attn|the fused \w+) along (dim(ension)? )?(1|-1)\b",
+                r"transpose (every|each|all) Conv1D weights?", r"Conv1D weights? (must|need to) be transposed"],
+         wrong=("B08.conv1d_not_transposed", "B08.c_attn_split_dim0", "B08.c_attn_order"))
+decision(f"{U}.gpt2_param_count", "the per-block count, derived from the state_dict table",
+         forms=[r"12 ?\* ?d ?\* ?d ?\+ ?13 ?\* ?d", r"12 ?\* ?d ?\*\* ?2 ?\+ ?13 ?\* ?d", r"12 ?d\^?2 ?\+ ?13 ?d",
+                r"12D2 ?\+ ?13D"],
+         wrong=("B08.count_ignores_qkv_bias", "B08.count_tied_twice"))

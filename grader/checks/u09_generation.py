@@ -47,6 +47,7 @@ import torch
 
 from ..core import check, describe_difference
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "09"
 T = torch.tensor
@@ -260,6 +261,17 @@ def check_top_p_filter(t):
     t.expect(n_kept == 2, f"top_p_filter(zeros(4), p=0.5) must keep exactly 2 tokens (two of them already reach "
              f"p = 0.5; the third, with exactly 0.5 before it, is not needed); kept {n_kept}",
              bug=t.diagnose(u4_probe, got) if n_kept != 2 else None)
+    # p = 1: unchanged, also where the cumulative mass rounds to 1 before the last token (tiny tail probabilities)
+    wide = T([0.0, -30.0, -40.0, -60.0, 2.0])
+    t.compare(lambda impl: impl.top_p_filter(wide.clone(), 1.0), wide.clone(), "top_p_filter(logits, p=1.0) must return the "
+              "logits unchanged (every token kept, including a tail whose mass rounds away in float32)", atol=0, rtol=0)
+    # p = 0: the most likely token alone survives (one behaviour, stated and graded; transformers keeps
+    # min_tokens_to_keep=1 likewise), in every row of a batch
+    rows = torch.randn(3, 7, generator=torch.Generator().manual_seed(17))
+    t.compare(lambda impl: torch.isfinite(impl.top_p_filter(rows.clone(), 0.0)),
+              torch.nn.functional.one_hot(rows.argmax(-1), 7).bool(),
+              "top_p_filter(logits (3, 7), p=0) keeps each row's most likely token alone (a row is never emptied)",
+              atol=0, rtol=0)
     u8 = torch.zeros(8)
     for p, n in ((0.25, 2), (0.75, 6), (0.7501, 7)):
         got = t.run(lambda impl, pp=p: impl.top_p_filter(u8.clone(), pp))
@@ -565,6 +577,10 @@ def check_generate(t):
              f"sampled generation of 12 tokens must return (3, {t0 + 12}); got {tuple(getattr(s1, 'shape', ()))}")
     t.expect(torch.equal(s1, s2), "two sampled runs with generators seeded alike differ: pass `generator` on to "
              "sample_next_token")
+    want_s = gen_ref(ref_model, batch.clone(), 12, C, temperature=1.2, top_k=3, generator=torch.Generator().manual_seed(4))
+    t.expect(torch.equal(s1, want_s), "generate(..., temperature=1.2, top_k=3, generator seeded with 4) must draw the "
+             "same tokens as the course's generate with the same generator: pass temperature, top_k, top_p and the "
+             "generator on to sample_next_token, one draw per step")
     with torch.no_grad():
         top3 = ref_model(s1[:, :-1]).topk(3, dim=-1).indices[:, t0 - 1:]  # the top 3 after each prefix
     inside = (top3 == s1[:, t0:, None]).any(-1)
@@ -602,6 +618,17 @@ def check_generate(t):
                f"{out.shape[1] - e_t0}: stop as soon as all rows are finished", bug="B09.eos_ignored")
     _expect_equal(t, probe, out, expected, f"greedy generation of {e_batch.shape[0]} prompts with eos_id={eos} "
                   f"(rows finish at different steps; context_length={e_len})")
+
+    # early stop, always exercised: a stand-in model whose rows reach eos_id=9 after 2, 5, 1 and 7 steps
+    c_batch = T([[0, 7], [0, 4], [0, 8], [3, 2]])
+    c_expected = _freeze_after_eos(_greedy_counter(c_batch, 30), c_batch.shape[1], 9)
+
+    def counter_probe(impl):
+        return impl.generate(_Counter(10), c_batch.clone(), 30, 4, eos_id=9)
+
+    _expect_equal(t, counter_probe, t.run(counter_probe), c_expected, "greedy generation of 4 prompts whose rows "
+                  "produce eos_id=9 after 2, 5, 1 and 7 steps: every row finished after 7 new tokens, so generation "
+                  "stops there")
 
     # dropout: generation runs in eval mode, under no_grad, and restores the mode
     def dropout_runs(start_training: bool, n: int):
@@ -775,13 +802,20 @@ def check_generate_batched(t):
         runs = [impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.3, top_k=3,
                                       generator=torch.Generator().manual_seed(3)) for _ in range(2)]
         return {"runs": runs, "top1": impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.0,
-                                                            top_k=1)}
+                                                            top_k=1),
+                "top_p": impl.generate_batched(m, [list(p) for p in prompts], 12, C, temperature=1.0, top_p=0.01,
+                                               generator=torch.Generator().manual_seed(4))}
 
     s = t.run(sampled)
     a, b = s["runs"]
     t.expect(isinstance(a, torch.Tensor) and tuple(a.shape) == (4, 12) and torch.equal(a, b),
              "two sampled runs with generators seeded alike differ (or have the wrong shape): pass `generator` on to "
              "the sampler")
+    want_a = t.reference.generate_batched(_char_model(cfg, state), [list(p) for p in prompts], 12, C, temperature=1.3,
+                                          top_k=3, generator=torch.Generator().manual_seed(3))
+    t.expect(torch.equal(a, want_a), "generate_batched(..., temperature=1.3, top_k=3, generator seeded with 3) must "
+             "draw the same tokens as the course's with the same generator: pass temperature, top_k, top_p and the "
+             "generator on to the sampler, one draw per step for the batch")
     outside = []
     with torch.no_grad():
         for r, p in enumerate(prompts):
@@ -795,6 +829,25 @@ def check_generate_batched(t):
     t.expect(isinstance(s["top1"], torch.Tensor) and torch.equal(s["top1"], expected[:, :12]),
              "generate_batched(..., temperature=1.0, top_k=1) must equal greedy decoding: pass temperature, top_k and "
              "top_p on to the sampler")
+    # the padding slots hold pad_id (the contract names the id written there)
+    def pad_probe(impl):
+        m = _char_model(cfg, state)
+        seen = []
+        m.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(
+            (args[0].clone() if args else kwargs.get("idx"), kwargs.get("attention_mask"))), with_kwargs=True)
+        impl.generate_batched(m, [list(p) for p in prompts], 2, C, pad_id=7)
+        return seen[0] if seen else (None, None)
+
+    idx0, mask0 = t.run(pad_probe)
+    if isinstance(idx0, torch.Tensor) and isinstance(mask0, torch.Tensor) and mask0.shape == idx0.shape:
+        pads = idx0[~mask0.bool()]
+        t.expect(bool((pads == 7).all()), f"generate_batched(..., pad_id=7): the padding slots of the first model "
+                 f"call hold {sorted(set(pads.tolist()))[:5]}; write pad_id there")
+    # top_p reaches the sampler (issue 38: it was never probed): with 65 tokens the most likely one has probability
+    # >= 1/65 > 0.01, so top_p=0.01 keeps it alone, whatever the row, and sampling is greedy
+    t.expect(isinstance(s["top_p"], torch.Tensor) and torch.equal(s["top_p"], expected[:, :12]),
+             "generate_batched(..., temperature=1.0, top_p=0.01) must equal greedy decoding (only the most likely token "
+             "survives a nucleus of mass 0.01): pass top_p on to the sampler")
 
     # eval mode inside, the caller's mode restored, weights unchanged
     def modes(impl):
@@ -808,6 +861,15 @@ def check_generate_batched(t):
              "a model with dropout 0.3 in train mode must generate the eval-mode tokens: switch to eval() inside",
              bug="B09.train_mode")
     t.expect(training is True, "the model was in train mode before generate_batched and must be again afterwards")
+
+    def from_eval(impl):
+        m = _char_model(cfg, state)
+        m.eval()
+        impl.generate_batched(m, [list(p) for p in prompts], 2, C)
+        return m.training
+
+    t.expect(t.run(from_eval) is False, "the model was in eval mode before generate_batched and must be again "
+             "afterwards (restore the caller's mode, whichever it was)")
     moved = [k for k in state if k not in after or not torch.equal(state[k], after[k])]
     t.expect(not moved, f"generate_batched changed the model's weights or buffers: {moved[:4]}")
 
@@ -819,3 +881,33 @@ def check_generate_batched(t):
 also_blocked(f"{U}.sample_next_token", "llmcourse.train.sampling:filtered_probs")
 # generate_batched: the left padding, the mask and the positions in one call
 also_blocked(f"{U}.generate_batched", "llmcourse.train.sampling:padded_batch")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.apply_temperature", "temperature divides the logits (a sharper or flatter softmax), and T <= 0 "
+                  "is refused", probe="the worked example at T = 0.5 and 3; argmax unchanged; ValueError at T = 0")
+defining_property(f"{U}.top_k_filter", "each row keeps the logits at or above its own k-th largest value",
+                  probe="ties at the k-th value, batches with a threshold per row, k = None and k >= V")
+defining_property(f"{U}.top_p_filter", "each row keeps the shortest probability-sorted prefix whose mass reaches p, "
+                  "the top token always, in the original vocabulary order",
+                  probe="exact thresholds on equal probabilities, shuffled vocabularies, batches, -inf inputs")
+defining_property(f"{U}.sample_next_token", "temperature, then top-k, then top-p, then one seeded draw for the batch",
+                  probe="frequencies of 20,000 draws vs the filtered probabilities; seeded draws repeat; greedy at T = 0")
+defining_property(f"{U}.generate", "autoregressive decoding that feeds the model the most recent context_length tokens, "
+                  "freezes finished rows, runs in eval mode and restores the caller's", probe="long prompts token by "
+                  "token vs the reference; EOS rows; a dropout model in train mode; the mode after the call")
+defining_property(f"{U}.generate_batched", "one model call per step for prompts of different lengths, each row equal "
+                  "to its prompt generated alone (padding invisible through the mask and the positions)",
+                  probe="greedy rows vs one-by-one generation for mixes of lengths and pad ids; seeded sampling with "
+                  "top_k and top_p; EOS; modes")
+decision(f"{U}.top_p_filter", "where the nucleus ends: the quantity compared with p for sorted token i and whether the "
+         "comparison is strict", forms=[r"mass before (it|token i|the token) is < ?p", r"cumsum\(.{0,30}\) ?- ?sorted",
+                                        r"exclusive cumulative", r"crossing token included",
+                                        r"the token that (reaches|crosses) (it|p) included"],
+         wrong=("B09.topp_strict", "B09.topp_not_strict"))
+decision(f"{U}.top_k_filter", "what happens to logits tied with the k-th largest value (kept: the only rule that does "
+         "not depend on the vocabulary order and never leaves fewer than k tokens)",
+         forms=[r"ties (are |with the k-th (largest )?value are )?kept", r"keeps? (the )?ties", r"every logit equal to the k-th",
+                r"equal to the k-th (largest )?value (are|is) kept", r"keeps indices 0, 1 (\*\*)?and(\*\*)? 2",
+                r"\[True, True, True, False\]"],
+         wrong=("B09.topk_exact_k",))

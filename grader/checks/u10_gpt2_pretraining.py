@@ -34,9 +34,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..core import check, forbid
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "10"
 T = torch.tensor
@@ -284,6 +286,26 @@ def check_clip_grad_norm(t):
 
     t.compare(eps_probe, T([3.0, 4.0]) / 5.5, "gradient [3, 4] clipped with max_norm=1, eps=0.5 (factor "
               "max_norm / (norm + eps) = 1/5.5)", atol=1e-5)
+
+    # only a norm *above* max_norm is clipped: at exactly max_norm the gradients stay bit for bit
+    def at_limit(impl):
+        a = torch.nn.Parameter(torch.zeros(2))
+        a.grad = torch.tensor([3.0, 4.0])
+        with _clip_forbidden():
+            impl.clip_grad_norm([a], 5.0)
+        return a.grad
+
+    t.compare(at_limit, T([3.0, 4.0]), "gradient [3, 4] (norm 5) with max_norm=5: not above the limit, left unchanged",
+              atol=0, rtol=0)
+
+    # no gradient at all: the global norm of nothing is 0
+    def no_grads(impl):
+        a = torch.nn.Parameter(torch.zeros(2))
+        with _clip_forbidden():
+            return float(impl.clip_grad_norm([a], 1.0))
+
+    t.compare(no_grads, 0.0, "clip_grad_norm of parameters that all have .grad None (the global norm of nothing)",
+              atol=0, rtol=0)
     # against torch.nn.utils.clip_grad_norm_ on a small network, parameters passed as a generator
     for seed, max_norm, frozen in ((0, 0.5, False), (1, 0.05, True), (2, 1e4, False)):
         net = _tiny_grads(seed)
@@ -380,6 +402,31 @@ def check_configure_optimizer(t):
     t.compare(custom, [[0.05, [0.8, 0.9], 1e-3], [0.0, [0.8, 0.9], 1e-3]],
               "configure_optimizer(model, 1e-3, weight_decay=0.05, betas=(0.8, 0.9)): [weight_decay, betas, lr] of "
               "each group", atol=1e-12)
+    # the rule must hold for any model, so names must not decide (issue 38: `endswith("bias") or "norm" in name`
+    # earned 3/3 on GPT-2's names): a 1-D gain called `proj_weight`, a matrix called `norm_mix`, a Linear called
+    # `norm` (its weight mixes features, its bias does not)
+    def misleading(impl):
+        class Misleading(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj_weight = nn.Parameter(torch.ones(6))
+                self.norm_mix = nn.Parameter(torch.randn(6, 6))
+                self.norm = nn.Linear(6, 6)
+                self.bias_table = nn.Embedding(5, 6)
+
+            def forward(self, x):
+                return self.norm(x @ self.norm_mix * self.proj_weight)
+
+        m = Misleading()
+        names = {id(p): n for n, p in m.named_parameters()}
+        opt = impl.configure_optimizer(m, 1e-3)
+        return [sorted(names.get(id(p), "?") for p in g["params"]) for g in opt.param_groups]
+
+    want_mis = [["bias_table.weight", "norm.weight", "norm_mix"], ["norm.bias", "proj_weight"]]
+    got_mis = t.run(misleading)
+    t.expect(got_mis == want_mis, f"on a model whose names mislead (a 1-D gain `proj_weight`, a matrix `norm_mix`, a "
+             f"Linear called `norm`, an embedding `bias_table`) the groups must be {want_mis}; got {got_mis}: decide "
+             "from what each tensor does (its shape), not from its name", bug="B10.decay_by_name")
     # what the optimizer does: one step with zero gradients moves only the decayed weights, by (1 − lr·wd)
     lr, wd = 0.5, 0.2
     expected = [p.detach() * (1 - lr * wd) if p.dim() >= 2 else p.detach().clone() for p in model.parameters()]
@@ -615,3 +662,30 @@ def check_train_steps(t):
 also_blocked(f"{U}.configure_optimizer", "llmcourse.train.optim:parameter_groups")
 # train_steps: one step of train_steps, and unit 17's copy of estimate_loss
 also_blocked(f"{U}.train_steps", "llmcourse.train.pretraining:train_step", "llmcourse.models.deepseek:_val_loss")
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.get_batch", "training windows and their next-token targets, offsets drawn by one seeded call",
+                  probe="x and y from known streams (y = x shifted), offsets of a seeded generator, long dtype")
+defining_property(f"{U}.lm_loss", "the mean next-token cross-entropy over the counted positions; perplexity its exp",
+                  probe="vs F.cross_entropy on flattened positions with ignore_index; uniform logits give ln V")
+defining_property(f"{U}.warmup_cosine_lr", "a linear warm-up whose first step moves, a cosine decay reaching min_lr "
+                  "at total_steps, then constant", probe="the schedule at every step of several settings, "
+                  "warmup_steps = 0 included; continuity, symmetry and zero slope at the decay's ends")
+defining_property(f"{U}.clip_grad_norm", "all gradients rescaled together by their global norm, in place",
+                  probe="gradients after clipping; the returned norm before clipping; a generator of parameters")
+defining_property(f"{U}.configure_optimizer", "decay only the tensors that mix features, decided by what a tensor "
+                  "does (its shape), for any model", probe="the groups of GPT-2 and of a model whose names mislead; "
+                  "one AdamW step with zero gradients shrinks exactly the decayed tensors")
+defining_property(f"{U}.train_steps", "the training step in the right order (zero_grad, forward, loss, backward, clip, "
+                  "step) with the scheduled lr, and an exact resume from a checkpoint", probe="losses and weights "
+                  "against a reference loop; SGD updates show accumulation; 10 steps vs 5 + checkpoint + 5 with dropout")
+decision(f"{U}.configure_optimizer", "which tensors are decayed: those that mix features (matrices, ndim >= 2), not "
+         "the per-feature gains and biases",
+         forms=[r"matrices (are )?decayed", r"\.dim\(\) ?>= ?2", r"\.ndim ?>= ?2", r"0\.1 on matrices",
+                r"vectors (are )?not decayed", r"decays matrices( only)?", r"decay (only )?(the )?(2-?D|two-dimensional) (tensors|parameters)"],
+         wrong=("B10.decay_by_name", "B10.decay_everything"))
+decision(f"{U}.warmup_cosine_lr", "the formula of each phase (the warm-up's first step, the cosine's argument)",
+         forms=[r"\(step ?\+ ?1\) ?/ ?warmup_steps", r"max_lr ?\* ?\(step ?\+ ?1\)",
+                r"1 ?\+ ?(math\.)?cos\((math\.)?pi ?\* ?progress"],
+         wrong=("B10.warmup_from_zero", "B10.linear_decay", "B10.cosine_to_zero"))

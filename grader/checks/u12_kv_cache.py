@@ -27,7 +27,7 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   - ``ValueError`` past the context; no side effects: parameters and buffers unchanged after cached calls.
 12.generate_cached
   - tokens equal uncached greedy decoding (seeded weights, two prompts; the trained asset, two prompts in a row);
-  - the call pattern: one prefill call, then ``T = 1`` calls with the right cache length (feedback only);
+  - the call pattern: one prefill call, then ``T = 1`` calls with the right cache length (it costs the points: right tokens computed without reusing the cache fail);
   - ``eos_id``: a batch of three rows that produce it at different steps (finished rows keep emitting it; the loop
     stops when every row has; stopping at the first row, ignoring it and not filling are named mutants), and an
     ``eos_id`` no row produces (runs to ``max_new_tokens``);
@@ -47,7 +47,9 @@ import functools
 import torch
 
 from ..core import check, module_facts, reference_memo, state_change, unwrap
+from ..oracles import float32_atol
 from ..runner import also_blocked
+from ..strength import decision, defining_property
 
 U = "12"
 T = torch.tensor
@@ -303,6 +305,45 @@ def check_cached_forward(t):
     t.expect(err == "ValueError", f"feeding 5 tokens after {C - 3} cached ones (context_length {C}) must raise "
              f"ValueError (start + T > context_length); got {err}")
 
+    def exactly_full(impl):   # the window filled exactly is allowed: start + T == context_length
+        from llmcourse.nn.kv_cache import KVCache
+
+        m = _learner_model(impl, cfg, state)
+        cache = KVCache(cfg["n_layers"])
+        with torch.no_grad():
+            m(torch.zeros(1, C - 3, dtype=torch.long), cache=cache)
+            return tuple(m(torch.zeros(1, 3, dtype=torch.long), cache=cache).shape)
+
+    err = t.raised_error(exactly_full)
+    t.expect(err is None, f"feeding 3 tokens after {C - 3} cached ones fills the context exactly ({C} positions) and "
+             f"must work; got {err and ': '.join(err)}")
+
+    # without a cache the forward is unit 11's, trainable: gradients reach the token embedding
+    def grads(impl):
+        m = _learner_model(impl, cfg, state)
+        out = m(idx[:, :6])
+        if not (isinstance(out, torch.Tensor) and out.requires_grad):
+            return 0.0
+        out.float().pow(2).mean().backward()
+        mm = unwrap(m)
+        ws = [mm.embed_tokens.weight, mm.layers[0].self_attn.q_proj.weight, mm.layers[0].mlp.gate_proj.weight]
+        return min(0.0 if w.grad is None else float(w.grad.abs().sum()) for w in ws)
+
+    t.expect(t.run(grads) > 0, "forward(idx) without a cache must stay differentiable as unit 11's (the logits carry "
+             "gradients to the embedding, the attention and the MLP weights): nothing in it may be detached")
+
+    def emb_grad(impl):   # the tied table's gradient: from the head and from the looked-up rows
+        m = _learner_model(impl, cfg, state)
+        m(idx[:, :6]).float().pow(2).mean().backward()
+        return unwrap(m).embed_tokens.weight.grad
+
+    ref_m = _plain_model(cfg, state)
+    ref_m(idx[:, :6]).float().pow(2).mean().backward()
+    want_g = ref_m.embed_tokens.weight.grad
+    t.compare(emb_grad, want_g, "the token embedding's gradient after forward(idx[:, :6]) without a cache (mean "
+              "squared logit), vs unit 11's model: the looked-up rows must receive theirs too",
+              atol=float32_atol(want_g, 6 * cfg["d_model"]), rtol=1e-4)
+
     def side(impl):
         from llmcourse.nn.kv_cache import KVCache
 
@@ -363,7 +404,7 @@ def _pattern_problem(calls, prompt: torch.Tensor, out: torch.Tensor) -> tuple[st
     for i, (x, n_cached) in enumerate(calls[1:], start=1):
         if x is None or x.shape[1] != 1:
             return (f"model call #{i + 1} received {tuple(getattr(x, 'shape', ()))} tokens: after the prefill, feed "
-                    "only the newly generated token (T = 1); the cache holds the rest"), "B12.cache_queries"
+                    "only the newly generated token (T = 1); the cache holds the rest"), "B12.rerun_sequence"
         if n_cached != t0 + i - 1:
             return f"model call #{i + 1} found {n_cached} cached tokens, expected {t0 + i - 1}", None
         if not torch.equal(x[:, 0], out[:, t0 + i - 1]):
@@ -406,6 +447,10 @@ def check_generate_cached(t):
             problem = _pattern_problem(got["calls"][j], p, out)
             if problem is not None:
                 t.fail(f"{what}: the tokens are right, but {problem[0]}", bug=problem[1])
+            n_calls, n_new = len(got["calls"][j]), out.shape[1] - p.shape[1]
+            t.expect(n_calls == n_new, f"{what}: the tokens are right, but the model was called {n_calls} times for "
+                     f"{n_new} new tokens: the prefill gives the first, each further call one more, and the last new "
+                     "token is never fed (its logits would not be used)")
     _check_eos(t, cfg, cases[0][2])
 
     def side(impl):
@@ -414,9 +459,18 @@ def check_generate_cached(t):
 
     change = t.run(side)
     t.expect(change == 0.0, f"generate_cached changed the model's parameters or buffers (largest change {change!r})")
-    zero = t.run(lambda impl: impl.generate_cached(_plain_cached(cfg, cases[0][2]), T([[1, 2, 3]]), 0))
-    t.expect(isinstance(zero, torch.Tensor) and zero.tolist() == [[1, 2, 3]],
+    zero = t.run(_gen_probe(cfg, cases[0][2], [T([[1, 2, 3]])], 0))
+    t.expect(isinstance(zero["out"][0], torch.Tensor) and zero["out"][0].tolist() == [[1, 2, 3]],
              "max_new_tokens=0 must return the prompt unchanged")
+    t.expect(len(zero["calls"][0]) == 0, f"max_new_tokens=0 needs no model call (nothing is generated); the model was "
+             f"called {len(zero['calls'][0])} time(s)")
+    one_p = T([[1, 2, 3]])
+    one = t.run(_gen_probe(cfg, cases[0][2], [one_p], 1))
+    want_one = _uncached_greedy(_plain_model(cfg, cases[0][2]), one_p.clone(), 1)
+    t.expect(isinstance(one["out"][0], torch.Tensor) and torch.equal(one["out"][0], want_one)
+             and len(one["calls"][0]) == 1, f"max_new_tokens=1: one model call (the prefill) and one new token "
+             f"{want_one[0, -1].item()}; got {getattr(one['out'][0], 'tolist', lambda: one['out'][0])()} after "
+             f"{len(one['calls'][0])} call(s)")
 
 
 def _eos_case(plain, vocab_size: int, n: int):
@@ -591,3 +645,26 @@ also_blocked(f"{U}.kv_cache_bytes",
              "llmcourse.viz.llama:kv_bytes_per_token")
 # (llmcourse.nn.kv_cache.decode_step_bytes, the roofline's bytes per step, calls kv_cache_bytes itself: refused
 # through the reference, tests/test_blocked_siblings.py)
+
+
+# ================================================================== grading strength (grader/strength.py)
+defining_property(f"{U}.KVCache", "keys and values appended per layer along the sequence axis, their length and bytes "
+                  "measured from what is held", probe="sequences of updates in several layers and dtypes; seq_len "
+                  "after chunks; nbytes in bfloat16; reset")
+defining_property(f"{U}.cached_forward", "feeding a sequence in pieces through one cache gives the cache-free logits, "
+                  "position by position", probe="prefill then single-token steps and chunked prefill vs the uncached "
+                  "forward at every position; the cached tensors' shapes; ValueError past the context")
+defining_property(f"{U}.generate_cached", "one prefill, then one call per new token that reuses the cache, equal to "
+                  "uncached greedy decoding", probe="tokens vs uncached greedy (seeded and trained models, two prompts "
+                  "in a row); every model call recorded (inputs and cached length); EOS rows")
+defining_property(f"{U}.kv_cache_bytes", "the cache's size follows from its shapes: K and V per layer, KV head, "
+                  "position and sequence", probe="predictions vs caches filled and measured, each size varied, real "
+                  "models' configs")
+defining_property(f"{U}.mha_to_gqa", "MHA heads averaged in the groups unit 11's attention shares, so a GQA layer "
+                  "written out as MHA comes back exactly", probe="the written-out GQA layer round trip; KV = H; KV = 1")
+decision(f"{U}.mha_to_gqa", "which heads form a group (contiguous: heads g*H/KV ... (g+1)*H/KV - 1)",
+         forms=[r"contiguous groups?", r"each group of `?H ?/ ?KV`? consecutive", r"reshape\(n_kv_heads, ?n_heads ?// ?n_kv_heads", r"consecutive heads form"],
+         wrong=("B12.gqa_strided_groups",))
+decision(f"{U}.kv_cache_bytes", "the formula of the cache's size",
+         forms=[r"2 ?\* ?n_layers ?\* ?n_kv_heads ?\* ?head_dim", r"2 ?[*·] ?L ?[*·] ?KV ?[*·] ?hd ?[*·] ?T"],
+         wrong=("B12.bytes_no_factor2", "B12.bytes_ignores_batch"))

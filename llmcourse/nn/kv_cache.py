@@ -106,22 +106,26 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
 def decode_step_bytes(cfg, n_params: int, batch_size: int, length: int, dtype_bytes: int = 4) -> int:
     """Bytes one cached decoding step of a Llama-style model reads with ``length`` positions in its cache.
 
-    Every weight once (of the token-embedding table only the ``batch_size`` looked-up rows; an untied LM head is
-    part of ``n_params`` and read whole) plus the K and V cache of every layer for ``length`` positions
-    (:func:`kv_cache_bytes` with ``cfg.n_kv_heads`` heads of ``cfg.d_model // cfg.n_heads``). Activations, the
+    Every weight once plus the K and V cache of every layer for ``length`` positions
+    (:func:`kv_cache_bytes` with ``cfg.n_kv_heads`` heads of ``cfg.d_model // cfg.n_heads``). The token-embedding
+    table: with a tied head (``cfg.tie_word_embeddings``) the head's matmul reads the whole ``(V, D)`` table every
+    step (the looked-up rows are part of it), so every parameter counts; untied, only the ``batch_size`` looked-up
+    rows of the embedding are read, and the head, part of ``n_params``, is read whole. Activations, the
     new K/V writes and the logits are small next to these and left out. Divided by a read bandwidth (bytes/s,
     :func:`llmcourse.runtime.read_bandwidth`) it is the shortest time a step can take when it is memory-bound:
     the roofline bound of unit 12 and ``course bench decode``.
 
     Args:
-        cfg: a config with ``vocab_size``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``n_layers``
-            (:class:`~llmcourse.models.llama3.Llama3Config`).
+        cfg: a config with ``vocab_size``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``n_layers`` and
+            ``tie_word_embeddings`` (absent: untied) (:class:`~llmcourse.models.llama3.Llama3Config`).
         n_params: the model's parameter count (tied weights counted once).
         batch_size, length: sequences decoded together, and the cached positions of each.
         dtype_bytes: bytes per weight and per cached element (4 for float32).
     """
-    emb = cfg.vocab_size * cfg.d_model
-    weights = (n_params - emb + batch_size * cfg.d_model) * dtype_bytes
+    if getattr(cfg, "tie_word_embeddings", False):
+        weights = n_params * dtype_bytes  # the tied head reads the whole embedding table
+    else:
+        weights = (n_params - cfg.vocab_size * cfg.d_model + batch_size * cfg.d_model) * dtype_bytes
     head_dim = cfg.d_model // cfg.n_heads
     return weights + kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, head_dim, length, batch_size, dtype_bytes)
 

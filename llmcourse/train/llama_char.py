@@ -6,7 +6,7 @@ characters, trained on the first 90 % of tinyshakespeare by unit 10's
 context and schedule shape of the character GPT of :mod:`llmcourse.train.char_model`, 500 steps instead of
 2,500: it was trained on a shared, heavily loaded machine). Re-create it with::
 
-    python -m llmcourse.train.llama_char          # a few minutes on an idle 2-core CPU
+    python -m llmcourse.train.llama_char          # tens of minutes on a 2-core CPU (the asset stores its time, `seconds`)
 
 The file holds plain data only (``torch.load(..., weights_only=True)``), no optimizer state::
 

@@ -92,19 +92,20 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
     """Nucleus filter: keep the smallest prefix of the sorted distribution whose mass reaches ``p``.
 
     ``probs = softmax(logits)``; sort each row in descending order with a stable sort (ties keep their
-    vocabulary order); keep sorted token ``i`` iff ``sum(sorted_probs[:i]) < p``. So the token that crosses
-    ``p`` is kept, the top-1 always survives, and the kept mass is ``≥ p``. Everything else becomes ``-inf``;
+    vocabulary order); keep sorted token ``i`` iff ``sum(sorted_probs[:i]) < p``, and the top-1 always (so
+    ``p = 0`` keeps the most likely token alone, as ``transformers``' ``TopPLogitsWarper`` with its default
+    ``min_tokens_to_keep=1``). So the token that crosses ``p`` is kept and the kept mass is ``≥ p``. Everything else becomes ``-inf``;
     the result is in the original vocabulary order.
 
     Args:
         logits: ``(..., V)`` float (may already contain ``-inf``, e.g. after :func:`top_k_filter`).
-        p: ``0 < p``; ``None`` or ``p ≥ 1`` returns the logits unchanged.
+        p: ``0 ≤ p``; ``None`` or ``p ≥ 1`` returns the logits unchanged; ``p = 0`` keeps the top-1 only.
 
     Returns:
         ``(..., V)`` float, a new tensor; kept entries are bit-identical to the input.
 
     Raises:
-        ValueError: ``p ≤ 0`` (nothing would be kept). TypeError: ``logits`` not a floating-point tensor.
+        ValueError: ``p < 0``. TypeError: ``logits`` not a floating-point tensor.
 
     Example: ``z = [2, 1, 0.5, 0, -1]`` has probabilities ``[0.563, 0.207, 0.126, 0.076, 0.028]``;
     ``p = 0.5`` keeps only token 0 (its mass 0.563 already crosses 0.5), ``p = 0.8`` keeps tokens 0–2.
@@ -112,13 +113,14 @@ def top_p_filter(logits: Tensor, p: float | None) -> Tensor:
     _check_logits(logits)
     if p is None or p >= 1:
         return logits.clone()
-    if not p > 0:
-        raise ValueError(f"top_p must be in (0, 1] or None, got {p!r}")
+    if not p >= 0:
+        raise ValueError(f"top_p must be in [0, 1] or None, got {p!r}")
     probs = torch.softmax(logits, dim=-1)
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     cum = sorted_probs.cumsum(dim=-1)
     before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)  # mass strictly before i
     keep_sorted = before < p
+    keep_sorted[..., 0] = True  # the most likely token always survives (p = 0 included)
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return logits.masked_fill(~keep, float("-inf"))
 

@@ -443,8 +443,9 @@ viz.show_param_sunburst()
 # add per entry) and twice that in the backward pass (the gradient with respect to the input and with
 # respect to the weight), so **6 FLOPs per matrix entry per token**. Embedding lookups are not
 # multiplications; the tied head is. Attention adds the score and mixing products, which grow with the
-# context `T`: per layer `2·T·D` multiply-adds per token for `QKᵀ` and as many for the weighted sum of the
-# values (computed for all `T` keys, masked or not), ×3 for training, `12·L·T·D` in all. Memory has three
+# context `T`: per layer and token, `T·D` multiply-adds (`2·T·D` FLOPs) for `QKᵀ` and as many for the
+# weighted sum of the values (computed for all `T` keys, masked or not), `4·T·D` FLOPs forward, ×3 for
+# training, `12·L·T·D` FLOPs in all (the cell below checks the attention term against the measured count). Memory has three
 # parts: the weights, one gradient per weight and AdamW's two moment estimates (four float32 numbers,
 # 16 bytes per parameter), plus the **activations** autograd keeps for the backward pass, which grow with
 # batch × context. Both are *measured* below on `meta` models (shapes only, no memory, no arithmetic):
@@ -497,6 +498,11 @@ for name, batch, context in (("gpt2-char-tiny", 32, 64), ("gpt2-small", 8, 1024)
           f"{b['params'] * bytes_per_param / 2**20:,.1f} MiB weights + gradients + AdamW state, "
           f"{b['saved_bytes'] / 2**20:,.1f} MiB of saved activations")
     assert abs(b["flops_per_token"] - predicted) < 1e-6 * predicted
+    # the attention term alone: measured FLOPs minus the weight matrices' 6 per entry, per layer, forward only
+    attn_fwd = (b["flops_per_token"] - 6 * b["matmul_entries"]) / (3 * c.n_layers)
+    print(f"  attention products per layer and token, forward: {attn_fwd:,.0f} FLOPs = 4·T·D = "
+          f"{4 * context * c.d_model:,} (2·T·D for QKᵀ, 2·T·D for the weighted sum)")
+    assert abs(attn_fwd - 4 * context * c.d_model) < 1e-6 * predicted
 
 # %% [markdown]
 # The measured count and the prediction agree exactly. The popular shortcut "6N per token" counts the

@@ -860,12 +860,23 @@ plt.show()
 #
 # Under `torch.autocast("cpu", dtype=torch.bfloat16)` the matrix products of the forward pass (linear
 # layers, attention's products) run in bfloat16: float32's 8-bit exponent, so the same range and no loss
-# scaling, but 8 significant bits instead of 24. Operations that need precision or range (softmax, layer
-# norm, the loss) stay in float32, and so do the weights, their gradients and AdamW's moments: autocast
-# changes the dtype of each product's *inputs*, not of the model. The backward products follow the
+# scaling, but 8 significant bits instead of 24. What follows a product keeps its dtype: on the CPU, softmax,
+# log-softmax and layer norm of a bfloat16 input return bfloat16 (the cell below prints them); the **loss** is
+# upcast, cross-entropy being on autocast's float32 list, and the weights, their gradients and AdamW's moments
+# stay float32: autocast changes the dtype of each product's *inputs*, not of the model. The backward products follow the
 # forward's dtypes. Whether that is faster depends on the processor: with bfloat16 matrix instructions
 # (AMX, AVX-512 BF16) it can be; without them every product pays for conversions. Measured, with the two
 # runs taking turns step by step from the same weights and the same batches:
+
+# %%
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    h_amp = torch.randn(4, 8) @ torch.randn(8, 8)
+    amp_dtypes = {"matmul": h_amp.dtype, "softmax": h_amp.softmax(-1).dtype,
+                  "log_softmax": torch.log_softmax(h_amp, -1).dtype,
+                  "layer_norm": torch.nn.functional.layer_norm(h_amp, (8,)).dtype,
+                  "cross_entropy (the loss)": torch.nn.functional.cross_entropy(h_amp, torch.zeros(4, dtype=torch.long)).dtype}
+print("under CPU bfloat16 autocast:", {k: str(v).removeprefix("torch.") for k, v in amp_dtypes.items()})
+assert amp_dtypes["matmul"] == torch.bfloat16 and amp_dtypes["cross_entropy (the loss)"] == torch.float32
 
 # %%
 amp_steps, amp_shape = cfg["amp_steps"], shapes[len(shapes) // 2]
@@ -937,7 +948,7 @@ assert char_tok.chars == corpus.tokenizer.chars
 # * A batch keyed by `seed + step` and a checkpoint with model, optimizer, step and RNG state make a run
 #   resumable **exactly**, dropout included; plain-data checkpoints load with `weights_only=True`.
 # * Start at `ln V`; report mean losses per token and `exp` of them as perplexity.
-# * AdamW decays matrices only, every tensor once; warm-up then cosine to a floor; clip by the global
+# * AdamW decays only what the data asks to shrink (section 4 measures the pull), every tensor once; warm-up then cosine to a floor; clip by the global
 #   norm and log the norm before clipping.
 # * Always watch a validation curve next to the training curve.
 # * A budget is minutes: tokens per step trade against steps per minute, so compare recipes by loss

@@ -714,10 +714,11 @@ assert self_check_llama_from_state(llama_from_state_reference)
 # ## Summary
 #
 # - RMSNorm rescales each token by its root mean square (float32 statistics), without centring or bias.
-# - SwiGLU gates one projection with the SiLU of another; a hidden width near `8D/3` keeps the MLP's size.
+# - SwiGLU gates one projection with the SiLU of another; a hidden width of `8D/3` would keep a `4D` MLP's size,
+#   and the released models widen it (`ffn_dim_multiplier`, `multiple_of`: section 3 computes their ratios).
 # - RoPE rotates query/key pairs by `m·θ_i`, so scores depend on the distance `m − n`; it never touches values.
-# - Pairing is a convention (half-split here and in `transformers`, interleaved in Meta's code); a
-#   permutation of W_q and W_k rows converts checkpoints.
+# - Pairing is a convention (Meta's code and `transformers` pair the dimensions differently); a permutation of
+#   W_q and W_k rows converts checkpoints.
 # - Llama 3 smooths the frequencies by wavelength band; the released configs carry the four keys.
-# - GQA shares each KV head with a contiguous group of query heads (`repeat_interleave`, not `repeat`).
+# - GQA shares each KV head among a group of query heads: the cache holds `H/KV` times fewer keys and values.
 # - One cos/sin table and one mask per model; keys match `transformers`, and the logits agree.

@@ -502,7 +502,7 @@ viz.show_memory_calculator("Llama-3.2-3B")
 
 # %% [markdown]
 # **Converting MHA to GQA.** A trained multi-head model can be turned into a grouped-query one by replacing
-# each group of `H/KV` consecutive key (and value) heads with their **mean** and then fine-tuning briefly
+# each group of `H/KV` key (and value) heads with their **mean** and then fine-tuning briefly
 # (the GQA paper's "uptraining"). Which heads form a group is not free: each group must be the set of query
 # heads that `repeat_kv` (unit 11) hands the new KV head to. Without any fine-tuning, how much does it cost?
 # Pool the model's KV heads
@@ -615,10 +615,24 @@ viz.show_speed_plot(speed)
 # memory to the cores. So a step cannot be faster than
 #
 # ```
-# bytes read per step  =  weights  +  K/V cache at the current length      (the token-embedding table: only the looked-up rows)
+# bytes read per step  =  weights  +  K/V cache at the current length
 # time per step        ≥  bytes read per step ÷ memory bandwidth
 # ```
 #
+# The token-embedding table counts whole when the output head is tied to it: the head multiplies by the whole
+# `(V, D)` table at every step (an untied model reads only the looked-up rows of its embedding, and its own head
+# whole). For Llama-3.2-1B, whose head is tied, that table is a large share of the weights:
+
+# %%
+with torch.device("meta"):
+    big_cfg = Llama3Config.preset("llama3.2-1b")
+    big_params = sum(p.numel() for p in Llama3Model(big_cfg).parameters())
+table_share = big_cfg.vocab_size * big_cfg.d_model / big_params
+print(f"Llama-3.2-1B: tied head {big_cfg.tie_word_embeddings}; the (V, D) table holds {table_share:.1%} of its "
+      f"{big_params:,} parameters, read at every decoding step")
+assert big_cfg.tie_word_embeddings and 0.1 < table_share < 0.5
+
+# %% [markdown]
 # That bound is the **roofline** of decoding. The weights are read once per step whatever the length; the cache
 # part grows with the length, the batch and the number of KV heads. Here is the machine's read bandwidth,
 # measured by summing a large tensor (a sum reads each byte once and does almost nothing with it):

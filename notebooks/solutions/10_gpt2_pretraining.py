@@ -232,7 +232,7 @@ print("visible tests passed")
 
 # %% tags=["solution:10.configure_optimizer"]
 def configure_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95)):
-    """AdamW with matrices decayed (group 0) and vectors not decayed (group 1)."""
+    """AdamW with two parameter groups: group 0 decayed with weight_decay, group 1 not decayed."""
     ### BEGIN SOLUTION
     params = [p for p in model.parameters() if p.requires_grad]  # parameters() yields a shared tensor once
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -249,7 +249,7 @@ tiny = GPT2Model(GPT2Config.preset("gpt2-char-tiny"))
 opt = configure_optimizer(tiny, lr=3e-4)
 sizes = [sum(p.numel() for p in g["params"]) for g in opt.param_groups]
 assert sizes == [802_944, 6_912], f"group sizes must be [802944, 6912]; got {sizes}"
-assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0], "weight decay: 0.1 on matrices, 0.0 on vectors"
+assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0], "weight decay: weight_decay (0.1) in group 0, 0.0 in group 1"
 assert tuple(opt.param_groups[0]["betas"]) == (0.9, 0.95), "betas default to (0.9, 0.95)"
 print("visible tests passed")
 

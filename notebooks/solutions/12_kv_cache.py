@@ -271,7 +271,7 @@ print("visible tests passed")
 
 # %% tags=["solution:12.kv_cache_bytes"]
 def kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch_size=1, bytes_per_elem=2):
-    """Bytes of K and V for every layer, KV head, position and sequence."""
+    """The nbytes() of the cache after seq_len positions of batch_size sequences."""
     ### BEGIN SOLUTION
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch_size * bytes_per_elem
     ### END SOLUTION
@@ -309,7 +309,7 @@ print("visible tests passed")
 
 # %% tags=["solution:12.mha_to_gqa"]
 def mha_to_gqa(k_proj_weight, v_proj_weight, n_heads, n_kv_heads):
-    """(H·hd, D) key/value weights -> (KV·hd, D) by averaging contiguous groups of heads."""
+    """(H·hd, D) key/value weights -> (KV·hd, D): each new KV head the mean of a group of H/KV old heads."""
     ### BEGIN SOLUTION
     out = []
     for w in (k_proj_weight, v_proj_weight):
