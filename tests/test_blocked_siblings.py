@@ -248,7 +248,12 @@ SIBLINGS: dict[str, str] = {
         "from llmcourse.models.deepseek import _val_loss\n"
         "from llmcourse.quant.fp8 import convert_linears_to_fp8\n"
         "\n"
+        "from llmcourse.models.deepseek import DeepSeekMoE\n"
+        "\n"
         "def fp8_eval(model, val_data, n_batches, seed=0, *, batch_size=32, context_length=64):\n"
+        "    for m in model.modules():  # the routers' last outputs are not graph leaves: deepcopy refuses them\n"
+        "        if isinstance(m, DeepSeekMoE):\n"
+        "            m.last_indices = m.last_router_logits = None\n"
         "    fp8 = copy.deepcopy(model)\n"
         "    convert_linears_to_fp8(fp8.layers, skip=('lm_head', 'gate'))\n"
         "    a = _val_loss(model, val_data, batch_size, context_length, n_batches, seed)\n"
@@ -267,7 +272,10 @@ SIBLINGS: dict[str, str] = {
         "\n"
         "def row_parallel_linear(x, linear, rank, world_size):\n"
         "    n = linear.in_features // world_size\n"
-        "    return RowParallelLinear.from_linear(linear, rank, world_size)(x[..., rank * n:(rank + 1) * n])\n"),
+        "    layer = RowParallelLinear.from_linear(linear, rank, world_size)\n"
+        "    del layer.weight, layer.bias  # the given layer's own tensors, so that its gradients arrive\n"
+        "    layer.weight, layer.bias = linear.weight[:, rank * n:(rank + 1) * n], linear.bias\n"
+        "    return layer(x[..., rank * n:(rank + 1) * n])\n"),
     "18.expert_parallel_moe/layer": (
         "from llmcourse.parallel.expert_parallel import ExpertParallelMoE\n"
         "\n"
