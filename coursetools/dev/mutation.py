@@ -1061,7 +1061,12 @@ def main(argv=None) -> int:
         survivors += s
         if record:
             records.append(record)
-            if args.store:
+            if args.store and record.get("reference_fails"):
+                # a run whose reference answer failed measured nothing: never replace a stored run with it
+                print(f"not stored: the reference fails {', '.join(sorted(record['reference_fails']))}",
+                      file=sys.stderr)
+                survivors += 1
+            elif args.store:
                 STORE_DIR.mkdir(parents=True, exist_ok=True)
                 path = STORE_DIR / f"u{record['unit']}.json"
                 path.write_text(_dump(record), encoding="utf-8")
