@@ -1,5 +1,5 @@
 """The mutation tool (coursetools/dev/mutation.py): each operator makes the mutant it should, ids are stable, and a
-seeded sample of mutants of two units has the outcome their stored full run recorded."""
+seeded sample of mutants of every unit (two per exercise) has the outcome its stored full run recorded."""
 
 from __future__ import annotations
 
@@ -141,7 +141,13 @@ def test_summary_line_format():
 
 # -- a seeded sample of real mutants reproduces the stored full run ----------------------------------------------
 
-SAMPLED_UNITS = ("02", "03")
+def _available_units() -> list[str]:
+    from llmcourse.manifest import load_course
+
+    return [u.id for u in load_course().available_units]
+
+
+SAMPLED_UNITS = _available_units()  # every unit: two seeded mutants per exercise
 PER_EXERCISE = 2
 
 
