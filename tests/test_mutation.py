@@ -168,3 +168,17 @@ def test_a_seeded_sample_has_its_stored_outcome(unit_id):
               if o.outcome != stored[(o.exercise, o.id)]["outcome"]]
     assert not differ, ("outcomes differ from the stored run (rerun python -m coursetools.dev.mutation "
                         f"{unit_id} --store if the check changed on purpose):\n" + "\n".join(differ))
+
+
+def test_two_jobs_give_the_verdicts_of_one():
+    """``--jobs 2``: each mutant is graded in one of two checker processes, which start grading's workers of their
+    own (the daemonic processes of a multiprocessing.Pool could not: every mutant failed with "its forkserver did
+    not answer"). A small seeded sample of one cheap exercise gets the same verdicts as with one job."""
+    sources, mutants = mt.unit_mutants("00", ["00.causal_mask"])
+    chosen = mt.select(mutants, 4, 0, None)
+    assert len(chosen) == 4
+    keys = ("status", "points", "max_points", "bug", "message")
+    one = [{k: v[k] for k in keys} for v in mt.run_mutants(chosen, sources, jobs=1)]
+    two = [{k: v[k] for k in keys} for v in mt.run_mutants(chosen, sources, jobs=2)]
+    assert not any("did not answer" in v["message"] for v in one + two), two
+    assert two == one

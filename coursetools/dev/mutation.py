@@ -104,6 +104,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import importlib
 import json
 import random
 import re
@@ -700,21 +701,34 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM (main): keep what ran
             print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
         return out
+    # Checker processes that can start workers of their own: multiprocessing.Pool's processes are daemonic, and a
+    # daemonic process may not have children (grading's LearnerProcess then fails every mutant with "its forkserver
+    # did not answer"); ProcessPoolExecutor's are not. "spawn", not this process's forkserver: each checker starts
+    # its own grading forkserver, and none is a child of the one that LearnerProcess here kills orphans under.
     import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
 
-    ctx = mp.get_context("forkserver")
-    with ctx.Pool(jobs, initializer=_pool_init) as pool:
-        pending = [pool.apply_async(_run_one, (m.exercise, sources_for(m), time_limit_s)) for m in mutants]
-        out = []
-        try:
-            for i, (m, p) in enumerate(zip(mutants, pending)):
-                out.append(p.get())
-                if progress:
-                    progress(i + 1, len(mutants), m, out[-1])
-        except KeyboardInterrupt:
-            print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
-            pool.terminate()
-        return out
+    from grader.forkserver import without_main
+
+    # by their importable name (under `python -m` these functions live in __main__, which the children do not load)
+    here = importlib.import_module("coursetools.dev.mutation")
+    out = []
+    with without_main():  # the children need none of __main__ (the CLI, pytest): not re-imported in each
+        pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=here._pool_init)
+        pending = [pool.submit(here._run_one, m.exercise, sources_for(m), time_limit_s) for m in mutants]
+    try:
+        for i, (m, p) in enumerate(zip(mutants, pending)):
+            out.append(p.result())
+            if progress:
+                progress(i + 1, len(mutants), m, out[-1])
+    except KeyboardInterrupt:
+        print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(getattr(pool, "_processes", {}).values()):  # the running checks stop now, not at their end
+            proc.terminate()
+    else:
+        pool.shutdown()
+    return out
 
 
 def select(mutants: list[Mutant], sample: int | None, seed: int, limit: int | None) -> list[Mutant]:
