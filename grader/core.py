@@ -19,6 +19,35 @@ Isolation (see ``grader/worker.py``): the learner's code runs only in a worker p
 value to the worker and its result comes back as plain data (``grader/plain.py``); for the
 reference and the mutants it runs here, in the checker, through the same :func:`~grader.plain.plain`
 conversion. Everything else in a check (expected values, comparisons, the verdict) runs here only.
+
+**Tolerances: which one a check author uses when** (the one place this is written; docs/adding-a-unit.md and
+:mod:`grader.oracles` point here). A correct float32 answer does not give the same bits on every CPU: ATen picks
+its kernels by processor (generic, AVX2, AVX-512, NEON; ``ATEN_CPU_CAPABILITY`` forces one), and BLAS and thread
+counts change the order of reductions. The differences are a few ulps *of the output's scale* (measured, issue 35:
+unit 11's attention output, values up to 17, differs by 1.58e-5 = 7.8 ulps of 17 between the generic and the
+AVX-512 kernels), so a small element beside large ones can miss an elementwise ``rtol``. A wrong answer differs at
+the output's own scale (a missing scale, mask or norm: relative 1e-2 and more), so none of the allowances below lets
+a catalogued mutant pass.
+
+1. **Nothing to add, ever: the float32 floor.** Every inexact comparison (``Tester.compare``, the diagnosis, the
+   failure's description, :func:`grader.oracles.assert_same`) allows :func:`float32_floor` of the expected value,
+   ``FLOAT32_ULPS`` (32) ulps at its largest finite magnitude, on top of the check's own ``atol + rtol*|expected|``
+   (32 = the measured 7.8 with a margin of 4 for other processors). An exact comparison (``atol = rtol = 0``:
+   integers, booleans, results that must be bit-identical) stays exact. A check that calls ``torch.allclose`` or
+   compares by hand gets no floor: compare through ``t.compare`` (or add ``float32_floor`` yourself).
+2. **The check's own atol/rtol: sized by the computation compared.** Short paths over O(1) values (an activation,
+   a softmax, one attention head): the default 1e-5; sums of O(1) products over a few hundred terms (gradients,
+   :mod:`grader.gradcheck`): 1e-4. Write the reason beside a tolerance that is not the default.
+3. **A long path against a reference computed elsewhere: :func:`grader.oracles.float32_atol`.** When the expected
+   value comes from another route (a stored ``transformers`` oracle, another kernel, another op order) through
+   reductions of summed length ``n`` (a whole model's forward: units 08 and 11), rounding errors grow like
+   ``sqrt(n)`` ulps of the scale (a random walk; Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2):
+   pass ``atol=float32_atol(expected, n)`` (8 ulps × ``sqrt(n)`` at the expected value's scale, at least 1e-5), with
+   ``n`` counted from the path (see ``gpt2_reduction`` in unit 08, ``model_reduction`` in unit 11). It exceeds the
+   fixed floor once ``n > 16``; the floor still applies on top.
+
+Every catalogued mutant must still fail under each: ``tests/test_cpu_portability.py`` runs the self-test under
+``ATEN_CPU_CAPABILITY=default`` and ``=avx2`` with 1 and 3 threads.
 """
 
 from __future__ import annotations
@@ -384,17 +413,9 @@ def unwrap(x):
     return x.unwrapped if isinstance(x, InstanceGuard) else x
 
 
-# Every float comparison of a check also allows FLOAT32_ULPS units in the last place of float32 *at the scale of the
-# expected value* (its largest finite magnitude), on top of the check's own atol + rtol*|expected|. Why: a correct
-# float32 computation does not give the same bits on every CPU. ATen picks its kernels by processor (generic, AVX2,
-# AVX-512, NEON; the variable ATEN_CPU_CAPABILITY forces one), BLAS and thread counts change the order of
-# reductions, and each order rounds differently. The differences are a few ulps of the values that were summed,
-# i.e. of the output's scale, so a small element next to large ones can miss an elementwise rtol. Measured here:
-# unit 11's attention output (values up to 17) differs between the generic and the AVX-512 kernels by 1.58e-5,
-# 7.8 ulps at its scale (issue 35); 32 ulps leaves a margin of 4 for other processors. A wrong answer differs at the
-# scale of the output itself (a missing scale, mask, norm: a relative error of 1e-2 and more), so every catalogued
-# mutant still fails (tests/test_grader_selftest.py runs under generic and AVX2 kernels and 1 and 3 threads).
-# An exact comparison (atol = rtol = 0) stays exact.
+# Every inexact float comparison of a check also allows FLOAT32_ULPS ulps of float32 at the scale of the expected
+# value, on top of the check's own atol + rtol*|expected| (why 32, and when a check uses grader.oracles.float32_atol
+# instead: "Tolerances" in this module's docstring). An exact comparison (atol = rtol = 0) stays exact.
 FLOAT32_ULPS = 32
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
 

@@ -91,13 +91,12 @@ def assert_oracle_is_current(asset: str, build: Callable[[], dict], atol: float 
     return stored
 
 
-# A correct float32 answer does not give the same bits on every CPU: ATen picks its kernels by processor (generic,
-# AVX2, AVX-512, NEON; ATEN_CPU_CAPABILITY forces one) and thread counts change the order of reductions. Each
-# rounding is half an ulp of the partial sum, and the errors of a length-n reduction grow like sqrt(n) ulps of its
-# scale (a random walk; Higham, Accuracy and Stability of Numerical Algorithms, §4.2), so a check comparing a
-# float32 result with a reference computed elsewhere (a stored oracle) or otherwise (another kernel) allows
-# F32_ULPS ulps at the expected output's largest magnitude times sqrt(n), n the summed length of the reductions on
-# the path from the inputs to the output. A wrong answer changes the output at its own scale (relative 1e-2 and more).
+# The per-path float32 tolerance (item 3 of "Tolerances" in grader.core's module docstring, which says when a check
+# uses it rather than relying on grader.core.float32_floor alone): each rounding is half an ulp of the partial sum and
+# the errors of a length-n reduction grow like sqrt(n) ulps of its scale (a random walk; Higham, Accuracy and
+# Stability of Numerical Algorithms, §4.2), so a float32 result compared with a reference computed elsewhere (a
+# stored oracle) or otherwise (another kernel) is allowed F32_ULPS ulps at the expected output's largest magnitude
+# times sqrt(n), n the summed length of the reductions on the path from the inputs to the output.
 F32_EPS = float(torch.finfo(torch.float32).eps)
 F32_ULPS = 8
 
