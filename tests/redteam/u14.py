@@ -1,158 +1,85 @@
 """Red-team answers for unit 14 (DeepSeek mixture-of-experts): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-# DeepSeek routing as a student writes it; each answer edits one line (the markers).
-_ROUTE = '''
-def deepseek_route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_factor=1.0,
-                   norm_topk_prob=True):
-    n, e = router_logits.shape
-    s = torch.sigmoid(router_logits.float())
-    sb = s + bias.float()
-    per_group = sb.view(n, n_group, e // n_group)  # @GROUPS
-    group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)  # @GSCORE
-    best = group_scores.topk(topk_group, dim=-1).indices
-    keep = torch.zeros(n, n_group, dtype=torch.bool).scatter(1, best, True).repeat_interleave(e // n_group, dim=1)
-    sb = sb.masked_fill(~keep, float("-inf"))  # @MASK
-    indices = sb.topk(top_k, dim=-1).indices
-    weights = s.gather(1, indices)  # @GATHER
-    if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # @NORM
-    return weights * routed_scaling_factor, indices  # @RET
-'''
-
-
-def _route(**edits):
-    lines = _ROUTE.split("\n")
-    for marker, new in edits.items():
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in new.split("\n"))
-    return "\n".join(lines)
-
-
-_MOE_FORWARD = '''
-class DeepSeekMoE(DeepSeekMoE):
-    def forward(self, x):
-        flat = x.reshape(-1, self.d_model)
-        logits = flat.float() @ self.gate.weight.float().T
-        weights, indices = deepseek_route(logits, self.gate.e_score_correction_bias, self.top_k, self.n_group,
-                                          self.topk_group, self.routed_scaling_factor, self.norm_topk_prob)
-        if self.training:
-            self.last_indices = indices.detach()
-        BODY
-'''
-
-_SPARSE = '''out = torch.zeros_like(flat)
-        for e in range(self.num_experts):
-            token, slot = torch.where(indices == e)
-            if token.numel() == 0:
-                continue
-            out = out.index_add(0, token, self.experts[e](flat[token]) * weights[token, slot].unsqueeze(-1))
-        '''
+U = "14"
+TOP_K = "    weights, indices = probs.topk(k, dim=-1)\n"
+RENORM = "    if renormalize:\n        weights = weights / weights.sum(dim=-1, keepdim=True)\n"
+COUNTS = "counts = torch.bincount(indices.reshape(-1), minlength=num_experts).to(probs.dtype)"
+F = "f = counts * num_experts / (k * n)"
+NORM = "weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)"
+GATHER = "weights = s.gather(1, indices)"
+SIGN = "return bias.float() + gamma * torch.sign(c.mean() - c)"
+ROUTED = ("        out = torch.zeros_like(flat)\n        for e in range(self.num_experts):\n"
+          "            token, slot = torch.where(indices == e)\n            if token.numel() == 0:\n"
+          "                continue\n            y = self.experts[e](flat[token]) * weights[token, slot].unsqueeze(-1)\n"
+          "            out = out.index_add(0, token, y.to(out.dtype))\n")
+RETURN = "return out.view_as(x) + self.shared_experts(x)"
+SEQ_COUNTS = ("    counts = torch.zeros(b, num_experts, dtype=scores.dtype)\n"
+              "    counts = counts.scatter_add(1, indices.reshape(b, -1), torch.ones(b, t * k, dtype=scores.dtype))\n")
 
 ANSWERS = [
     # -- 14.softmax_topk_route ----------------------------------------------------------------------------------
-    Answer("14.softmax_topk_route", "weights always renormalised (renormalize ignored)", '''
-def softmax_topk_route(logits, k, renormalize=True):
-    probs = torch.softmax(logits, dim=-1)
-    w, i = probs.topk(k, dim=-1)
-    return w / w.sum(-1, keepdim=True), i, probs
-''', says=r"renormali|weights|expected"),
-    Answer("14.softmax_topk_route", "softmax over the k largest logits only", '''
-def softmax_topk_route(logits, k, renormalize=True):
-    top, i = logits.topk(k, dim=-1)
-    return torch.softmax(top, dim=-1), i, torch.softmax(logits, dim=-1)
-''', says=r"renormali|weights|expected"),
-    Answer("14.softmax_topk_route", "indices in expert order, not by descending probability", '''
-def softmax_topk_route(logits, k, renormalize=True):
-    probs = torch.softmax(logits, dim=-1)
-    w, i = probs.topk(k, dim=-1)
-    i, order = i.sort(dim=-1)
-    w = w.gather(-1, order)
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
-    return w, i, probs
-''', says=r"descending|order|indices|expected"),
+    Answer("14.softmax_topk_route", "weights always renormalised (renormalize ignored)", edited(U, "softmax_topk_route",
+           ("    if renormalize:\n        weights = ", "    weights = ")), says=r"renormali|weights|expected"),
+    Answer("14.softmax_topk_route", "softmax over the k largest logits only", edited(U, "softmax_topk_route",
+           (TOP_K + RENORM, "    top, indices = logits.topk(k, dim=-1)\n    weights = torch.softmax(top, dim=-1)\n")),
+           says=r"renormali|weights|expected"),
+    Answer("14.softmax_topk_route", "indices in expert order, not by descending probability",
+           edited(U, "softmax_topk_route", (TOP_K, TOP_K + "    indices, order = indices.sort(dim=-1)\n"
+                                                          "    weights = weights.gather(-1, order)\n")),
+           says=r"descending|order|indices|expected"),
     # -- 14.load_balancing_loss ---------------------------------------------------------------------------------
-    Answer("14.load_balancing_loss", "f from the mean probabilities (indices ignored): alpha*E*sum P^2", '''
-def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
-    P = probs.mean(dim=0)
-    return alpha * num_experts * (P * P).sum()
-''', says=r"count|assignment|indices|expected|gradient"),
-    Answer("14.load_balancing_loss", "f normalised by the number of tokens only (k times too large)", '''
-def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
-    n = indices.shape[0]
-    counts = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
-    return alpha * (counts * num_experts / n * probs.mean(dim=0)).sum()
-''', says=r"k|normalis|expected|alpha"),
-    Answer("14.load_balancing_loss", "counts taken from probs with gradient (soft one-hot times probs)", '''
-def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
-    n, k = indices.shape
-    hit = torch.zeros_like(probs).scatter(1, indices, 1.0)
-    f = (hit * (1 + probs - probs.detach())).sum(0) * num_experts / (k * n)
-    return alpha * (f * probs.mean(dim=0)).sum()
-''', says=r"gradient|count|expected"),
+    Answer("14.load_balancing_loss", "f from the mean probabilities (indices ignored): alpha*E*sum P^2",
+           edited(U, "load_balancing_loss", (F, "f = num_experts * probs.mean(dim=0)")),
+           says=r"count|assignment|indices|expected|gradient"),
+    Answer("14.load_balancing_loss", "f normalised by the number of tokens only (k times too large)",
+           edited(U, "load_balancing_loss", (F, "f = counts * num_experts / n")), says=r"k|normalis|expected|alpha"),
+    Answer("14.load_balancing_loss", "counts taken from probs with gradient (soft one-hot times probs)",
+           edited(U, "load_balancing_loss", (COUNTS, "hit = torch.zeros_like(probs).scatter(1, indices, 1.0)"),
+                  (F, "f = (hit * (1 + probs - probs.detach())).sum(0) * num_experts / (k * n)")),
+           says=r"gradient|count|expected"),
     # -- 14.deepseek_route --------------------------------------------------------------------------------------
-    Answer("14.deepseek_route", "excluded experts masked with 0 instead of -inf", _route(MASK="sb = sb.masked_fill(~keep, 0.0)"),
+    Answer("14.deepseek_route", "excluded experts masked with 0 instead of -inf", edited(U, "deepseek_route",
+           ('sb.masked_fill(~expert_keep, float("-inf"))', "sb.masked_fill(~expert_keep, 0.0)")),
            bug="B14.group_mask_zero"),
-    Answer("14.deepseek_route", "gates normalised over all E sigmoid scores", _route(
-        GATHER="weights = s.gather(1, indices)\nall_s = s.sum(-1, keepdim=True)",
-        NORM="weights = weights / (all_s + 1e-20)"), bug="B14.norm_over_all_experts", origin="issue 39"),
-    Answer("14.deepseek_route", "groups chosen on the unbiased scores", _route(GROUPS="per_group = s.view(n, n_group, e // n_group)"),
-           bug="B14.groups_unbiased", origin="issue 39"),
-    Answer("14.deepseek_route", "a group's score is the whole group's sum", _route(GSCORE="group_scores = per_group.sum(dim=-1)"),
-           bug="B14.group_score_sum", origin="issue 39"),
-    Answer("14.deepseek_route", "the bias in the normaliser", _route(
-        NORM="weights = weights / ((s + bias.float()).gather(1, indices).sum(dim=-1, keepdim=True) + 1e-20)"),
-        bug="B14.norm_with_bias", origin="issue 39"),
-    Answer("14.deepseek_route", "weights from the biased scores", _route(GATHER="weights = (s + bias.float()).gather(1, indices)"),
-           says=r"weight|bias|unbiased|expected"),
+    Answer("14.deepseek_route", "gates normalised over all E sigmoid scores", edited(U, "deepseek_route",
+           (NORM, "weights / (s.sum(-1, keepdim=True) + 1e-20)")), bug="B14.norm_over_all_experts", origin="issue 39"),
+    Answer("14.deepseek_route", "groups chosen on the unbiased scores", edited(U, "deepseek_route",
+           ("per_group = sb.view(", "per_group = s.view(")), bug="B14.groups_unbiased", origin="issue 39"),
+    Answer("14.deepseek_route", "a group's score is the whole group's sum", edited(U, "deepseek_route",
+           ("per_group.topk(2, dim=-1).values.sum(dim=-1)", "per_group.sum(dim=-1)")), bug="B14.group_score_sum",
+           origin="issue 39"),
+    Answer("14.deepseek_route", "the bias in the normaliser", edited(U, "deepseek_route",
+           (NORM, "weights / ((s + bias.float()).gather(1, indices).sum(dim=-1, keepdim=True) + 1e-20)")),
+           bug="B14.norm_with_bias", origin="issue 39"),
+    Answer("14.deepseek_route", "weights from the biased scores", edited(U, "deepseek_route",
+           (GATHER, "weights = (s + bias.float()).gather(1, indices)")), says=r"weight|bias|unbiased|expected"),
     # -- 14.update_bias -----------------------------------------------------------------------------------------
-    Answer("14.update_bias", "mean load over the experts that got tokens only", '''
-@torch.no_grad()
-def update_bias(bias, indices, num_experts, gamma=0.001):
-    c = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
-    return bias.float() + gamma * torch.sign(c[c > 0].mean() - c)
-''', says=r"mean|sign|expected|load"),
-    Answer("14.update_bias", "updated in place and returned in the bias dtype", '''
-@torch.no_grad()
-def update_bias(bias, indices, num_experts, gamma=0.001):
-    c = torch.bincount(indices.reshape(-1), minlength=num_experts).float()
-    bias += (gamma * torch.sign(c.mean() - c)).to(bias.dtype)
-    return bias
-''', says=r"float32|new|in place|dtype|input"),
+    Answer("14.update_bias", "mean load over the experts that got tokens only", edited(U, "update_bias",
+           ("torch.sign(c.mean() - c)", "torch.sign(c[c > 0].mean() - c)")), says=r"mean|sign|expected|load"),
+    Answer("14.update_bias", "updated in place and returned in the bias dtype", edited(U, "update_bias",
+           (SIGN, "bias += (gamma * torch.sign(c.mean() - c)).to(bias.dtype)\n    return bias")),
+           says=r"float32|new|in place|dtype|input"),
     # -- 14.DeepSeekMoE -----------------------------------------------------------------------------------------
-    Answer("14.DeepSeekMoE", "every expert run on every token, weights zero where not chosen",
-           _MOE_FORWARD.replace("BODY", '''dense = torch.zeros(flat.shape[0], self.num_experts).scatter(1, indices, weights)
-        out = sum(dense[:, e:e + 1] * self.experts[e](flat) for e in range(self.num_experts))
-        return out.view_as(x) + self.shared_experts(x)'''), says=r"expert|token|called|run"),
-    Answer("14.DeepSeekMoE", "shared experts forgotten",
-           _MOE_FORWARD.replace("BODY", _SPARSE + "return out.view_as(x)"), says=r"shared|expected|differ"),
-    Answer("14.DeepSeekMoE", "residual added inside the layer",
-           _MOE_FORWARD.replace("BODY", _SPARSE + "return x + out.view_as(x) + self.shared_experts(x)"),
+    Answer("14.DeepSeekMoE", "every expert run on every token, weights zero where not chosen", edited(U, "DeepSeekMoE",
+           (ROUTED, "        dense = torch.zeros(flat.shape[0], self.num_experts).scatter(1, indices, weights)\n"
+                    "        out = sum(dense[:, e:e + 1] * self.experts[e](flat) for e in range(self.num_experts))\n")),
+           says=r"expert|token|called|run"),
+    Answer("14.DeepSeekMoE", "shared experts forgotten", edited(U, "DeepSeekMoE", (RETURN, "return out.view_as(x)")),
+           says=r"shared|expected|differ"),
+    Answer("14.DeepSeekMoE", "residual added inside the layer", edited(U, "DeepSeekMoE", (RETURN, "return x + " + RETURN[7:])),
            says=r"residual|expected|differ"),
     # -- 14.sequence_balance_loss -------------------------------------------------------------------------------
-    Answer("14.sequence_balance_loss", "counts over the whole batch, P per sequence", '''
-def sequence_balance_loss(scores, indices, num_experts, alpha=0.0001):
-    b, t, k = indices.shape
-    counts = torch.bincount(indices.reshape(-1), minlength=num_experts).to(scores.dtype)
-    f = counts * num_experts / (k * t * b)
-    shares = scores / scores.sum(dim=-1, keepdim=True)
-    return alpha * (f * shares.mean(dim=1)).sum(dim=-1).mean()
-''', says=r"sequence|batch|collapsed|expected"),
-    Answer("14.sequence_balance_loss", "summed over the sequences instead of the mean", '''
-def sequence_balance_loss(scores, indices, num_experts, alpha=0.0001):
-    b, t, k = indices.shape
-    counts = torch.zeros(b, num_experts).scatter_add(1, indices.reshape(b, -1), torch.ones(b, t * k))
-    shares = scores / scores.sum(dim=-1, keepdim=True)
-    return alpha * (counts * num_experts / (k * t) * shares.mean(dim=1)).sum()
-''', says=r"mean|sequence|alpha|expected"),
-    Answer("14.sequence_balance_loss", "P from the raw sigmoid scores divided by their mean", '''
-def sequence_balance_loss(scores, indices, num_experts, alpha=0.0001):
-    b, t, k = indices.shape
-    counts = torch.zeros(b, num_experts).scatter_add(1, indices.reshape(b, -1), torch.ones(b, t * k))
-    P = scores.mean(dim=1) / scores.mean(dim=(1, 2))[:, None] / num_experts
-    return alpha * (counts * num_experts / (k * t) * P).sum(-1).mean()
-''', says=r"share|affinit|expected|token"),
+    Answer("14.sequence_balance_loss", "counts over the whole batch, P per sequence", edited(U, "sequence_balance_loss",
+           (SEQ_COUNTS, "    counts = torch.bincount(indices.reshape(-1), minlength=num_experts).to(scores.dtype)\n"),
+           ("/ (k * t)", "/ (k * t * b)")), says=r"sequence|batch|collapsed|expected"),
+    Answer("14.sequence_balance_loss", "summed over the sequences instead of the mean", edited(U, "sequence_balance_loss",
+           ("return alpha * per_seq.mean()", "return alpha * per_seq.sum()")), says=r"mean|sequence|alpha|expected"),
+    Answer("14.sequence_balance_loss", "P from the raw sigmoid scores divided by their mean",
+           edited(U, "sequence_balance_loss",
+                  ("    shares = scores / scores.sum(dim=-1, keepdim=True)\n",
+                   "    P = scores.mean(dim=1) / scores.mean(dim=(1, 2))[:, None] / num_experts\n"),
+                  ("shares.mean(dim=1)", "P")), says=r"share|affinit|expected|token"),
 ]

@@ -1,18 +1,14 @@
 """Red-team answers for unit 16 (FP8 quantization): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-_ACT = '''
-def quantize_act_tiles(x, tile=128):
-    M, K = x.shape
-    n = math.ceil(K / tile)
-    padded = torch.zeros(M, n * tile)
-    padded[:, :K] = x.float()
-    tiles = padded.view(M, n, tile)
-    s = SCALE
-    q = (tiles / s.unsqueeze(2)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return q.view(M, n * tile)[:, :K].contiguous(), s
-'''
+U = "16"
+ACT_SCALE = "tiles.abs().amax(dim=2).clamp(min=1e-12) / 448.0"
+ACT_MATMUL = ("        qa, sa = quantize_act_tiles(rows, self.block)\n"
+              "        y = fp8_blockwise_matmul(qa, sa, self.weight_fp8, self.weight_scale, self.block)\n")
+KEEP = "name not in skip and uses[child.weight.data_ptr()] == 1"
+
 
 ANSWERS = [
     # -- 16.fp8_info --------------------------------------------------------------------------------------------
@@ -45,14 +41,14 @@ def fp8_info(dtype):
     return d
 ''', says=r"max|expected"),
     # -- 16.quantize_blockwise ----------------------------------------------------------------------------------
-    Answer("16.quantize_blockwise", "scale from the mean |x| of the tile", _ACT.replace(
-        "SCALE", "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0"), bug="B16.scale_from_mean",
+    Answer("16.quantize_blockwise", "scale from the mean |x| of the tile", edited(U, "quantize_act_tiles",
+           (ACT_SCALE, "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0")), bug="B16.scale_from_mean",
         origin="issue 39"),
-    Answer("16.quantize_blockwise", "scale from three standard deviations", _ACT.replace(
-        "SCALE", "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0"), bug="B16.scale_from_sigma",
+    Answer("16.quantize_blockwise", "scale from three standard deviations", edited(U, "quantize_act_tiles",
+           (ACT_SCALE, "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0")), bug="B16.scale_from_sigma",
         origin="issue 39"),
-    Answer("16.quantize_blockwise", "no floor: an all-zero tile divides by zero", _ACT.replace(
-        "SCALE", "tiles.abs().amax(dim=2) / 448.0"), says=r"zero|finite|nan|expected"),
+    Answer("16.quantize_blockwise", "no floor: an all-zero tile divides by zero", edited(U, "quantize_act_tiles",
+           (ACT_SCALE, "tiles.abs().amax(dim=2) / 448.0")), says=r"zero|finite|nan|expected"),
     Answer("16.quantize_blockwise", "scales stored as their reciprocals (q = x * s)", '''
 _qa, _qw = quantize_act_tiles, quantize_weight_blocks
 
@@ -82,22 +78,12 @@ def dequantize_weight_blocks(q, s, block=128):
 def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128, acc_bits=None):
     return dequantize_act_tiles(qa, sa, chunk) @ dequantize_weight_blocks(qw, sw, chunk).T
 ''', says=r"chunk|dequantis|acc|partial|expected"),
-    Answer("16.fp8_blockwise_matmul", "acc_bits rounding applied after the scales", '''
-def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128, acc_bits=None):
-    from llmcourse.quant.fp8 import round_mantissa
-
-    M, K = qa.shape
-    N = qw.shape[0]
-    wrow = sw.float().repeat_interleave(chunk, dim=0)[:N]
-    y = torch.zeros(M, N)
-    for c in range(math.ceil(K / chunk)):
-        cols = slice(c * chunk, min(K, (c + 1) * chunk))
-        part = (qa[:, cols].float() @ qw[:, cols].float().T) * sa[:, c].float().unsqueeze(1) * wrow[:, c]
-        if acc_bits is not None:
-            part = round_mantissa(part, acc_bits).float()
-        y += part
-    return y
-''', says=r"acc|round|expected|scale"),
+    Answer("16.fp8_blockwise_matmul", "acc_bits rounding applied after the scales", edited(U, "fp8_blockwise_matmul",
+           ("part = qa[:, cols].float() @ qw[:, cols].float().T",
+            "part = (qa[:, cols].float() @ qw[:, cols].float().T) * sa[:, c].float().unsqueeze(1) "
+            "* w_scale_per_row[:, c]"),
+           ("y += part * sa[:, c].float().unsqueeze(1) * w_scale_per_row[:, c].unsqueeze(0)", "y += part")),
+           says=r"acc|round|expected|scale"),
     Answer("16.fp8_blockwise_matmul", "acc_bits ignored", '''
 _mm = fp8_blockwise_matmul
 
@@ -106,12 +92,12 @@ def fp8_blockwise_matmul(qa, sa, qw, sw, chunk=128, acc_bits=None):
     return _mm(qa, sa, qw, sw, chunk)
 ''', says=r"acc|round|expected"),
     # -- 16.FP8Linear -------------------------------------------------------------------------------------------
-    Answer("16.FP8Linear", "forward dequantises the weight and skips activation quantisation", '''
-class FP8Linear(FP8Linear):
-    def forward(self, x):
-        w = dequantize_weight_blocks(self.weight_fp8, self.weight_scale, self.block)
-        return torch.nn.functional.linear(x.float(), w, self.bias)
-''', says=r"activation|tile|quantis|expected"),
+    Answer("16.FP8Linear", "forward dequantises the weight and skips activation quantisation", edited(U, "FP8Linear",
+           ("        rows = x.reshape(-1, self.in_features)\n" + ACT_MATMUL
+            + "        if self.bias is not None:\n            y = y + self.bias\n"
+              "        return y.reshape(*x.shape[:-1], self.out_features)",
+            "        w = dequantize_weight_blocks(self.weight_fp8, self.weight_scale, self.block)\n"
+            "        return torch.nn.functional.linear(x.float(), w, self.bias)")), says=r"activation|tile|quantis|expected"),
     Answer("16.FP8Linear", "the FP8 weight kept as a frozen parameter", '''
 class FP8Linear(FP8Linear):
     def __init__(self, in_features, out_features, bias=True, block=128):
@@ -120,40 +106,20 @@ class FP8Linear(FP8Linear):
         del self._buffers["weight_fp8"]
         self.weight_fp8 = nn.Parameter(w, requires_grad=False)
 ''', says=r"buffer|parameter"),
-    Answer("16.FP8Linear", "activation tiles as wide as the whole row", '''
-class FP8Linear(FP8Linear):
-    def forward(self, x):
-        rows = x.reshape(-1, self.in_features).float()
-        qa, sa = quantize_act_tiles(rows, self.in_features)
-        y = dequantize_act_tiles(qa, sa, self.in_features) @ dequantize_weight_blocks(
-            self.weight_fp8, self.weight_scale, self.block).T
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
-''', says=r"tile|block|activation|expected"),
+    Answer("16.FP8Linear", "activation tiles as wide as the whole row", edited(U, "FP8Linear",
+           (ACT_MATMUL, "        qa, sa = quantize_act_tiles(rows.float(), self.in_features)\n"
+                        "        y = dequantize_act_tiles(qa, sa, self.in_features) @ dequantize_weight_blocks(\n"
+                        "            self.weight_fp8, self.weight_scale, self.block).T\n")), says=r"tile|block|activation|expected"),
     # -- 16.convert_linears_to_fp8 ------------------------------------------------------------------------------
-    Answer("16.convert_linears_to_fp8", "skip matched against the full dotted name", '''
-def convert_linears_to_fp8(model, skip=("lm_head", "gate")):
-    for name, mod in list(model.named_modules()):
-        if type(mod) is nn.Linear and name not in skip:
-            parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-            setattr(parent, name.rsplit(".", 1)[-1], FP8Linear.from_linear(mod))
-    return model
-''', says=r"gate|skip|expected|name"),
-    Answer("16.convert_linears_to_fp8", "the tie recognised by the name lm_head only", '''
-def convert_linears_to_fp8(model, skip=("lm_head", "gate")):
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and name not in skip and name != "lm_head":
-                setattr(parent, name, FP8Linear.from_linear(child))
-    return model
-''', says=r"tie|tied|embed|share"),
-    Answer("16.convert_linears_to_fp8", "tied layers kept only when skip names them", '''
-def convert_linears_to_fp8(model, skip=("lm_head", "gate")):
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and name not in skip:
-                setattr(parent, name, FP8Linear.from_linear(child))
-    return model
-''', says=r"tie|tied|embed|share"),
+    Answer("16.convert_linears_to_fp8", "skip matched against the full dotted name", edited(U, "convert_linears_to_fp8",
+           ("    for parent in model.modules():\n        for name, child in parent.named_children():\n"
+            f"            if type(child) is nn.Linear and {KEEP}:\n"
+            "                replace.append((parent, name, child))\n",
+            "    for full, child in model.named_modules():\n"
+            f"        if type(child) is nn.Linear and {KEEP.replace('name not', 'full not')}:\n"
+            '            parent = model.get_submodule(full.rsplit(".", 1)[0]) if "." in full else model\n'
+            '            replace.append((parent, full.rsplit(".", 1)[-1], child))\n')), says=r"gate|skip|expected|name"),
+    Answer("16.convert_linears_to_fp8", "the tie recognised by the name lm_head only", edited(U, "convert_linears_to_fp8",
+           (KEEP, 'name not in skip and name != "lm_head"')), says=r"tie|tied|embed|share"),
+    Answer("16.convert_linears_to_fp8", "tied layers kept only when skip names them", edited(U, "convert_linears_to_fp8", (KEEP, "name not in skip")), says=r"tie|tied|embed|share"),
 ]
