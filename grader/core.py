@@ -420,22 +420,25 @@ FLOAT32_ULPS = 32
 FLOAT32_EPS = float(torch.finfo(torch.float32).eps)
 
 
-def float32_floor(expected) -> float:
-    """The tolerance every inexact comparison allows on top of its own: FLOAT32_ULPS ulps at ``expected``'s scale."""
+def float32_scale(expected) -> float:
+    """The scale float32 rounding is measured at: the largest finite magnitude of ``expected`` (a floating tensor or
+    a number); 0.0 for an empty, non-floating or non-numeric value."""
     if isinstance(expected, torch.Tensor):
         if not (expected.is_floating_point() or expected.is_complex()) or expected.numel() == 0:
             return 0.0
         mags = expected.detach().abs().double()
         mags = mags[torch.isfinite(mags)]
-        scale = float(mags.max()) if mags.numel() else 0.0
-    else:
-        try:
-            scale = abs(float(expected))
-        except (TypeError, ValueError):
-            return 0.0
-        if scale != scale or scale == float("inf"):
-            return 0.0
-    return FLOAT32_ULPS * FLOAT32_EPS * scale
+        return float(mags.max()) if mags.numel() else 0.0
+    try:
+        scale = abs(float(expected))
+    except (TypeError, ValueError):
+        return 0.0
+    return 0.0 if scale != scale or scale == float("inf") else scale
+
+
+def float32_floor(expected) -> float:
+    """The tolerance every inexact comparison allows on top of its own: FLOAT32_ULPS ulps at ``expected``'s scale."""
+    return FLOAT32_ULPS * FLOAT32_EPS * float32_scale(expected)
 
 
 def _same(a, b, atol: float, rtol: float) -> bool:

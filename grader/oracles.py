@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from .core import FLOAT32_EPS, float32_floor, float32_scale
+
 __all__ = ["F32_EPS", "F32_ULPS", "float32_atol", "assert_oracle_is_current", "assert_same", "load_oracle", "oracle_path", "stored_oracle", "write_oracle"]
 
 
@@ -72,8 +74,6 @@ def assert_same(a, b, path: str = "oracle", atol: float = 1e-6, rtol: float = 1e
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, \
             f"{path}: dtype/shape {getattr(b, 'dtype', type(b))} {tuple(getattr(b, 'shape', ()))} != {a.dtype} {tuple(a.shape)}"
         if a.is_floating_point():
-            from .core import float32_floor  # the same float32 allowance at the output's scale as every check
-
             floor = float32_floor(a) if (atol or rtol) else 0.0
             torch.testing.assert_close(b, a, atol=atol + floor, rtol=rtol, msg=lambda m: f"{path}: {m}")
         else:
@@ -97,15 +97,12 @@ def assert_oracle_is_current(asset: str, build: Callable[[], dict], atol: float 
 # Stability of Numerical Algorithms, §4.2), so a float32 result compared with a reference computed elsewhere (a
 # stored oracle) or otherwise (another kernel) is allowed F32_ULPS ulps at the expected output's largest magnitude
 # times sqrt(n), n the summed length of the reductions on the path from the inputs to the output.
-F32_EPS = float(torch.finfo(torch.float32).eps)
+F32_EPS = FLOAT32_EPS  # the same machine epsilon as grader.core's floor (kept under this name for the checks)
 F32_ULPS = 8
 
 
 def float32_atol(expected: torch.Tensor, reduction: int = 1, floor: float = 1e-5) -> float:
     """The absolute tolerance of a float32 result ``expected`` reached through reductions of summed length
-    ``reduction``: ``F32_ULPS`` ulps at its largest finite magnitude times ``sqrt(reduction)``, never below
-    ``floor``."""
-    mags = expected.detach().abs().double()
-    mags = mags[torch.isfinite(mags)]
-    scale = float(mags.max()) if mags.numel() else 0.0
-    return max(floor, F32_ULPS * F32_EPS * scale * reduction ** 0.5)
+    ``reduction``: ``F32_ULPS`` ulps at its largest finite magnitude (:func:`grader.core.float32_scale`) times
+    ``sqrt(reduction)``, never below ``floor``."""
+    return max(floor, F32_ULPS * F32_EPS * float32_scale(expected) * reduction ** 0.5)

@@ -349,11 +349,3 @@ def grade(exercise_id: str, namespace: dict | None = None) -> Verdict:
     if not verdict.passed:
         raise GradeFailed(verdict)
     return verdict
-
-
-def self_check(exercise_id: str) -> Verdict:
-    """Student-facing wrapper used by ``course check``'s notebook cell (same as grade, never raises)."""
-    try:
-        return grade(exercise_id)
-    except GradeFailed as failed:
-        return failed.verdict

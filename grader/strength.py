@@ -63,10 +63,13 @@ def decision(exercise_id: str, what: str, forms, wrong=()) -> None:
         raise ValueError(f"{exercise_id}: a decision needs at least one written form of its answer")
     for f in forms:
         re.compile(f)
+    new = Decision(exercise_id, what, forms, tuple(wrong))
     existing = DECISIONS.setdefault(exercise_id, [])
-    if any(d.what == what for d in existing):
-        return  # a module loaded twice (the warm server reloads) declares the same decision again
-    existing.append(Decision(exercise_id, what, forms, tuple(wrong)))
+    for i, d in enumerate(existing):
+        if d.what == what:  # a module loaded again (the warm server reloads): its current declaration counts
+            existing[i] = new
+            return
+    existing.append(new)
 
 
 # -- the leak scan ------------------------------------------------------------------------------------------------
@@ -108,9 +111,9 @@ def student_texts(unit, root: Path = ROOT) -> dict[str, str]:
 def leaks(decisions, texts: dict[str, str]) -> list[str]:
     """Every place where a withheld form appears: ``"<exercise>: <what> -- form /re/ in <label>: ...context..."``."""
     found = []
+    flat_texts = {label: normalise(text) for label, text in texts.items()}
     for d in decisions:
-        for label, text in texts.items():
-            flat = normalise(text)
+        for label, flat in flat_texts.items():
             for form in d.forms:
                 m = re.search(form, flat, flags=re.IGNORECASE)
                 if m:

@@ -10,6 +10,13 @@ it) and requires that it loses points and that the feedback names the mistake: `
 mistake outside the catalog, ``says`` (a regular expression the message must match: the property that broke).
 ``open`` marks a known hole that the check does not catch yet (the reason; the test is an expected failure, and
 fails once the hole is closed so that the mark is removed).
+
+Write ``source`` as an edit of the reference solution (``tests/redteam/edits.py``: ``edited(unit, name, (old, new))``),
+never as a pasted copy of a solution definition. The answer is executed over a *copy* of the solution's namespace:
+the definitions it does not give stay the solution's, and those keep calling the solution's own helpers (their
+globals are the solution's namespace, not the copy). An answer whose mistake lies in a helper must therefore also
+give each graded definition that should call it (``solution_def(unit, name)`` brings the solution's text unchanged;
+see the stale-memo answer of tests/redteam/u13.py).
 """
 
 from __future__ import annotations
