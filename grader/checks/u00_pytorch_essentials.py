@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import CheckFailure, LearnerError, check, forbid, unwrap
+from ..gradcheck import check_function_gradients, function_gradient_probe
 from ..plain import Opaque
 from ..runner import also_blocked
 from ..strength import decision, defining_property
-from ._gradients import check_gradients, input_gradients
 
 U = "00"
 T = torch.tensor
@@ -117,9 +117,9 @@ def check_split_merge_heads(t):
                     f"max abs difference {(back - x).abs().max().item():.3g}"))
 
     # gradients flow through both
-    check_gradients(t, input_gradients("split_heads", (_rand(2, 6, 12, seed=8), 3), (0,)),
+    check_function_gradients(t, function_gradient_probe("split_heads", (_rand(2, 6, 12, seed=8), 3), (0,)),
                     "split_heads(x of shape (2, 6, 12), 3)")
-    check_gradients(t, input_gradients("merge_heads", (_rand(2, 3, 6, 4, seed=9),), (0,)),
+    check_function_gradients(t, function_gradient_probe("merge_heads", (_rand(2, 3, 6, 4, seed=9),), (0,)),
                     "merge_heads(x of shape (2, 3, 6, 4))")
 
     # D % n_heads != 0 -> ValueError
@@ -266,9 +266,9 @@ def check_einsum_attention(t):
                   atol=1e-6, rtol=1e-5)
         t.compare(output(raw, v), raw @ v, f"attention_output_einsum with unnormalised weights {tuple(raw.shape)} "
                   "vs weights @ v", atol=1e-5, rtol=1e-5)
-    check_gradients(t, input_gradients("attention_scores_einsum", (q0, k0), (0, 1), guard=_no_matmul),
+    check_function_gradients(t, function_gradient_probe("attention_scores_einsum", (q0, k0), (0, 1), guard=_no_matmul),
                     "attention_scores_einsum(q, k)")
-    check_gradients(t, input_gradients("attention_output_einsum", (w0, v0), (0, 1), guard=_no_matmul),
+    check_function_gradients(t, function_gradient_probe("attention_output_einsum", (w0, v0), (0, 1), guard=_no_matmul),
                     "attention_output_einsum(weights, v)")
 
 
@@ -320,7 +320,7 @@ def check_label_smoothed_cross_entropy(t):
               "F.cross_entropy", atol=1e-5, rtol=1e-5)
 
     # the loss trains the logits: its gradient reaches them (ignored positions get none)
-    check_gradients(t, input_gradients("label_smoothed_cross_entropy", (z3, y3, 0.1, 0), (0,), guard=_no_builtin_ce),
+    check_function_gradients(t, function_gradient_probe("label_smoothed_cross_entropy", (z3, y3, 0.1, 0), (0,), guard=_no_builtin_ce),
                     "label_smoothed_cross_entropy((2, 5, 6) logits, eps=0.1, ignore_index=0)")
 
     # P: huge logits stay finite

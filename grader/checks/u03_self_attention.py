@@ -16,9 +16,9 @@ from torch import nn
 
 from ..core import check, forbid, module_facts, unwrap
 from ..dropout import weight_dropout_problem
+from ..gradcheck import check_function_gradients, function_gradient_probe
 from ..runner import also_blocked
 from ..strength import decision, defining_property
-from ._gradients import check_gradients, input_gradients
 
 U = "03"
 # train-mode dropout problems (grader.dropout kinds) -> bug ids, when no mutant matches the output
@@ -116,7 +116,7 @@ def check_softmax_stable(t):
         x = _rand(*shape, seed=sum(shape) + dim)
         t.compare(call(x, dim), torch.softmax(x, dim=dim), f"softmax_stable(x of shape {shape}, dim={dim}) vs torch.softmax",
                   atol=1e-6, rtol=1e-5)
-    check_gradients(t, input_gradients("softmax_stable", (_rand(3, 5, seed=4), 0), (0,), guard=_no_builtin_softmax),
+    check_function_gradients(t, function_gradient_probe("softmax_stable", (_rand(3, 5, seed=4), 0), (0,), guard=_no_builtin_softmax),
                     "softmax_stable(x of shape (3, 5), dim=0)")
     x = _rand(4, 5, seed=3)
     x[:, 2:] = float("-inf")
@@ -153,7 +153,7 @@ def check_simple_attention(t):
               pick=lambda o: o[1])
     t.compare(lambda impl: impl.simple_attention(xb), ref_c, "context for a batched (2, 5, 4) input", atol=1e-6,
               pick=lambda o: o[0])
-    check_gradients(t, input_gradients("simple_attention", (xb,), (0,)), "simple_attention(x of shape (2, 5, 4))")
+    check_function_gradients(t, function_gradient_probe("simple_attention", (xb,), (0,)), "simple_attention(x of shape (2, 5, 4))")
 
 
 def simple_ref(x):
@@ -253,7 +253,7 @@ def check_sdpa(t):
     # gradients reach q, k and v (through the context and the weights)
     qg, kg, vg = _sdpa_case((2, 4, 8), (2, 6, 8), 5, seed=61)
     mg = torch.ones(4, 6, dtype=torch.bool).tril(2)
-    check_gradients(t, input_gradients("scaled_dot_product_attention", (qg, kg, vg, mg), (0, 1, 2)),
+    check_function_gradients(t, function_gradient_probe("scaled_dot_product_attention", (qg, kg, vg, mg), (0, 1, 2)),
                     "scaled_dot_product_attention(q, k, v, a causal mask)")
 
     # future perturbation: keys/values after position t never change context rows <= t

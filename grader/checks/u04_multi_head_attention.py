@@ -26,7 +26,7 @@ from torch import nn
 
 from ..core import CheckFailure, check, module_facts, run_learner, unwrap
 from ..dropout import weight_dropout_problem
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import check_module_gradients, module_gradient_probe
 
 U = "04"
 T = torch.tensor
@@ -263,7 +263,7 @@ def check_wrapper(t):
 
     t.compare(shared, ref(xb), "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True) on a (3, 7, 6) batch "
               "(shared weights)", atol=1e-5)
-    check_gradients(t, gradient_probe(lambda impl: _load(impl.MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3,
+    check_module_gradients(t, module_gradient_probe(lambda impl: _load(impl.MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3,
                                                                                        qkv_bias=True), st,
                                                          "MultiHeadAttentionWrapper"), [xb]),
                     "MultiHeadAttentionWrapper(6, 4, 10, 0.0, 3, qkv_bias=True)")
@@ -413,9 +413,9 @@ def check_mha(t):
              f"{'None' if after is None else 'set' if after != 'missing' else 'missing'} after a forward pass")
 
     # backpropagation reaches every projection and the inputs (causal with a mask; cross-attention)
-    check_gradients(t, gradient_probe(_make(st_c, 8, 8, 2, causal=True, context_length=10), [x, None, keep6]),
+    check_module_gradients(t, module_gradient_probe(_make(st_c, 8, 8, 2, causal=True, context_length=10), [x, None, keep6]),
                     "causal MultiHeadAttention(8, 8, 2) with a key-padding mask")
-    check_gradients(t, gradient_probe(_make(st_x, 6, 8, 4, d_kv=5), [xq, xkv]),
+    check_module_gradients(t, module_gradient_probe(_make(st_x, 6, 8, 4, d_kv=5), [xq, xkv]),
                     "cross-attention MultiHeadAttention(6, 8, 4, d_kv=5)")
 
     # last_weights with store_weights
@@ -786,7 +786,7 @@ def check_mha_forward_sdpa(t):
 
         return Call()
 
-    check_gradients(t, gradient_probe(sdpa_module, [x, keep]), "mha_forward_sdpa on a causal module with a "
+    check_module_gradients(t, module_gradient_probe(sdpa_module, [x, keep]), "mha_forward_sdpa on a causal module with a "
                     "key-padding mask")
 
     # the attention must come from F.scaled_dot_product_attention, called with attn_mask only: its output

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import _same, check, forbid, module_facts, unwrap
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import check_module_gradients, module_gradient_probe
 
 U = "05"
 T = torch.tensor
@@ -151,7 +151,7 @@ def _check_gradients(t, name, args, kwargs, state, inputs, what):
         unwrap(m).eval()
         return m
 
-    check_gradients(t, gradient_probe(build, inputs, wrap=lambda p: with_course_parts(name, p)), what)
+    check_module_gradients(t, module_gradient_probe(build, inputs, wrap=lambda p: with_course_parts(name, p)), what)
 
 
 # ================================================================== 05.LayerNorm

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..core import check, module_facts, unwrap
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import check_module_gradients, module_gradient_probe
 from ..runner import also_blocked
 
 U = "06"
@@ -279,7 +279,7 @@ def check_transformer(t):
               "with the same weights")
 
     # backpropagation reaches every parameter (embeddings, both stacks, the projection)
-    check_gradients(t, gradient_probe(lambda impl: _build(impl, states[True]), [src, tgt]),
+    check_module_gradients(t, module_gradient_probe(lambda impl: _build(impl, states[True]), [src, tgt]),
                     "Transformer forward(src, tgt_in)")
 
     # dropout: the argument reaches every dropout of the model; with dropout=0 train mode is deterministic

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core import check, module_facts, unwrap
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import check_module_gradients, module_gradient_probe
 
 U = "07"
 T = torch.tensor
@@ -357,7 +357,7 @@ def check_encoder_classifier(t):
     for pooling in ("cls", "mean"):
         _, st_g = _classifier_state(pooling)
         ids_g, mask_g = _batch([9, 5, 3], 9, seed=6)
-        check_gradients(t, gradient_probe(build(pooling, st_g), [ids_g, mask_g]),
+        check_module_gradients(t, module_gradient_probe(build(pooling, st_g), [ids_g, mask_g]),
                         f'EncoderClassifier(pooling="{pooling}") on a padded batch')
 
     # dropout: train mode is random, eval mode is deterministic
