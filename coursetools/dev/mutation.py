@@ -831,7 +831,8 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
             refs.append(Mutant(m.exercise, "(reference)", "reference", 0, 0, "", "", m.cell, sources[m.cell]))
     broken = {}
     ref_verdicts = run_mutants(refs, sources, jobs=args.jobs, time_limit_s=args.time_limit)
-    if len(ref_verdicts) < len(refs):
+    interrupted = len(ref_verdicts) < len(refs)  # Ctrl-C or SIGTERM: run_mutants returned what ran
+    if interrupted:
         chosen, note = [], "interrupted while running the references"
     for r, v in zip(refs, ref_verdicts):
         if v["points"] < v["max_points"]:
@@ -844,6 +845,7 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
     verdicts = run_mutants(chosen, sources, jobs=args.jobs, progress=progress, time_limit_s=args.time_limit)
     wall = time.perf_counter() - t0
     if len(verdicts) < len(chosen):  # interrupted: the outcomes so far (in id order: the first exercises)
+        interrupted = True
         note = "; ".join(filter(None, [note, f"interrupted: ran {len(verdicts)} of the {len(chosen)} chosen "
                                              f"(exercises {', '.join(dict.fromkeys(m.exercise for m in chosen[len(verdicts):]))} "
                                              "not, or not fully, run)"]))
@@ -885,7 +887,7 @@ def run_unit(unit_id: str, args) -> tuple[int, dict]:
               "generated": len(mutants), "ran": len(chosen), "note": note, "summary": line,
               "seconds": round(wall, 1), "jobs": args.jobs, "mutants": [asdict(o) for o in outcomes]}
     record["reference_fails"] = broken
-    record["interrupted"] = "interrupted" in note
+    record["interrupted"] = interrupted
     return len(survivors) + len(broken) + record["interrupted"], record  # the caller prints record["summary"] last
 
 
