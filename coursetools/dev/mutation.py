@@ -723,8 +723,9 @@ def run_mutants(mutants: list[Mutant], sources: list[str], jobs: int = 1, progre
                 progress(i + 1, len(mutants), m, out[-1])
     except KeyboardInterrupt:
         print(f"interrupted after {len(out)} of {len(mutants)} mutants", file=sys.stderr)
+        running = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
         pool.shutdown(wait=False, cancel_futures=True)
-        for proc in list(getattr(pool, "_processes", {}).values()):  # the running checks stop now, not at their end
+        for proc in running:  # the running checks stop now, not at their end
             proc.terminate()
     else:
         pool.shutdown()
