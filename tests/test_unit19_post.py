@@ -395,9 +395,10 @@ def test_stored_sft_models_asset_is_plain_small_and_reproduces_its_accuracies():
     stored = torch.load(path, weights_only=True)          # plain data only
     assert load_sft_models(retrain=False)["acc_sft"] == stored["acc_sft"]
     assert stored["config"] == POST_MODEL and not stored["substitute"]
-    assert stored["recipe"]["sft_steps"] == POST_RECIPE["sft_steps"] and stored["seeds"] == [0, 1, 2]
+    assert stored["seeds"] == [0, 1, 2]
+    assert all(stored["recipe"][k] == POST_RECIPE[k] for k in ("sft_steps", "sft_batch", "sft_lr", "sft_pool", "n_test"))
     task = AdditionTask(stored["recipe"]["n_digits"], stored["recipe"]["n_test"], stored["recipe"]["split_seed"])
-    seed = 1
+    seed = 0
     model = build_post_model(seed)
     model.load_state_dict(stored["models"][seed])
     assert evaluate_accuracy(model, task, task.test_pairs) == pytest.approx(stored["acc_sft"][seed], abs=0.01)
@@ -573,3 +574,19 @@ def test_missing_grpo_runs_name_their_command(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="llmcourse.post.run --store-runs"):
         load_grpo_runs(tmp_path / "absent.json")
+
+
+def test_grpo_significance_pairs_every_seed_and_stream_with_its_sft_model(tmp_path):
+    from llmcourse.post.run import grpo_significance, mcnemar_exact, run_post_training, train_sft_models
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, prompts_per_step=2, group_size=4)
+    sft = train_sft_models([0, 1], verbose=False, **kw)
+    out = grpo_significance(sft, streams=(0, 1), verbose=False, grpo_iters=2, **kw)
+    assert [(r["seed"], r["stream"]) for r in out["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert out["recipe"]["n_test"] == 20 and "grpo_stream" not in out["recipe"]
+    direct = run_post_training(1, sft_state=sft["models"][1], grpo_iters=2, grpo_stream=1, **kw)
+    row = out["runs"][3]
+    fixed = sum(1 for b, a in zip(direct["correct_sft"], direct["correct_grpo"]) if a and not b)
+    broken = sum(1 for b, a in zip(direct["correct_sft"], direct["correct_grpo"]) if b and not a)
+    assert (row["fixed"], row["broken"]) == (fixed, broken) and row["acc_grpo"] == direct["acc_grpo"]
+    assert row["p"] == mcnemar_exact(fixed, broken) and row["acc_sft"] == sft["acc_sft"][1]
