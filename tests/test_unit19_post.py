@@ -395,9 +395,10 @@ def test_stored_sft_models_asset_is_plain_small_and_reproduces_its_accuracies():
     stored = torch.load(path, weights_only=True)          # plain data only
     assert load_sft_models(retrain=False)["acc_sft"] == stored["acc_sft"]
     assert stored["config"] == POST_MODEL and not stored["substitute"]
-    assert stored["recipe"]["sft_steps"] == POST_RECIPE["sft_steps"] and stored["seeds"] == [0, 1, 2]
+    assert stored["seeds"] == [0, 1, 2]
+    assert all(stored["recipe"][k] == POST_RECIPE[k] for k in ("sft_steps", "sft_batch", "sft_lr", "sft_pool", "n_test"))
     task = AdditionTask(stored["recipe"]["n_digits"], stored["recipe"]["n_test"], stored["recipe"]["split_seed"])
-    seed = 1
+    seed = 0
     model = build_post_model(seed)
     model.load_state_dict(stored["models"][seed])
     assert evaluate_accuracy(model, task, task.test_pairs) == pytest.approx(stored["acc_sft"][seed], abs=0.01)
@@ -479,3 +480,114 @@ def test_gate_format_pays_format_only_to_correct_answers():
     assert addition_reward("42<eos>", 42, gate_format=True) == pytest.approx(1.1)
     assert addition_reward("042<eos>", 42, gate_format=True) == 0.0
     assert addition_reward("41<eos>", 42) == pytest.approx(0.1)
+
+
+# -- issue 41 item 1: per-item records, sample streams, the exact paired test ----------------------------------------
+
+
+def _binomial_row(n):
+    """Row n of Pascal's triangle by repeated addition (an independent route to the binomial coefficients)."""
+    row = [1]
+    for _ in range(n):
+        row = [a + b for a, b in zip([0] + row, row + [0])]
+    return row
+
+
+@pytest.mark.parametrize("fixed,broken", [(0, 0), (1, 0), (9, 1), (1, 9), (54, 31), (45, 33), (36, 26), (5, 5),
+                                          (300, 240)])
+def test_mcnemar_exact_is_the_two_sided_binomial_tail(fixed, broken):
+    from fractions import Fraction
+
+    from llmcourse.post.run import mcnemar_exact
+
+    n = fixed + broken
+    row = _binomial_row(n)
+    tail = Fraction(sum(row[: min(fixed, broken) + 1]), 2 ** n)
+    assert mcnemar_exact(fixed, broken) == pytest.approx(float(min(Fraction(1), 2 * tail)), rel=1e-12)
+    assert mcnemar_exact(fixed, broken) == mcnemar_exact(broken, fixed)
+
+
+def test_mcnemar_exact_known_values_and_bad_counts():
+    from llmcourse.post.run import mcnemar_exact
+
+    assert mcnemar_exact(9, 1) == pytest.approx(2 * 11 / 1024)          # 2·(C(10,0) + C(10,1)) / 2^10
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(3, 3) == 1.0
+    with pytest.raises(ValueError, match="≥ 0"):
+        mcnemar_exact(-1, 3)
+
+
+def test_paired_change_counts_fixed_and_broken_items():
+    from llmcourse.post.run import paired_change
+
+    before = [True, True, False, False, False, True]
+    after = [True, False, True, True, False, True]
+    out = paired_change(before, after)
+    assert (out["fixed"], out["broken"]) == (2, 1) and out["gain"] == pytest.approx(1 / 6)
+    with pytest.raises(ValueError, match="different lengths"):
+        paired_change([True], [True, False])
+
+
+def test_evaluate_correct_is_the_per_item_record_of_evaluate_accuracy():
+    from llmcourse.post import evaluate_correct
+
+    task = AdditionTask(1, n_test=20, seed=0)
+    model = tiny_model()
+    rec = evaluate_correct(model, task, task.test_pairs, batch_size=7)
+    assert rec.dtype == torch.bool and rec.shape == (20,)
+    assert evaluate_accuracy(model, task, task.test_pairs) == rec.float().mean().item()
+    seqs = generate_cached(model, task.prompts(task.test_pairs), task.max_new_tokens, task.tokenizer.eos_id)
+    assert rec.tolist() == task.correct(task.test_pairs, seqs[:, task.prompt_len:]).tolist()
+
+
+def test_grpo_stream_draws_other_samples_from_the_same_model():
+    from llmcourse.post.run import run_post_training
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, grpo_iters=2, prompts_per_step=2, group_size=4,
+              gate_format=False)       # an untrained model is never right: the format term gives the groups spread
+    a, a2, b = (run_post_training(0, grpo_stream=s, **kw) for s in (0, 0, 1))
+    assert a["acc_sft"] == b["acc_sft"] and a["correct_sft"] == b["correct_sft"]       # the same SFT model
+    assert [h["reward"] for h in a["grpo"]] == [h["reward"] for h in a2["grpo"]]      # a stream is reproducible
+    pa = torch.cat([p.flatten() for p in a["model"].parameters()])
+    pb = torch.cat([p.flatten() for p in b["model"].parameters()])
+    assert not torch.equal(pa, pb)                                                    # another stream, another run
+    assert len(a["correct_grpo"]) == 20 and sum(a["correct_grpo"]) / 20 == a["acc_grpo"]
+
+
+def test_stored_grpo_runs_are_consistent_with_their_counts_and_the_recipe():
+    from llmcourse.post.run import POST_RECIPE, load_grpo_runs, load_sft_models, mcnemar_exact
+
+    runs = load_grpo_runs()
+    sft = load_sft_models(retrain=False)
+    assert runs["seeds"] == sft["seeds"] == [0, 1, 2] and len(runs["streams"]) >= 2 and not runs["sft_substitute"]
+    assert runs["recipe"]["n_test"] == sft["recipe"]["n_test"]
+    assert {k: v for k, v in runs["recipe"].items() if k != "eval_every"} == \
+        {k: v for k, v in POST_RECIPE.items() if k not in ("grpo_stream", "eval_every")}
+    assert len(runs["runs"]) == len(runs["seeds"]) * len(runs["streams"])
+    n = runs["recipe"]["n_test"]
+    for row in runs["runs"]:
+        assert row["acc_sft"] == pytest.approx(sft["acc_sft"][row["seed"]], abs=1e-12)
+        assert row["acc_grpo"] - row["acc_sft"] == pytest.approx((row["fixed"] - row["broken"]) / n, abs=1e-9)
+        assert row["p"] == pytest.approx(mcnemar_exact(row["fixed"], row["broken"]), rel=1e-12)
+
+
+def test_missing_grpo_runs_name_their_command(tmp_path):
+    from llmcourse.post.run import load_grpo_runs
+
+    with pytest.raises(FileNotFoundError, match="llmcourse.post.run --store-runs"):
+        load_grpo_runs(tmp_path / "absent.json")
+
+
+def test_grpo_significance_pairs_every_seed_and_stream_with_its_sft_model(tmp_path):
+    from llmcourse.post.run import grpo_significance, mcnemar_exact, run_post_training, train_sft_models
+
+    kw = dict(n_digits=1, n_test=20, sft_steps=3, sft_batch=16, prompts_per_step=2, group_size=4)
+    sft = train_sft_models([0, 1], verbose=False, **kw)
+    out = grpo_significance(sft, streams=(0, 1), verbose=False, grpo_iters=2, **kw)
+    assert [(r["seed"], r["stream"]) for r in out["runs"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert out["recipe"]["n_test"] == 20 and "grpo_stream" not in out["recipe"]
+    direct = run_post_training(1, sft_state=sft["models"][1], grpo_iters=2, grpo_stream=1, **kw)
+    row = out["runs"][3]
+    fixed = sum(1 for b, a in zip(direct["correct_sft"], direct["correct_grpo"]) if a and not b)
+    broken = sum(1 for b, a in zip(direct["correct_sft"], direct["correct_grpo"]) if b and not a)
+    assert (row["fixed"], row["broken"]) == (fixed, broken) and row["acc_grpo"] == direct["acc_grpo"]
+    assert row["p"] == mcnemar_exact(fixed, broken) and row["acc_sft"] == sft["acc_sft"][1]

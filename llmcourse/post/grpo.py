@@ -359,14 +359,20 @@ def grpo_update(policy: nn.Module, ref_model: nn.Module, optimizer: torch.optim.
 
 
 @torch.no_grad()
-def evaluate_accuracy(model: nn.Module, task, pairs: Tensor, batch_size: int = 256) -> float:
-    """Fraction of the ``(n, 2)`` pairs answered correctly with greedy decoding
-    (:func:`~llmcourse.models.llama3_cached.generate_cached`, stopping at ``<eos>``)."""
+def evaluate_correct(model: nn.Module, task, pairs: Tensor, batch_size: int = 256) -> Tensor:
+    """``(n,)`` bool: whether greedy decoding (:func:`~llmcourse.models.llama3_cached.generate_cached`, stopping
+    at ``<eos>``) answers each of the ``(n, 2)`` pairs correctly; the per-item record a paired test needs."""
     from ..models.llama3_cached import generate_cached
 
-    correct = 0
+    out = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i:i + batch_size]
         seqs = generate_cached(model, task.prompts(chunk), task.max_new_tokens, task.tokenizer.eos_id)
-        correct += int(task.correct(chunk, seqs[:, task.prompt_len:]).sum())
-    return correct / max(len(pairs), 1)
+        out.append(task.correct(chunk, seqs[:, task.prompt_len:]).bool())
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.bool)
+
+
+@torch.no_grad()
+def evaluate_accuracy(model: nn.Module, task, pairs: Tensor, batch_size: int = 256) -> float:
+    """Fraction of the ``(n, 2)`` pairs answered correctly with greedy decoding (:func:`evaluate_correct`)."""
+    return int(evaluate_correct(model, task, pairs, batch_size).sum()) / max(len(pairs), 1)

@@ -18,15 +18,27 @@ Hence a small learning rate (3e-5) with a short linear warm-up, as RL fine-tunin
 the state dicts after SFT with the recipe and the accuracies, which unit 19's lesson loads
 (:func:`load_sft_models`) so that GRPO starts without minutes of SFT.
 
-``sft_pool = n > 0`` fine-tunes on a fixed set of ``n`` training pairs (a small "cold start" set) instead of
-fresh pairs every step; GRPO always draws fresh training prompts (it needs no answers, only the verifier).
+``sft_pool = n > 0`` fine-tunes on a fixed set of ``n`` training pairs (a small "cold start" set, DeepSeek-R1
+§2.3.1) instead of fresh pairs every step; GRPO always draws fresh training prompts (it needs no answers, only the
+verifier). The recipe uses 500 pairs: the fine-tuned models then leave GRPO more to learn.
 
-Measured on a shared, heavily loaded 2-core machine (load 12-15; one thread), the default recipe, seeds
-0 / 1 / 2, held-out accuracy (500 pairs) before SFT 0.000 / 0.000 / 0.000, after SFT 0.126 / 0.628 / 0.410,
-after 100 GRPO iterations 0.172 / 0.652 / 0.430 (after 200: 0.136 / 0.680 / 0.416); SFT 48-128 s and GRPO
-34-79 s wall per seed. The GRPO gains are small (+0.006 to +0.052) and not monotone in the iterations.
-The SFT phase ends near the step where this model "gets" carrying, so its accuracy varies widely between
-seeds.
+``python -m llmcourse.post.run --store-runs`` (:func:`grpo_significance`) runs GRPO from each stored SFT model with
+two sample streams (``grpo_stream``) and writes ``assets/post_grpo_runs.json``: per run, the held-out items GRPO
+fixed and broke and the exact McNemar p-value (:func:`mcnemar_exact`). Its wall time on an idle laptop has not
+been measured yet (six GRPO runs of the recipe).
+
+How the recipe was chosen (issue 41; results are deterministic given the seed; fixed/broken held-out items, exact
+McNemar p, one sample stream unless two are given):
+
+* fresh pairs for SFT, 500 held-out pairs, 100 iterations, format term not gated (SFT 0.126 / 0.628 / 0.410):
+  54/31 (p 0.017), 45/33 (0.21), 36/26 (0.25). Seed 2 with the gate: 30/16 (0.054); with ``grpo_lr`` 1e-4
+  (no gate): 43/57, worse than SFT.
+* fresh pairs for SFT, 2000 held-out pairs, gated, 100 iterations (SFT 0.790 / 0.762 / 0.585): 138/125 (0.46),
+  152/135 (0.34), 200/147 (0.005): a model that starts high leaves GRPO little but churn.
+* cold start on 500 pairs, 2000 held-out pairs, gated, 100 iterations, two streams (SFT 0.514 / 0.173 / 0.238):
+  172/72 and 172/74 (p < 1e-9); 114/86 (0.056) and 128/82 (0.002); 125/89 (0.017) and 94/75 (0.17).
+  Seed 1, stream 0, with 64 prompts per step: 116/77 (0.006); with 200 iterations: 133/74 (5e-5).
+* the recipe (cold start, gated, 200 iterations): ``assets/post_grpo_runs.json``, shown in unit 19's lesson.
 """
 
 from __future__ import annotations
@@ -38,19 +50,59 @@ from pathlib import Path
 
 import torch
 
-from .grpo import evaluate_accuracy, frozen_copy, grpo_step
+from .grpo import evaluate_correct, frozen_copy, grpo_step
 from .sft import sft_train
 from .task import AdditionTask
 
-__all__ = ["POST_MODEL", "POST_RECIPE", "build_post_model", "load_sft_models", "run_post_training",
-           "sft_asset_path", "train_sft_models"]
+__all__ = ["POST_MODEL", "POST_RECIPE", "build_post_model", "grpo_runs_path", "grpo_significance", "load_grpo_runs",
+           "load_sft_models", "mcnemar_exact", "paired_change", "run_post_training", "sft_asset_path",
+           "train_sft_models"]
+
+
+def mcnemar_exact(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar p-value of a paired change: ``fixed`` items went wrong → right, ``broken`` right →
+    wrong (the concordant items carry no information). Under "no change" each of the ``n = fixed + broken``
+    discordant items is fixed or broken with probability 1/2, so the p-value is
+    ``min(1, 2 · P[Binomial(n, 1/2) ≤ min(fixed, broken)])`` (McNemar 1947; the exact binomial form), 1 when
+    ``n = 0``. Computed with integers (``math.comb``), exact for any ``n``.
+
+    Raises:
+        ValueError: a negative count.
+    """
+    import math
+
+    fixed, broken = int(fixed), int(broken)
+    if fixed < 0 or broken < 0:
+        raise ValueError(f"counts must be ≥ 0, got fixed={fixed}, broken={broken}")
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(fixed, broken) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
+
+
+def paired_change(before, after) -> dict:
+    """The paired comparison of two per-item correctness records (sequences of bools, same items, same order):
+    ``fixed`` (wrong → right), ``broken`` (right → wrong), ``gain`` (``(fixed − broken) / n``) and ``p``
+    (:func:`mcnemar_exact`).
+
+    Raises:
+        ValueError: records of different lengths.
+    """
+    b, a = [bool(x) for x in before], [bool(x) for x in after]
+    if len(a) != len(b):
+        raise ValueError(f"records of different lengths: {len(b)} and {len(a)}")
+    fixed = sum(1 for x, y in zip(b, a) if y and not x)
+    broken = sum(1 for x, y in zip(b, a) if x and not y)
+    return {"fixed": fixed, "broken": broken, "gain": (fixed - broken) / max(len(a), 1),
+            "p": mcnemar_exact(fixed, broken)}
 
 POST_MODEL = dict(vocab_size=16, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, intermediate_size=128,
                   context_length=16, rope_theta=10000.0)
-POST_RECIPE = dict(n_digits=2, n_test=500, split_seed=0, sft_pool=0, sft_steps=300, sft_batch=256, sft_lr=3e-3,
-                   grpo_iters=100, prompts_per_step=32, group_size=8, grpo_lr=3e-5, grpo_warmup=10,
+POST_RECIPE = dict(n_digits=2, n_test=2000, split_seed=0, sft_pool=500, sft_steps=300, sft_batch=256, sft_lr=3e-3,
+                   grpo_iters=200, prompts_per_step=32, group_size=8, grpo_lr=3e-5, grpo_warmup=10,
                    temperature=1.0, clip_eps=0.2, beta=0.04, inner_steps=1, format_weight=0.1, length_weight=0.0,
-                   gate_format=False, loss_type="grpo", scale_rewards="group", eval_every=0)
+                   gate_format=True, loss_type="grpo", scale_rewards="group", eval_every=0, grpo_stream=0)
 
 
 def build_post_model(seed: int, **overrides):
@@ -80,7 +132,8 @@ def run_post_training(seed: int = 0, callback=None, sft_state: dict | None = Non
     r = dict(POST_RECIPE, **overrides)
     task = AdditionTask(r["n_digits"], r["n_test"], r["split_seed"])
     model = build_post_model(seed)
-    out = {"recipe": r, "acc_before": evaluate_accuracy(model, task, task.test_pairs)}
+    acc = lambda m: int(evaluate_correct(m, task, task.test_pairs).sum()) / max(len(task.test_pairs), 1)  # noqa: E731
+    out = {"recipe": r, "acc_before": acc(model)}
     t0 = time.perf_counter()
     cb = None if callback is None else (lambda s, loss: callback("sft", s, {"loss": loss}))
     if sft_state is not None:
@@ -92,12 +145,13 @@ def run_post_training(seed: int = 0, callback=None, sft_state: dict | None = Non
         out["sft_losses"] = sft_train(model, task, r["sft_steps"], batch_size=r["sft_batch"], lr=r["sft_lr"],
                                       seed=1_000_003 * seed, callback=cb, pool=pool)
     out["seconds_sft"] = 0.0 if sft_state is not None else time.perf_counter() - t0
-    out["acc_sft"] = evaluate_accuracy(model, task, task.test_pairs)
+    out["correct_sft"] = evaluate_correct(model, task, task.test_pairs).tolist()
+    out["acc_sft"] = sum(out["correct_sft"]) / max(len(task.test_pairs), 1)
     ref = frozen_copy(model)
     opt = torch.optim.AdamW(model.parameters(), lr=r["grpo_lr"], weight_decay=0.0)
     warm = max(int(r["grpo_warmup"]), 1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
-    g = torch.Generator().manual_seed(2_000_003 + seed)
+    g = torch.Generator().manual_seed(2_000_003 + seed + 7_919 * int(r["grpo_stream"]))
     history = []
     t0 = time.perf_counter()
     for it in range(r["grpo_iters"]):
@@ -110,12 +164,13 @@ def run_post_training(seed: int = 0, callback=None, sft_state: dict | None = Non
                           loss_type=r["loss_type"], scale_rewards=r["scale_rewards"])
         sched.step()
         if r["eval_every"] and (it + 1) % r["eval_every"] == 0:
-            stats["test_accuracy"] = evaluate_accuracy(model, task, task.test_pairs)
+            stats["test_accuracy"] = acc(model)
         history.append(stats)
         if callback is not None:
             callback("grpo", it, stats)
     out["seconds_grpo"] = time.perf_counter() - t0
-    out["acc_grpo"] = evaluate_accuracy(model, task, task.test_pairs)
+    out["correct_grpo"] = evaluate_correct(model, task, task.test_pairs).tolist()
+    out["acc_grpo"] = sum(out["correct_grpo"]) / max(len(task.test_pairs), 1)
     out.update(grpo=history, model=model, sft_model=ref)
     return out
 
@@ -183,12 +238,67 @@ def load_sft_models(path: str | Path | None = None, retrain: bool = True, verbos
     return out
 
 
+def grpo_runs_path() -> Path:
+    """``<course>/assets/post_grpo_runs.json``: the stored paired comparison of :func:`grpo_significance`."""
+    return sft_asset_path().with_name("post_grpo_runs.json")
+
+
+def grpo_significance(sft: dict | None = None, seeds=None, streams=(0, 1), verbose: bool = True,
+                      **overrides) -> dict:
+    """GRPO from each stored fine-tuned model (``sft``: :func:`load_sft_models`'s dict, default the asset) with
+    several independent sample streams (``grpo_stream``: another seed of the prompts and samples, same model),
+    each compared with its SFT model item by item on the held-out pairs (:func:`paired_change`).
+
+    Returns (plain data, JSON-ready)::
+
+        {"recipe": the recipe, "seeds": [...], "streams": [...], "sft_substitute": bool,
+         "runs": [{"seed", "stream", "acc_sft", "acc_grpo", "fixed", "broken", "gain", "p", "final_kl"}, ...]}
+
+    ``python -m llmcourse.post.run --store-runs`` writes it to :func:`grpo_runs_path` (six GRPO runs of the
+    laptop recipe; its cost on an idle laptop has not been measured yet).
+    """
+    sft = load_sft_models(retrain=False) if sft is None else sft
+    seeds = [int(s) for s in (sft["seeds"] if seeds is None else seeds)]
+    r = dict(POST_RECIPE, **dict(overrides, n_test=sft["recipe"]["n_test"], split_seed=sft["recipe"]["split_seed"],
+                                 n_digits=sft["recipe"]["n_digits"]))
+    r.pop("grpo_stream")
+    out = {"recipe": r, "seeds": seeds, "streams": [int(s) for s in streams],
+           "sft_substitute": bool(sft.get("substitute", False)), "runs": []}
+    for seed in seeds:
+        for stream in streams:
+            res = run_post_training(seed, sft_state=sft["models"][seed], grpo_stream=int(stream), **r)
+            row = dict(seed=seed, stream=int(stream), acc_sft=res["acc_sft"], acc_grpo=res["acc_grpo"],
+                       **paired_change(res["correct_sft"], res["correct_grpo"]),
+                       final_kl=res["grpo"][-1]["kl"] if res["grpo"] else 0.0)
+            out["runs"].append(row)
+            if verbose:
+                print(f"seed {seed} stream {stream}: held-out accuracy {row['acc_sft']:.3f} -> {row['acc_grpo']:.3f}, "
+                      f"fixed {row['fixed']}, broken {row['broken']}, exact McNemar p = {row['p']:.2g}", flush=True)
+    return out
+
+
+def load_grpo_runs(path: str | Path | None = None) -> dict:
+    """The stored :func:`grpo_significance` result (``assets/post_grpo_runs.json``).
+
+    Raises:
+        FileNotFoundError: the file is missing (the message names the command that re-creates it).
+    """
+    p = Path(path) if path else grpo_runs_path()
+    if not p.exists():
+        raise FileNotFoundError(f"{p} is missing; re-create it with: python -m llmcourse.post.run --store-runs")
+    return json.loads(p.read_text(encoding="utf-8"))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--json", default=None, help="write the per-seed numbers (no models) to this file")
     p.add_argument("--save-sft", action="store_true",
                    help="train only the SFT phase of each seed and write assets/post_sft_tiny.pt")
+    p.add_argument("--store-runs", action="store_true",
+                   help="GRPO from the stored SFT models, streams --streams, paired tests; writes "
+                        "assets/post_grpo_runs.json")
+    p.add_argument("--streams", type=int, nargs="+", default=[0, 1])
     for k, v in POST_RECIPE.items():
         kind = (lambda text: text.lower() in ("1", "true", "yes")) if isinstance(v, bool) else type(v)
         p.add_argument("--" + k.replace("_", "-"), type=kind, default=v)
@@ -198,6 +308,12 @@ def main(argv=None) -> int:
     if args.save_sft:
         train_sft_models(args.seeds, save=True, **overrides)
         print(f"wrote {sft_asset_path()}")
+        return 0
+    if args.store_runs:
+        keep = {k: v for k, v in overrides.items() if k not in ("n_digits", "n_test", "split_seed", "grpo_stream")}
+        res = grpo_significance(seeds=args.seeds, streams=args.streams, **keep)
+        grpo_runs_path().write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {grpo_runs_path()}")
         return 0
     rows = []
     print("seed  before  after SFT  after GRPO  SFT s  GRPO s", flush=True)

@@ -42,7 +42,15 @@ from llmcourse.post import (
     sft_labels,
     sft_train,
 )
-from llmcourse.post.run import POST_MODEL, POST_RECIPE, build_post_model, load_sft_models, run_post_training
+from llmcourse.post.run import (
+    POST_MODEL,
+    POST_RECIPE,
+    build_post_model,
+    load_grpo_runs,
+    load_sft_models,
+    paired_change,
+    run_post_training,
+)
 from llmcourse.viz import post as viz
 
 cfg = llmcourse.setup_notebook("19")
@@ -122,8 +130,10 @@ print(f"held-out accuracy: {acc_untrained:.3f} before SFT, {acc_demo:.3f} after"
 # %% [markdown]
 # Learning to carry takes this model far longer than a lesson should spend waiting. The course stores the models
 # of the full SFT recipe (printed below) for several seeds (`assets/post_sft_tiny.pt`, re-created by
-# `python -m llmcourse.post.run --save-sft`); they start GRPO below. Their accuracies are measured here, on this
-# notebook's held-out pairs.
+# `python -m llmcourse.post.run --save-sft`); they start GRPO below. The recipe is a **cold start** in the manner of
+# DeepSeek-R1 (§2.3.1): SFT sees only a small fixed set of worked examples, many times, and leaves the rest of the
+# task to reinforcement learning on fresh prompts, which need no answers, only the verifier. Their accuracies are
+# measured here, on this notebook's held-out pairs.
 
 # %%
 stored = load_sft_models()
@@ -133,7 +143,8 @@ for seed in SEEDS:
     m.load_state_dict(stored["models"][seed])
     sft_models[seed] = m
     acc_sft[seed] = evaluate_accuracy(m, task, task.test_pairs)
-print(f"stored SFT recipe: {stored['recipe']['sft_steps']} steps of {stored['recipe']['sft_batch']} examples"
+print(f"stored SFT recipe: {stored['recipe']['sft_steps']} steps of {stored['recipe']['sft_batch']} examples drawn "
+      f"from a fixed set of {stored['recipe']['sft_pool']} training pairs"
       + (" (a substitute: the asset was missing)" if stored["substitute"] else ""))
 for seed in SEEDS:
     print(f"seed {seed}: held-out accuracy after SFT {acc_sft[seed]:.3f}")
@@ -218,11 +229,12 @@ format_only = ~flat & ~right.any(dim=1)
 print(f"in the batch above, {int(format_only.sum())} of {len(groups)} groups have spread from the format term alone")
 
 # %% [markdown]
-# Two ways out. **Gate** the format term on correctness (`gate_format=True`: a tidy wrong answer then earns what a
-# malformed one does, so a group of wrong answers has no spread), or **do not divide by the std**
-# (`scale_rewards="none"`, the choice of Dr. GRPO, Liu et al. 2025): the advantages keep the reward's units, and
-# the format term stays `format_weight` small next to correctness. The mean size of the advantages on the same
-# batch, in its groups whose spread is the format term alone and in its groups with a correct completion:
+# Two ways out. **Gate** the format term on correctness (`gate_format=True`, the choice of the course's recipe
+# below: a tidy wrong answer then earns what a malformed one does, so a group of wrong answers has no spread), or
+# **do not divide by the std** (`scale_rewards="none"`, the choice of Dr. GRPO, Liu et al. 2025): the advantages
+# keep the reward's units, and the format term stays `format_weight` small next to correctness. The mean size of
+# the advantages on the same batch, in its groups whose spread is the format term alone and in its groups with a
+# correct completion:
 
 # %%
 gated = task.rewards(pairs.repeat_interleave(G, dim=0), completions, gate_format=True)
@@ -384,7 +396,8 @@ for inner in (1, 2):
 # %%
 run_cfg = dict(n_test=cfg["n_test"], grpo_iters=cfg["grpo_iters"], prompts_per_step=cfg["prompts_per_step"],
                group_size=G, eval_every=cfg["eval_every"])
-print({k: POST_RECIPE[k] for k in ("grpo_lr", "grpo_warmup", "temperature", "clip_eps", "beta")} | run_cfg)
+print({k: POST_RECIPE[k] for k in ("grpo_lr", "grpo_warmup", "temperature", "clip_eps", "beta", "gate_format")}
+      | run_cfg)
 runs = {}
 for seed in SEEDS:
     history = []
@@ -420,11 +433,53 @@ print(f"mean change from GRPO over {len(SEEDS)} seed(s): {gains.mean().item():+.
       f"{sft_accs.max().item():.3f}")
 
 # %% [markdown]
-# Read the table with its spread. SFT decides most of the accuracy, and it differs a lot between seeds (the stored
-# models stop near the point where this model learns to carry). GRPO then moves each model by the change printed
-# above: it can only sharpen what the model already sometimes does, since a group in which no completion is correct
-# has no spread and teaches nothing. A change smaller than the spread between seeds needs more seeds or more
-# held-out pairs before it means much.
+# Is a change of a few points real? The spread of accuracies *between* seeds is the wrong yardstick: each seed's
+# model is compared with itself, on the same held-out pairs. Count, item by item, the pairs GRPO **fixed** (wrong
+# after SFT, right after GRPO) and those it **broke** (right → wrong); the pairs both models get right, or both
+# wrong, say nothing about the change. If GRPO changed nothing systematic, each changed item would be fixed or
+# broken with probability ½, so `fixed` would be Binomial(`fixed + broken`, ½): the **exact McNemar test** (McNemar
+# 1947) is that binomial's two-sided tail. The net gain is a difference of two such counts, and both can be large.
+
+# %%
+print(f"this notebook's runs ({cfg['grpo_iters']} iterations, {cfg['n_test']} held-out pairs, one sample stream):")
+print("seed   fixed   broken   change   McNemar p")
+for seed in SEEDS:
+    pc = paired_change(runs[seed]["correct_sft"], runs[seed]["correct_grpo"])
+    print(f"{seed:4d}   {pc['fixed']:5d}   {pc['broken']:6d}   {pc['gain']:+.3f}   {pc['p']:9.2g}")
+
+# %% [markdown]
+# One run per seed also mixes two kinds of luck: the fine-tuned model (the seed) and the prompts and samples GRPO
+# happened to draw. The course stores a run of the full recipe with two independent sample streams per stored
+# model (`assets/post_grpo_runs.json`, re-created by `python -m llmcourse.post.run --store-runs`): the same model,
+# other prompts and other draws.
+
+# %%
+stored_runs = load_grpo_runs()
+rec = stored_runs["recipe"]
+print(f"stored: {rec['grpo_iters']} GRPO iterations of {rec['prompts_per_step']} prompts × {rec['group_size']} "
+      f"completions, {rec['n_test']} held-out pairs, streams {stored_runs['streams']}")
+print("seed  stream   after SFT   after GRPO   fixed   broken   change   McNemar p")
+for row in stored_runs["runs"]:
+    print(f"{row['seed']:4d}  {row['stream']:6d}   {row['acc_sft']:9.3f}   {row['acc_grpo']:10.3f}   {row['fixed']:5d}   "
+          f"{row['broken']:6d}   {row['gain']:+.3f}   {row['p']:9.2g}")
+stored_gains = torch.tensor([row["gain"] for row in stored_runs["runs"]])
+n_sig = sum(row["p"] < 0.05 for row in stored_runs["runs"])
+print(f"gains from {stored_gains.min().item():+.3f} to {stored_gains.max().item():+.3f} (mean "
+      f"{stored_gains.mean().item():+.3f}, std {stored_gains.std().item():.3f} over {len(stored_gains)} runs); "
+      f"p < 0.05 in {n_sig} of {len(stored_runs['runs'])} runs, largest p {max(r['p'] for r in stored_runs['runs']):.2g}")
+same = [s for s in SEEDS if rec["n_test"] == cfg["n_test"] and rec["grpo_iters"] == cfg["grpo_iters"]
+        and rec["prompts_per_step"] == cfg["prompts_per_step"]]
+for seed in same:
+    row = next(r for r in stored_runs["runs"] if r["seed"] == seed and r["stream"] == 0)
+    pc = paired_change(runs[seed]["correct_sft"], runs[seed]["correct_grpo"])
+    print(f"seed {seed}: this notebook's run reproduces stream 0 of the stored run: "
+          f"{(pc['fixed'], pc['broken']) == (row['fixed'], row['broken'])}")
+
+# %% [markdown]
+# Read the stored table row by row. The change is a small difference of two larger counts: GRPO fixes many items and
+# breaks a good share as well, because every update moves the answers the model was unsure of in both directions.
+# The p-value asks whether the fixed items outnumber the broken ones by more than that churn explains; the spread of
+# the gains over seeds and streams says how much a single run can be trusted.
 #
 # ### Reward hacking
 #
@@ -458,13 +513,17 @@ viz.show_grpo_dashboard(hacked["grpo"], acc_sft=hacked["acc_sft"])
 # weighs less; DAPO (Yu et al. 2025) takes one mean over all the batch's tokens (`"dapo"`, the default of TRL's
 # `GRPOTrainer`); Dr. GRPO divides the masked sum by a constant, the number of completions times the length limit
 # (`"dr_grpo"`), and also drops the std from the advantages. None of these is a bug; they weigh tokens differently.
-# One short run of each from the same fine-tuned model, prompts and draws, with the format gate as a fourth:
+# One short run of each from the same fine-tuned model, prompts and draws, and a fourth without the recipe's
+# format gate (its cost, counted in GRPO iterations, is printed first):
 
 # %%
 abl_cfg = dict(run_cfg, grpo_iters=cfg["ablation_iters"], eval_every=0)
 variants = {"grpo, group std": {}, "dapo, group std": dict(loss_type="dapo"),
             "dr_grpo, no std": dict(loss_type="dr_grpo", scale_rewards="none"),
-            "grpo, format gated": dict(gate_format=True)}
+            "grpo, format ungated": dict(gate_format=False)}
+main_iters = len(SEEDS) * cfg["grpo_iters"]
+print(f"cost: {len(variants)} × {cfg['ablation_iters']} = {len(variants) * cfg['ablation_iters']} GRPO iterations, "
+      f"{len(variants) * cfg['ablation_iters'] / main_iters:.0%} of the main run's {main_iters}")
 seed_a = SEEDS[0]
 print(f"seed {seed_a}, {cfg['ablation_iters']} iterations each; held-out accuracy after SFT "
       f"{runs[seed_a]['acc_sft']:.3f}")
@@ -479,9 +538,9 @@ for name, kw in variants.items():
 # seed is no evidence that one normalisation trains better. Completions here are a few tokens long, so the three
 # normalisations weigh tokens almost alike; the choice matters when lengths vary by hundreds of tokens, as in long
 # chains of thought, where the per-completion mean lets long wrong answers off lightly (the length bias Dr. GRPO
-# points out). With the format gate, a group of wrong answers has no spread however tidy some of them are: such
-# groups no longer teach tidiness at full strength, and the share of groups without spread is the column to
-# compare.
+# points out). With the format gate (the recipe's choice), a group of wrong answers has no spread however tidy some
+# of them are: such groups no longer teach tidiness at full strength. Without it they do, and the share of groups
+# without spread is the column to compare.
 
 # %% [markdown]
 # Compare the two runs: the same model, prompts and step size, only the reward differs. Paid for length, the
@@ -722,7 +781,9 @@ print(f"seed {best} after GRPO: {int(ok5.sum())} correct completions of {len(ok5
 #   completion, then over completions (DAPO's token-level mean and Dr. GRPO's constant are the alternatives).
 # - Dividing by the group's std amplifies a small format term to full strength: gate it on correctness, or keep
 #   the rewards' scale.
-# - GRPO sharpens what the fine-tuned model already sometimes gets right; read its gain with the seed spread.
+# - GRPO sharpens what the fine-tuned model already sometimes gets right; judge its gain item by item against the
+#   same model (fixed vs broken items, an exact McNemar test), over seeds and sample streams, not against the
+#   spread between seeds.
 # - A reward that pays for something other than the goal gets exploited.
 # - R1-Zero: RL from the base model; R1: cold-start SFT, GRPO, rejection-sampling SFT, final RL.
 #
