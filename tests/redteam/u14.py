@@ -1,55 +1,31 @@
 """Red-team answers for unit 14 (DeepSeek mixture-of-experts): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-# DeepSeek routing as a student writes it; each answer edits one line (the markers).
-_ROUTE = '''
-def deepseek_route(router_logits, bias, top_k, n_group, topk_group, routed_scaling_factor=1.0,
-                   norm_topk_prob=True):
-    n, e = router_logits.shape
-    s = torch.sigmoid(router_logits.float())
-    sb = s + bias.float()
-    per_group = sb.view(n, n_group, e // n_group)  # @GROUPS
-    group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)  # @GSCORE
-    best = group_scores.topk(topk_group, dim=-1).indices
-    keep = torch.zeros(n, n_group, dtype=torch.bool).scatter(1, best, True).repeat_interleave(e // n_group, dim=1)
-    sb = sb.masked_fill(~keep, float("-inf"))  # @MASK
-    indices = sb.topk(top_k, dim=-1).indices
-    weights = s.gather(1, indices)  # @GATHER
-    if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)  # @NORM
-    return weights * routed_scaling_factor, indices  # @RET
-'''
+U = "14"
 
 
-def _route(**edits):
-    lines = _ROUTE.split("\n")
-    for marker, new in edits.items():
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in new.split("\n"))
-    return "\n".join(lines)
+def _route(*edits):
+    return edited(U, "deepseek_route", *edits)
 
 
-_MOE_FORWARD = '''
-class DeepSeekMoE(DeepSeekMoE):
-    def forward(self, x):
-        flat = x.reshape(-1, self.d_model)
-        logits = flat.float() @ self.gate.weight.float().T
-        weights, indices = deepseek_route(logits, self.gate.e_score_correction_bias, self.top_k, self.n_group,
-                                          self.topk_group, self.routed_scaling_factor, self.norm_topk_prob)
-        if self.training:
-            self.last_indices = indices.detach()
-        BODY
-'''
+def _moe(*edits):
+    return edited(U, "DeepSeekMoE", *edits)
 
-_SPARSE = '''out = torch.zeros_like(flat)
+
+_GATHER = "weights = s.gather(1, indices)\n"
+_NORM = "weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)"
+_MOE_RET = "return out.view_as(x) + self.shared_experts(x)"
+_MOE_SPARSE = """out = torch.zeros_like(flat)
         for e in range(self.num_experts):
             token, slot = torch.where(indices == e)
             if token.numel() == 0:
                 continue
-            out = out.index_add(0, token, self.experts[e](flat[token]) * weights[token, slot].unsqueeze(-1))
-        '''
+            y = self.experts[e](flat[token]) * weights[token, slot].unsqueeze(-1)
+            out = out.index_add(0, token, y.to(out.dtype))
+"""
+
 
 ANSWERS = [
     # -- 14.softmax_topk_route ----------------------------------------------------------------------------------
@@ -94,19 +70,18 @@ def load_balancing_loss(probs, indices, num_experts, alpha=0.01):
     return alpha * (f * probs.mean(dim=0)).sum()
 ''', says=r"gradient|count|expected"),
     # -- 14.deepseek_route --------------------------------------------------------------------------------------
-    Answer("14.deepseek_route", "excluded experts masked with 0 instead of -inf", _route(MASK="sb = sb.masked_fill(~keep, 0.0)"),
+    Answer("14.deepseek_route", "excluded experts masked with 0 instead of -inf", _route(('masked_fill(~expert_keep, float("-inf"))', "masked_fill(~expert_keep, 0.0)")),
            bug="B14.group_mask_zero"),
     Answer("14.deepseek_route", "gates normalised over all E sigmoid scores", _route(
-        GATHER="weights = s.gather(1, indices)\nall_s = s.sum(-1, keepdim=True)",
-        NORM="weights = weights / (all_s + 1e-20)"), bug="B14.norm_over_all_experts", origin="issue 39"),
-    Answer("14.deepseek_route", "groups chosen on the unbiased scores", _route(GROUPS="per_group = s.view(n, n_group, e // n_group)"),
+        (_NORM, "weights = weights / (s.sum(dim=-1, keepdim=True) + 1e-20)")), bug="B14.norm_over_all_experts", origin="issue 39"),
+    Answer("14.deepseek_route", "groups chosen on the unbiased scores", _route(("per_group = sb.view(", "per_group = s.view(")),
            bug="B14.groups_unbiased", origin="issue 39"),
-    Answer("14.deepseek_route", "a group's score is the whole group's sum", _route(GSCORE="group_scores = per_group.sum(dim=-1)"),
+    Answer("14.deepseek_route", "a group's score is the whole group's sum", _route(("per_group.topk(2, dim=-1).values.sum(dim=-1)", "per_group.sum(dim=-1)")),
            bug="B14.group_score_sum", origin="issue 39"),
     Answer("14.deepseek_route", "the bias in the normaliser", _route(
-        NORM="weights = weights / ((s + bias.float()).gather(1, indices).sum(dim=-1, keepdim=True) + 1e-20)"),
+        (_NORM, "weights = weights / ((s + bias.float()).gather(1, indices).sum(dim=-1, keepdim=True) + 1e-20)")),
         bug="B14.norm_with_bias", origin="issue 39"),
-    Answer("14.deepseek_route", "weights from the biased scores", _route(GATHER="weights = (s + bias.float()).gather(1, indices)"),
+    Answer("14.deepseek_route", "weights from the biased scores", _route((_GATHER, "weights = (s + bias.float()).gather(1, indices)\n")),
            says=r"weight|bias|unbiased|expected"),
     # -- 14.update_bias -----------------------------------------------------------------------------------------
     Answer("14.update_bias", "mean load over the experts that got tokens only", '''
@@ -124,13 +99,13 @@ def update_bias(bias, indices, num_experts, gamma=0.001):
 ''', says=r"float32|new|in place|dtype|input"),
     # -- 14.DeepSeekMoE -----------------------------------------------------------------------------------------
     Answer("14.DeepSeekMoE", "every expert run on every token, weights zero where not chosen",
-           _MOE_FORWARD.replace("BODY", '''dense = torch.zeros(flat.shape[0], self.num_experts).scatter(1, indices, weights)
+           _moe((_MOE_SPARSE, '''dense = torch.zeros(flat.shape[0], self.num_experts).scatter(1, indices, weights)
         out = sum(dense[:, e:e + 1] * self.experts[e](flat) for e in range(self.num_experts))
-        return out.view_as(x) + self.shared_experts(x)'''), says=r"expert|token|called|run"),
+''')), says=r"expert|token|called|run"),
     Answer("14.DeepSeekMoE", "shared experts forgotten",
-           _MOE_FORWARD.replace("BODY", _SPARSE + "return out.view_as(x)"), says=r"shared|expected|differ"),
+           _moe((_MOE_RET, "return out.view_as(x)")), says=r"shared|expected|differ"),
     Answer("14.DeepSeekMoE", "residual added inside the layer",
-           _MOE_FORWARD.replace("BODY", _SPARSE + "return x + out.view_as(x) + self.shared_experts(x)"),
+           _moe((_MOE_RET, "return x + out.view_as(x) + self.shared_experts(x)")),
            says=r"residual|expected|differ"),
     # -- 14.sequence_balance_loss -------------------------------------------------------------------------------
     Answer("14.sequence_balance_loss", "counts over the whole batch, P per sequence", '''

@@ -1,48 +1,22 @@
 """Red-team answers for unit 15 (multi-token prediction): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-_LM_FORWARD = '''
-class MTPLanguageModel(MTPLanguageModel):
-    def forward(self, x, y):
-        m, T = self.model, x.shape[1]
-        h = m.embed_tokens(x)
-        for layer in m.layers:
-            h = layer(h, m.rope_cos[:T], m.rope_sin[:T], m.causal[:T, :T])
-        logits = m.lm_head(m.norm(h))
-        loss_main = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        h0, h_prev, mtp_logits, loss_mtp = h, h, [], []
-        for k in range(1, self.mtp_depth + 1):
-            tokens, targets = mtp_inputs_and_targets(x, y, k)
-            n = T - k
-            prev = h_prev[:, :n]  # @PREV
-            cos, sin = m.rope_cos[k:T], m.rope_sin[k:T]  # @ROPE
-            mask = m.causal[:n, :n]  # @MASK
-            h_k = self.mtp[k - 1](prev, m.embed_tokens(tokens), cos, sin, mask)
-            lg = m.lm_head(h_k)
-            mtp_logits.append(lg)
-            loss_mtp.append(F.cross_entropy(lg.flatten(0, 1), targets.flatten()))
-            h_prev = h_k  # @NEXT
-        loss = loss_main + self.mtp_lambda / self.mtp_depth * sum(loss_mtp)  # @LOSS
-        return {"logits": logits, "mtp_logits": mtp_logits, "loss_main": loss_main, "loss_mtp": loss_mtp,
-                "loss": loss}
-'''
+U = "15"
 
 
-def _lm(**edits):
-    lines = _LM_FORWARD.split("\n")
-    for marker, new in edits.items():
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in new.split("\n"))
-    return "\n".join(lines)
+def _lm(*edits):
+    return edited(U, "MTPLanguageModel", *edits)
 
 
-_MODULE = '''
-class MTPModule(MTPModule):
-    def forward(self, h_prev, emb, cos, sin, mask):
-        BODY
-'''
+def _module(*edits):
+    return edited(U, "MTPModule", *edits)
+
+
+_CAT = "torch.cat([self.enorm(emb), self.hnorm(h_prev)], dim=-1)"
+_POST = "return self.post_norm(self.mtp_block(h, cos, sin, mask))"
+
 
 ANSWERS = [
     # -- 15.mtp_alignment ---------------------------------------------------------------------------------------
@@ -58,28 +32,25 @@ def mtp_inputs_and_targets(x, y, depth):
 ''', says=r"depth|position|expected|token"),
     # -- 15.MTPModule -------------------------------------------------------------------------------------------
     Answer("15.MTPModule", "the paper's order [h; emb]",
-           _MODULE.replace("BODY", "h = self.eh_proj(torch.cat([self.hnorm(h_prev), self.enorm(emb)], dim=-1))\n"
-                                   "        return self.post_norm(self.mtp_block(h, cos, sin, mask))"),
+           _module((_CAT, "torch.cat([self.hnorm(h_prev), self.enorm(emb)], dim=-1)")),
            says=r"order|concat|half|expected"),
     Answer("15.MTPModule", "post_norm left out",
-           _MODULE.replace("BODY", "h = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(h_prev)], dim=-1))\n"
-                                   "        return self.mtp_block(h, cos, sin, mask)"),
+           _module((_POST, "return self.mtp_block(h, cos, sin, mask)")),
            says=r"post_norm|norm|expected|differ"),
     Answer("15.MTPModule", "one norm for both halves",
-           _MODULE.replace("BODY", "h = self.eh_proj(torch.cat([self.enorm(emb), self.enorm(h_prev)], dim=-1))\n"
-                                   "        return self.post_norm(self.mtp_block(h, cos, sin, mask))"),
+           _module((_CAT, "torch.cat([self.enorm(emb), self.enorm(h_prev)], dim=-1)")),
            says=r"hnorm|norm|expected|differ"),
     # -- 15.MTPLanguageModel ------------------------------------------------------------------------------------
-    Answer("15.MTPLanguageModel", "depth 1 reads h0 at position i+1", _lm(PREV="prev = h_prev[:, 1:n + 1]"),
+    Answer("15.MTPLanguageModel", "depth 1 reads h0 at position i+1", _lm(("self.mtp[k - 1](h_prev[:, :n],", "self.mtp[k - 1](h_prev[:, 1:n + 1],")),
            bug="B15.h0_shifted", origin="issue 39"),
     Answer("15.MTPLanguageModel", "depth k embeds the tokens of positions 0..T-k-1",
-           _lm(PREV="prev = h_prev[:, :n]\ntokens = x[:, :n]"), says=r"token|embed|position|expected|differ|leak"),
-    Answer("15.MTPLanguageModel", "every depth reads h0", _lm(NEXT="h_prev = h0"),
+           _lm(("n = T - k\n", "n = T - k\n            tokens = x[:, :n]\n")), says=r"token|embed|position|expected|differ|leak"),
+    Answer("15.MTPLanguageModel", "every depth reads h0", _lm(("            h_prev = h_k\n", "")),
            says=r"previous|depth|chain|expected|differ"),
     Answer("15.MTPLanguageModel", "MTP losses not divided by the depth", _lm(
-        LOSS="loss = loss_main + self.mtp_lambda * sum(loss_mtp)"), says=r"lambda|weight|loss|expected"),
+        ("self.mtp_lambda / self.mtp_depth * sum(loss_mtp)", "self.mtp_lambda * sum(loss_mtp)")), says=r"lambda|weight|loss|expected"),
     Answer("15.MTPLanguageModel", "leaky mask tril(diagonal=1)", _lm(
-        MASK="mask = torch.ones(n, n, dtype=torch.bool).tril(diagonal=1)"), bug="B15.leaky_mask", origin="issue 39"),
+        ("m.causal[:n, :n])", "torch.ones(n, n, dtype=torch.bool).tril(diagonal=1))")), bug="B15.leaky_mask", origin="issue 39"),
     # -- 15.speculative_generate --------------------------------------------------------------------------------
     Answer("15.speculative_generate", "every draft kept without verification", '''
 @torch.no_grad()

@@ -1,18 +1,14 @@
 """Red-team answers for unit 16 (FP8 quantization): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-_ACT = '''
-def quantize_act_tiles(x, tile=128):
-    M, K = x.shape
-    n = math.ceil(K / tile)
-    padded = torch.zeros(M, n * tile)
-    padded[:, :K] = x.float()
-    tiles = padded.view(M, n, tile)
-    s = SCALE
-    q = (tiles / s.unsqueeze(2)).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    return q.view(M, n * tile)[:, :K].contiguous(), s
-'''
+_SCALE = "tiles.abs().amax(dim=2).clamp(min=1e-12) / 448.0"
+
+
+def _act(scale):
+    return edited("16", "quantize_act_tiles", (_SCALE, scale))
+
 
 ANSWERS = [
     # -- 16.fp8_info --------------------------------------------------------------------------------------------
@@ -45,14 +41,14 @@ def fp8_info(dtype):
     return d
 ''', says=r"max|expected"),
     # -- 16.quantize_blockwise ----------------------------------------------------------------------------------
-    Answer("16.quantize_blockwise", "scale from the mean |x| of the tile", _ACT.replace(
-        "SCALE", "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0"), bug="B16.scale_from_mean",
+    Answer("16.quantize_blockwise", "scale from the mean |x| of the tile", _act(
+        "tiles.abs().mean(dim=2).clamp(min=1e-12) * 4 / 448.0"), bug="B16.scale_from_mean",
         origin="issue 39"),
-    Answer("16.quantize_blockwise", "scale from three standard deviations", _ACT.replace(
-        "SCALE", "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0"), bug="B16.scale_from_sigma",
+    Answer("16.quantize_blockwise", "scale from three standard deviations", _act(
+        "(3 * tiles.std(dim=2)).clamp(min=1e-12) / 448.0"), bug="B16.scale_from_sigma",
         origin="issue 39"),
-    Answer("16.quantize_blockwise", "no floor: an all-zero tile divides by zero", _ACT.replace(
-        "SCALE", "tiles.abs().amax(dim=2) / 448.0"), says=r"zero|finite|nan|expected"),
+    Answer("16.quantize_blockwise", "no floor: an all-zero tile divides by zero", _act(
+        "tiles.abs().amax(dim=2) / 448.0"), says=r"zero|finite|nan|expected"),
     Answer("16.quantize_blockwise", "scales stored as their reciprocals (q = x * s)", '''
 _qa, _qw = quantize_act_tiles, quantize_weight_blocks
 
