@@ -17,14 +17,22 @@ Contract clauses and the probes that cover them (every argument at a non-default
 * ``17.DeepSeekLM``: keys/shapes, buffers vs parameters, tied head (re-derived by changing the embedding), counts;
   parity with ``DeepseekV3ForCausalLM`` through ``load_hf_deepseek``; causality; losses with ``targets`` and the MTP
   leakage rule; ``update_router_biases`` from the last training forward; forwards in eval and train mode change no
-  parameter or buffer (side effect: the bias moves only in ``update_router_biases``).
+  parameter or buffer (side effect: the bias moves only in ``update_router_biases``); every ``DeepSeekConfig`` field
+  at a non-default value (``ALT``: untied head, ``q_lora_rank``, half-split RoPE, two MTP depths, λ = 0.5, γ = 0.01, …)
+  against the course's model on the same weights: logits, MTP logits and losses, decoding through a ``LatentCache``
+  up to exactly ``context_length``, every parameter's gradient, the bias rule; ``mtp_depth=0``; the N(0, 0.02²) init.
 * ``17.generate_latent_cached``: tokens equal uncached greedy decoding; cache shapes and bytes; one prefill call,
-  then T = 1 calls; the model's mode is restored.
-* ``17.train_step``: expert loads, the sign rule, the returned losses, clipping with ``max_norm=0.05`` (SGD probe).
+  then T = 1 calls; eval mode during the calls and the model's mode restored; ``max_new_tokens`` 1 and 0.
+* ``17.train_step``: expert loads, the sign rule, the returned losses (a model handed over in eval mode), clipping
+  with ``max_norm=0.05`` (SGD probe, stale gradients left on the parameters).
 * ``17.compare_models``: identical batches with ``seed=5``; a non-constant ``lr_fn`` (weights against the reference
-  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches.
+  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches (ints);
+  models handed over in eval mode (training in train mode, validation in eval mode); the gradient norm at every
+  optimizer step (clipped to 1); ``ms_per_step`` between the sleep put into each step and the time before validation
+  (3 steps and 1 step).
 * ``17.fp8_inference``: the trained asset (``seed=10_000``, 3 batches) and a heavy-tailed seeded model (2 batches),
-  two-sided against the reference conversion; the original model unchanged (side effect).
+  two-sided against the reference conversion; the original model unchanged (side effect: its mode, and no routing
+  record of the validation batches left in a train-mode model).
 """
 
 from __future__ import annotations
