@@ -117,6 +117,30 @@ def generate_full_kv(model, idx, max_new_tokens):
 bug_group("B17.cache_full_kv", f"{U}.generate_latent_cached", "Cache the latent and the shared rope key only.",
           {"generate_latent_cached": generate_full_kv})
 
+
+@torch.no_grad()
+def generate_in_given_mode(model, idx, max_new_tokens):
+    """Correct tokens, but a model handed over in training mode decodes in training mode (its MoE layers record the
+    generated tokens' routing)."""
+    was = model.training
+    try:
+        out, cache = [idx], LatentCache(len(model.layers))
+        if max_new_tokens > 0:
+            logits = model(idx, cache=cache)["logits"]
+            for step in range(max_new_tokens):
+                nxt = logits[:, -1].argmax(-1, keepdim=True)
+                out.append(nxt)
+                if step < max_new_tokens - 1:
+                    logits = model(nxt, cache=cache)["logits"]
+        return torch.cat(out, 1), cache
+    finally:
+        model.train(was)
+
+
+bug_group("B17.decode_in_train_mode", f"{U}.generate_latent_cached",
+          "Generation must leave the routers as it found them: in which mode does an MoE layer record its routing?",
+          {"generate_latent_cached": generate_in_given_mode})
+
 # ---------------------------------------------------------------- 17.train_step
 
 
@@ -158,6 +182,36 @@ def train_step_clip_after(model, optimizer, x, y, max_norm=1.0):
             "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
 
 
+def train_step_mode_kept(model, optimizer, x, y, max_norm=1.0):
+    optimizer.zero_grad(set_to_none=True)   # no model.train(): a model handed over in eval mode trains in eval mode
+    out = model(x, y)
+    out["loss"].backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    loads = model.expert_loads()
+    model.update_router_biases()
+    return {"loss": out["loss"].item(), "loss_main": out["loss_main"].item(),
+            "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
+
+
+def train_step_grads_kept(model, optimizer, x, y, max_norm=1.0):
+    model.train()                           # no zero_grad: the step adds its gradients to those already there
+    out = model(x, y)
+    out["loss"].backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    loads = model.expert_loads()
+    model.update_router_biases()
+    return {"loss": out["loss"].item(), "loss_main": out["loss_main"].item(),
+            "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
+
+
+bug_group("B17.step_in_eval_mode", f"{U}.train_step",
+          "The model may arrive in any mode: which mode makes the MoE layers record the routing the bias update uses?",
+          {"train_step": train_step_mode_kept})
+bug_group("B17.grads_accumulated", f"{U}.train_step",
+          "backward() adds to .grad: what is in .grad before this step's backward?",
+          {"train_step": train_step_grads_kept})
 bug_group("B17.clip_after_step", f"{U}.train_step",
           "Clipping changes the gradients; which call reads them?", {"train_step": train_step_clip_after},
           detect="detector")

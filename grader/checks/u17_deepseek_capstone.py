@@ -17,14 +17,22 @@ Contract clauses and the probes that cover them (every argument at a non-default
 * ``17.DeepSeekLM``: keys/shapes, buffers vs parameters, tied head (re-derived by changing the embedding), counts;
   parity with ``DeepseekV3ForCausalLM`` through ``load_hf_deepseek``; causality; losses with ``targets`` and the MTP
   leakage rule; ``update_router_biases`` from the last training forward; forwards in eval and train mode change no
-  parameter or buffer (side effect: the bias moves only in ``update_router_biases``).
+  parameter or buffer (side effect: the bias moves only in ``update_router_biases``); every ``DeepSeekConfig`` field
+  at a non-default value (``ALT``: untied head, ``q_lora_rank``, half-split RoPE, two MTP depths, λ = 0.5, γ = 0.01, …)
+  against the course's model on the same weights: logits, MTP logits and losses, decoding through a ``LatentCache``
+  up to exactly ``context_length``, every parameter's gradient, the bias rule; ``mtp_depth=0``; the N(0, 0.02²) init.
 * ``17.generate_latent_cached``: tokens equal uncached greedy decoding; cache shapes and bytes; one prefill call,
-  then T = 1 calls; the model's mode is restored.
-* ``17.train_step``: expert loads, the sign rule, the returned losses, clipping with ``max_norm=0.05`` (SGD probe).
+  then T = 1 calls; eval mode during the calls and the model's mode restored; ``max_new_tokens`` 1 and 0.
+* ``17.train_step``: expert loads, the sign rule, the returned losses (a model handed over in eval mode), clipping
+  with ``max_norm=0.05`` (SGD probe, stale gradients left on the parameters).
 * ``17.compare_models``: identical batches with ``seed=5``; a non-constant ``lr_fn`` (weights against the reference
-  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches.
+  trained here); ``val_loss`` re-derived from the returned weights on the contract's batches; counts and caches (ints);
+  models handed over in eval mode (training in train mode, validation in eval mode); the gradient norm at every
+  optimizer step (clipped to 1); ``ms_per_step`` between the sleep put into each step and the time before validation
+  (3 steps and 1 step).
 * ``17.fp8_inference``: the trained asset (``seed=10_000``, 3 batches) and a heavy-tailed seeded model (2 batches),
-  two-sided against the reference conversion; the original model unchanged (side effect).
+  two-sided against the reference conversion; the original model unchanged (side effect: its mode, and no routing
+  record of the validation batches left in a train-mode model).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import math
 
 import torch
 
-from ..core import check, module_facts, reference_memo, unwrap
+from ..core import check, float32_floor, module_facts, reference_memo, unwrap
 from ..oracles import stored_oracle, write_oracle
 from ..runner import also_blocked
 
@@ -220,6 +228,100 @@ def _learner_model(impl, hf_state=None, seed=0, **cfg):
         impl.load_hf_deepseek(unwrap(m), {k: v.clone() for k, v in hf_state.items()})
     return m
 
+ALT = dict(vocab_size=70, d_model=48, n_layers=4, n_heads=3, context_length=24, q_lora_rank=40, kv_lora_rank=20,
+           qk_nope_head_dim=8, qk_rope_head_dim=6, v_head_dim=10, rope_theta=500.0, rope_interleave=False,
+           intermediate_size=96, first_k_dense_replace=2, moe_intermediate_size=24, n_routed_experts=6,
+           n_shared_experts=2, num_experts_per_tok=3, n_group=3, topk_group=2, routed_scaling_factor=2.5,
+           norm_topk_prob=False, bias_update_speed=0.01, mtp_depth=2, mtp_lambda=0.5, rms_norm_eps=1e-5,
+           tie_word_embeddings=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _alt_case_cached() -> tuple:
+    """Seeded weights of every key of the course's ``DeepSeekLM(DeepSeekConfig(**ALT))`` (norms ``1 + N(0, 0.1²)``,
+    router biases ``N(0, 0.05²)``, the rest ``N(0, 0.15²)``, sorted-key order) and a ``(2, 24)`` token batch."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        shapes = {k: tuple(v.shape) for k, v in _course_model(**ALT).state_dict().items()}
+    g = _gen(STATE_SEED + 11)
+    state = {}
+    for k in sorted(shapes):
+        r = torch.randn(shapes[k], generator=g)
+        state[k] = 1.0 + 0.1 * r if "norm" in k else (0.05 if k.endswith("e_score_correction_bias") else 0.15) * r
+    idx = torch.randint(0, ALT["vocab_size"], (2, ALT["context_length"]), generator=_gen(STATE_SEED + 12))
+    return tuple(state.items()), idx
+
+
+def _alt_case() -> tuple[dict, torch.Tensor]:
+    state, idx = _alt_case_cached()
+    return dict(state), idx
+
+
+def _alt_run(m, state, idx, cache_cls) -> dict:
+    """The measurements of the non-default-configuration probe on a model ``m`` (learner's or the course's)."""
+    m_ = unwrap(m)
+    m_.load_state_dict(state, strict=True)
+    m_.eval()
+    x, y = idx[:, :-1], idx[:, 1:]
+    res = {}
+    with torch.no_grad():
+        o = m(x, y)
+        res.update(logits=o["logits"], loss=o["loss"], loss_mtp=[v.detach() for v in o["loss_mtp"]],
+                   mtp_logits=[v.detach() for v in o["mtp_logits"]])
+        res["logits_full"] = m(idx)["logits"]
+        cache = cache_cls(ALT["n_layers"])
+        parts = [m(idx[:, :10], cache=cache)["logits"], m(idx[:, 10:16], cache=cache)["logits"]]
+        parts += [m(idx[:, i:i + 1], cache=cache)["logits"] for i in range(16, 24)]
+        res["cached"] = torch.cat(parts, 1)
+    m_.train()
+    m_.zero_grad(set_to_none=True)
+    m(x, y)["loss"].backward()
+    res["grads"] = {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in m_.named_parameters()}
+    moes = [layer.mlp for layer in m_.layers[ALT["first_k_dense_replace"]:]]
+    res["loads"] = [torch.bincount(mo.last_indices.flatten(), minlength=ALT["n_routed_experts"])
+                    if getattr(mo, "last_indices", None) is not None else None for mo in moes]
+    before = [mo.gate.e_score_correction_bias.clone() for mo in moes]
+    m.update_router_biases()
+    res["bias_delta"] = [mo.gate.e_score_correction_bias - b for mo, b in zip(moes, before)]
+    return res
+
+
+def _alt_probe(state, idx):
+    def probe(impl):
+        from llmcourse.models.deepseek_mla import LatentCache
+
+        res = _alt_run(_learner_model(impl, **ALT), state, idx, LatentCache)
+        res.pop("loads")
+        m0 = _learner_model(impl, **dict(ALT, mtp_depth=0))
+        with torch.no_grad():
+            o = m0(idx[:, :-1], idx[:, 1:])
+        res.update(loss_depth0=float(o["loss"]), loss_main_depth0=float(o["loss_main"]),
+                   n_mtp_depth0=len(o.get("loss_mtp", [])))
+        return res
+    return probe
+
+
+def _alt_reference() -> dict:
+    from llmcourse.models.deepseek_mla import LatentCache
+
+    state, idx = _alt_case()
+    return reference_memo("17.alt", state, idx, compute=lambda: _alt_run(_course_model(**ALT), state, idx, LatentCache))
+
+
+def _init_probe(impl) -> dict:
+    """Per weight ``(std, mean, numel)`` of a fresh learner model's linear, embedding and router weights (the keys that
+    end in ``.weight`` and are not norms; ``lm_head`` is the tied embedding) and the pooled share beyond 2·0.02."""
+    m = unwrap(_learner_model(impl, seed=4))
+    per, beyond, total = {}, 0, 0
+    for k, v in m.state_dict().items():
+        if k.endswith(".weight") and "norm" not in k and k != "lm_head.weight":
+            w = v.detach().double()
+            per[k] = (float(w.std()), float(w.mean()), w.numel())
+            beyond += int((w.abs() > 0.04).sum())
+            total += w.numel()
+    return {"per": per, "tail": beyond / max(total, 1)}
+
+
 
 @check(f"{U}.DeepSeekLM", ["DeepSeekConfig", "DeepSeekBlock", "DeepSeekLM", "load_hf_deepseek"], _ref_model)
 def check_deepseek_lm(t):
@@ -383,6 +485,70 @@ def check_deepseek_lm(t):
                  f"update_router_biases: layer {i + 1}'s bias must move by γ·sign(mean(c) − c) with the expert loads c "
                  "of the last training forward (γ = bias_update_speed = 0.001)")
 
+    # every configuration field at a non-default value: the learner's model with the course model's (seeded) weights
+    # against the course's DeepSeekLM (another exercise's answer here); forward and losses (two MTP depths, λ = 0.5),
+    # incremental decoding through a LatentCache up to exactly context_length, gradients of the loss (train mode) and
+    # the bias rule with γ = 0.01
+    alt_state, alt_idx = _alt_case()
+    want = _alt_reference()
+    got = t.run(_alt_probe(alt_state, alt_idx))
+    fields = ", ".join(f"{k}={v}" for k, v in ALT.items())
+
+    def gap(a, b):
+        if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
+            return float("inf")
+        return float((a.float() - b).abs().max())
+
+    lg_gap = gap(got["logits"], want["logits"])
+    t.expect(lg_gap <= 1e-4 + float32_floor(want["logits"]),
+             f"with every DeepSeekConfig field at another value ({fields}) your logits differ from the course's "
+             f"DeepSeekLM on the same weights by {lg_gap:.3g}: every field must reach the module that uses it")
+    t.expect(len(got["mtp_logits"]) == 2 and len(got["loss_mtp"]) == 2,
+             f"with mtp_depth=2 the output must hold two MTP depths; got {len(got['mtp_logits'])} mtp_logits and "
+             f"{len(got['loss_mtp'])} losses")
+    for k in range(2):
+        g = gap(got["mtp_logits"][k], want["mtp_logits"][k])
+        t.expect(g <= 1e-4 + float32_floor(want["mtp_logits"][k]),
+                 f"mtp_depth=2: mtp_logits[{k}] must be depth {k + 1}'s (B, T−{k + 1}, V) logits, depth {k + 1} reading "
+                 f"depth {k}'s state; they differ from the course's module chain by {g:.3g}")
+        t.expect(abs(float(got["loss_mtp"][k]) - float(want["loss_mtp"][k])) < 1e-4,
+                 f"mtp_depth=2: loss_mtp[{k}] must be {float(want['loss_mtp'][k]):.5f}; got {float(got['loss_mtp'][k]):.5f}")
+    t.expect(abs(float(got["loss"]) - float(want["loss"])) < 1e-4,
+             f"with mtp_lambda=0.5 and mtp_depth=2, loss = loss_main + λ/D·Σ loss_mtp = {float(want['loss']):.5f}; got "
+             f"{float(got['loss']):.5f}")
+    t.expect(abs(float(got["loss_depth0"]) - float(got["loss_main_depth0"])) < 1e-6 and got["n_mtp_depth0"] == 0,
+             "with mtp_depth=0 there is no MTP loss: loss must equal loss_main and loss_mtp must be empty")
+    c_gap = gap(got["cached"], want["logits_full"])
+    t.expect(c_gap <= 1e-4 + float32_floor(want["logits_full"]),
+             "decoding through a LatentCache (10 prompt tokens, a chunk of 6, then 8 single tokens: exactly "
+             f"context_length = 24 positions) must give the logits of one uncached forward; the gap is {c_gap:.3g}: the "
+             "new tokens sit at positions cache.seq_len…, and each layer reads and extends its own cache entry")
+    bad = []
+    for name, w in want["grads"].items():
+        g = got["grads"].get(name)
+        if g is None:
+            bad.append(f"{name} (no gradient)")
+        elif tuple(g.shape) != tuple(w.shape) or float((g.double() - w.double()).norm()) > \
+                1e-3 * float(w.double().norm()) + 1e-6:
+            bad.append(name)
+    t.expect(not bad, f"the gradient of loss (train mode) must reach every parameter as in the course's model; it "
+             f"differs at {_name_summary(bad)}: no tensor on the way from the embedding to the losses may be detached")
+    for i, (d, c) in enumerate(zip(got["bias_delta"], want["loads"])):
+        c = c.float()
+        t.expect(torch.allclose(d, 0.01 * torch.sign(c.mean() - c), atol=1e-7, rtol=0),
+                 f"update_router_biases with bias_update_speed=0.01: MoE layer {i + 2}'s bias must move by "
+                 "γ·sign(mean(c) − c) (γ from the configuration)")
+
+    # initialisation: every linear, embedding and router weight N(0, 0.02²) (MTP modules included)
+    stats = t.run(_init_probe)
+    off = [k for k, (std, mean, n) in stats["per"].items()
+           if abs(std / 0.02 - 1) > 6 / math.sqrt(2 * n) + 0.01 or abs(mean) > 6 * 0.02 / math.sqrt(n)]
+    tail = stats["tail"]
+    t.expect(not off and 0.035 < tail < 0.056,
+             "a fresh DeepSeekLM must initialise every linear, embedding and router weight N(0, 0.02²); "
+             + (f"these are not: {_name_summary(off)}" if off else
+                f"{tail:.1%} of the weights lie beyond 2σ (a normal law has 4.6%)"))
+
 
 # ================================================================== 17.generate_latent_cached
 
@@ -420,29 +586,68 @@ def check_generate(t):
              f"per new token; the model's first layer saw sequence lengths {got['lengths']}")
 
     def modes(impl):
-        out = []
+        out, during = [], []
         for train in (True, False):
             m = _course_model(state).train(train)
+            hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
             impl.generate_latent_cached(m, prompt[:1, :3], 2)
+            hook.remove()
             out.append(bool(m.training))
-        return out
-    t.expect(t.run(modes) == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
+        return {"after": out, "during": during}
+    got = t.run(modes)
+    t.expect(got["after"] == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
              "(train mode stays train mode, eval stays eval)")
+    t.expect(got["during"] and not any(got["during"]), "given a model in training mode, generate_latent_cached ran it "
+             "in training mode: its MoE layers recorded the generated tokens' routing, which the next "
+             "update_router_biases would apply; decode in eval mode (and restore the mode afterwards)",
+             bug="B17.decode_in_train_mode")
+
+    # max_new_tokens at its edges: one new token (the prompt is fed, the token returned), none (the prompt back; the
+    # contract leaves open whether the prompt is prefilled into the cache then)
+    def short(impl):
+        m = _course_model(state).eval()
+        out = {}
+        for n in (1, 0):
+            toks, cache = impl.generate_latent_cached(m, prompt, n)
+            out[n] = {"tokens": toks, "seq_len": int(cache.seq_len)}
+        return out
+    got = t.run(short)
+    one = greedy_uncached(_course_model(state).eval(), prompt, 1)
+    t.expect(torch.equal(got[1]["tokens"], one) and got[1]["seq_len"] == 5,
+             f"max_new_tokens=1 must return the prompt and one greedy token {one[:, -1].tolist()} with the 5 prompt "
+             f"positions cached; got {got[1]['tokens'][:, 5:].tolist()} with {got[1]['seq_len']} cached")
+    t.expect(torch.equal(got[0]["tokens"], prompt) and got[0]["seq_len"] in (0, 5),
+             "max_new_tokens=0 must return the prompt unchanged")
 
 
 # ================================================================== 17.train_step
 
 
-def _train_probe(state, x, y, sgd=False, max_norm=1.0):
+def _train_probe(state, x, y, sgd=False, max_norm=1.0, start_eval=False, stale=False):
+    """``train_step`` on the course's small model; ``start_eval``: the model is handed over in eval mode; ``stale``:
+    every parameter carries a stale gradient (0.5 everywhere) from an earlier backward."""
     def probe(impl):
         m = _course_model(state, seed=0, **SMALL)
+        m.train(not start_eval)
+        if stale:
+            for p in m.parameters():
+                p.grad = torch.full_like(p, 0.5)
         opt = torch.optim.SGD(m.parameters(), lr=1.0) if sgd else torch.optim.AdamW(m.parameters(), lr=1e-2)
         before_p = [p.detach().clone() for p in m.parameters()]
         before_b = [layer.mlp.gate.e_score_correction_bias.clone() for layer in m.layers[1:]]
-        rec = impl.train_step(m, opt, x, y, max_norm)
+        during = []
+        hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
+        try:
+            rec = impl.train_step(m, opt, x, y, max_norm)
+        except Exception:
+            if during and not any(during):      # the mode is the first thing wrong: name it, not what follows
+                return {"during": during}
+            raise
+        finally:
+            hook.remove()
         rec = dict(rec)
         rec["loss_mtp"] = [float(v) for v in rec.get("loss_mtp", [])]
-        return {"rec": {k: rec.get(k) for k in ("loss", "loss_main", "loss_mtp", "expert_load")},
+        return {"rec": {k: rec.get(k) for k in ("loss", "loss_main", "loss_mtp", "expert_load")}, "during": during,
                 "bias_before": before_b, "bias_after": [layer.mlp.gate.e_score_correction_bias.clone()
                                                         for layer in m.layers[1:]],
                 "delta": [p.detach() - b for p, b in zip(m.parameters(), before_p)],
@@ -451,12 +656,19 @@ def _train_probe(state, x, y, sgd=False, max_norm=1.0):
     return probe
 
 
+def _norm(tensors) -> float:
+    return math.sqrt(sum(float((g.double() ** 2).sum()) for g in tensors))
+
+
 @check(f"{U}.train_step", ["train_step"], _ref_train)
 def check_train_step(t):
     state = course_state(STATE_SEED + 4, std=0.1, **SMALL)
     seq = _tokens(4, 25, STATE_SEED + 5)
     x, y = seq[:, :-1], seq[:, 1:]
-    got = t.run(_train_probe(state, x, y))
+    got = t.run(_train_probe(state, x, y, start_eval=True))
+    t.expect(got["during"] and all(got["during"]), "given a model in eval mode, train_step ran its forward in eval mode: "
+             "a training step runs in training mode (the MoE layers record the step's routing only then)",
+             bug="B17.step_in_eval_mode")
     rec = got["rec"]
     loads = rec.get("expert_load")
     t.expect(isinstance(loads, list) and len(loads) == 3 and all(isinstance(c, torch.Tensor) for c in loads),
@@ -480,7 +692,7 @@ def check_train_step(t):
     t.expect(abs(float(rec["loss"]) - out["loss"].item()) < 1e-5, f"the returned loss must be the model's training "
              f"loss on (x, y) before the step: expected {out['loss'].item():.6f}, got {float(rec['loss']):.6f}")
     # clipping before the step: SGD with lr 1 moves the weights by exactly the clipped gradient
-    got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05))
+    got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05, stale=True))
     norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in got["delta"]))
     if norm > 0.05 * 1.001 and abs(float(got.get("grad_norm") or 0.0) - 0.05) < 1e-4:
         t.fail(f"with plain SGD (lr 1) and max_norm=0.05 the step moved the weights by a global norm of {norm:.4g}, "
@@ -497,11 +709,15 @@ def check_train_step(t):
     names = [n for n, _ in ref.named_parameters()]
     num = sum(float(((d - w).double() ** 2).sum()) for d, w in zip(got["delta"], step))
     den = sum(float((w.double() ** 2).sum()) for w in step)
+    stale_step = [-(g + 0.5) * min(1.0, 0.05 / (_norm([g + 0.5 for g in grads]) + 1e-6)) for g in grads]
+    stale_num = sum(float(((d - w).double() ** 2).sum()) for d, w in zip(got["delta"], stale_step))
     mtp_moved = any(float(d.abs().max()) > 0 for d, n in zip(got["delta"], names) if n.startswith("mtp."))
     t.expect((num / den) ** 0.5 < 1e-3,
              "with plain SGD (lr 1, max_norm 0.05) the step must be minus the clipped gradient of the training loss "
-             f"loss_main + λ/D·Σ loss_mtp; your step differs from it by {(num / den) ** 0.5:.1%} of its norm"
-             + ("" if mtp_moved else " (the MTP module never moved: its loss was not back-propagated)"))
+             f"loss_main + λ/D·Σ loss_mtp (the parameters came with stale gradients of an earlier backward, which the "
+             f"step must clear first); your step differs from it by {(num / den) ** 0.5:.1%} of its norm"
+             + ("" if mtp_moved else " (the MTP module never moved: its loss was not back-propagated)"),
+             bug="B17.grads_accumulated" if (stale_num / den) ** 0.5 < 1e-3 else None)
 
 
 # ================================================================== 17.compare_models
@@ -540,21 +756,65 @@ def _compare_lr(s: int) -> float:
     return (0.0, 2e-3, 5e-4)[s]
 
 
-def _compare_probe(data):
+COMPARE_SLEEP = 0.2   # seconds each training forward of "gpt" sleeps in the probe: a floor under its measured step time
+
+
+def _compare_probe(data, names=("gpt", "llama", "deepseek"), steps=3):
+    """``compare_models`` on :func:`_compare_init_models` (handed over in eval mode), recording per model the batches of
+    its gradient-enabled forwards, the mode of every forward, the gradient norm at every optimizer step, and when its
+    first no-grad (validation) forward began; "gpt"'s training forwards sleep :data:`COMPARE_SLEEP` s."""
+    import time
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
     def probe(impl):
-        models = _compare_init_models()
-        seen = {}
+        models = {n: m.eval() for n, m in _compare_init_models().items() if n in names}
+        seen, modes, val_start = {}, {}, {}
         for name, m in models.items():
             def fwd(idx, *a, _orig=m.forward, _m=m, _name=name, **k):
-                if _m.training and torch.is_grad_enabled():
+                grad = torch.is_grad_enabled()
+                modes.setdefault(_name, []).append(("train" if grad else "val", bool(_m.training)))
+                if grad:
                     seen.setdefault(_name, []).append(idx.clone())
+                    if _name == "gpt":
+                        time.sleep(COMPARE_SLEEP)
+                else:
+                    val_start.setdefault(_name, time.perf_counter())
                 return _orig(idx, *a, **k)
             m.forward = fwd
-        rows = impl.compare_models(models, data[:2500], data[2500:], 3, 4, 16, _compare_lr, 5)
+        owner = {id(p): n for n, m in models.items() for p in m.parameters()}
+        norms = {}
+
+        def pre_step(opt, args, kwargs):
+            ps = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            if ps:
+                norms.setdefault(owner.get(id(ps[0]), "?"), []).append(
+                    math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in ps)))
+        handle = register_optimizer_step_pre_hook(pre_step)
+        t0 = time.perf_counter()
+        try:
+            rows = impl.compare_models(models, data[:2500], data[2500:], steps, 4, 16, _compare_lr, 5)
+        finally:
+            handle.remove()
         states = {n: {k: v.detach().clone() for k, v in unwrap(models[n]).state_dict().items()}
-                  for n in ("llama", "deepseek")}
-        return {"rows": [dict(r) for r in rows], "seen": seen, "states": states}
+                  for n in ("llama", "deepseek") if n in models}
+        return {"rows": [dict(r) for r in rows], "seen": seen, "states": states, "modes": modes, "norms": norms,
+                "span": {n: v - t0 for n, v in val_start.items()}}
     return probe
+
+
+def _check_timing(t, got, steps):
+    """"gpt"'s ms_per_step lies between the sleep each of its steps contains and the time before its validation."""
+    row = next((r for r in got["rows"] if r.get("name") == "gpt"), {})
+    ms, span = row.get("ms_per_step"), got["span"].get("gpt")
+    if not isinstance(ms, (int, float)) or span is None:
+        return
+    t.expect(ms >= 1000 * COMPARE_SLEEP * (1 - 1e-3),
+             f"gpt: ms_per_step is {ms:.1f}, yet each of its {steps} training forwards slept {1000 * COMPARE_SLEEP:.0f} ms "
+             "in this check: ms_per_step must be the mean wall time of one step (total over the steps ÷ steps)")
+    t.expect(ms * steps / 1000 <= span * (1 + 1e-3) + 1e-3,
+             f"gpt: ms_per_step · steps = {ms * steps / 1000:.3f} s, more than the {span:.3f} s that passed before its "
+             "validation began: ms_per_step must be the mean wall time of one step (total over the steps ÷ steps)")
 
 
 @torch.no_grad()
@@ -598,6 +858,17 @@ def check_compare(t):
     rows = got["rows"]
     t.expect([r.get("name") for r in rows] == ["gpt", "llama", "deepseek"],
              f"one row per model, in input order, with its name; got {[r.get('name') for r in rows]}")
+    for name in ("gpt", "llama", "deepseek"):
+        m = got["modes"].get(name, [])
+        t.expect(all(train for kind, train in m if kind == "train"), f"{name}: handed over in eval mode, it ran its "
+                 "training steps in eval mode: call model.train() before training (dropout, routing records)")
+        t.expect(all(not train for kind, train in m if kind == "val"), f"{name}: its validation forwards ran in "
+                 "training mode: call model.eval() before validating (dropout would make val_loss noisy)")
+        n = got["norms"].get(name, [])
+        t.expect(len(n) == 3 and all(abs(v - 1.0) < 1e-3 for v in n),
+                 f"{name}: the gradient norm at each optimizer step must be clipped to 1.0 (every step's raw norm is "
+                 f"above 2 here); at optimizer.step() it was {[round(v, 4) for v in n]}")
+    _check_timing(t, got, 3)
     want = [get_batch(data[:2500], 4, 16, _gen(5 + s))[0] for s in range(3)]
     for name in ("gpt", "llama", "deepseek"):
         batches = got["seen"].get(name, [])
@@ -642,10 +913,16 @@ def check_compare(t):
                  f"{r.get('total_params')!r}/{r.get('active_params')!r}", bug="B17.active_counts_total")
         t.expect(r.get("cache_elems_per_token") == cache, f"{r['name']}: cache elements per token must be {cache}; got "
                  f"{r.get('cache_elems_per_token')!r}")
+        t.expect(all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
+                     for k in ("total_params", "active_params", "cache_elems_per_token")),
+                 f"{r['name']}: total_params, active_params and cache_elems_per_token are counts: Python ints; got "
+                 f"{[type(r.get(k)).__name__ for k in ('total_params', 'active_params', 'cache_elems_per_token')]}")
         v, ms = r.get("val_loss"), r.get("ms_per_step")
         t.expect(isinstance(v, (int, float)) and math.isfinite(v) and 0 < v < 10,
                  f"{r['name']}: val_loss must be a finite positive float (nats); got {v!r}")
         t.expect(isinstance(ms, (int, float)) and ms > 0, f"{r['name']}: ms_per_step must be positive; got {ms!r}")
+    # one step: the mean over the steps, not over a fixed count
+    _check_timing(t, t.run(_compare_probe(data, names=("gpt",), steps=1)), 1)
 
 
 # ================================================================== 17.fp8_inference
@@ -807,17 +1084,24 @@ def check_fp8(t):
 
     # the model is left as it was found: its mode, also right after a training forward (routing kept with its graph)
     def modes(impl):
-        out = []
+        out, kept = [], True
         for train in (True, False):
             m = _course_model(state, seed=0).train(train)
             if train:
                 xb = val[:65].view(1, 65)
                 m(xb[:, :-1], xb[:, 1:])
+            before = [None if mo.last_indices is None else mo.last_indices.clone() for mo in m.moe_layers()]
             impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
             out.append(bool(m.training))
-        return out
-    t.expect(t.run(modes) == [True, False], "fp8_eval must leave the model in the mode it found it in (a model that "
+            kept = kept and all(mo.last_indices is None or (b is not None and torch.equal(mo.last_indices, b))
+                                for mo, b in zip(m.moe_layers(), before))
+        return {"modes": out, "kept": kept}
+    got = t.run(modes)
+    t.expect(got["modes"] == [True, False], "fp8_eval must leave the model in the mode it found it in (a model that "
              "has just run a training forward stays in train mode; an eval-mode model stays in eval mode)")
+    t.expect(got["kept"], "given a model in training mode, fp8_eval left the validation batches' routing in its MoE "
+             "layers (the next update_router_biases would apply it): the losses are measured in eval mode, and the "
+             "model is left as it was found")
 
 
 # ================================================================== siblings

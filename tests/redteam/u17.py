@@ -1,95 +1,33 @@
 """Red-team answers for unit 17 (the DeepSeek capstone): written from the released exercise notebook."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited, solution_def
 
-_LM = '''
-class DeepSeekLM(DeepSeekLM):
-    def forward(self, idx, targets=None, cache=None):
-        t = idx.shape[1]
-        past = 0 if cache is None else cache.seq_len
-        h = self.embed_tokens(idx)
-        cos, sin = self.rope_cos[past:past + t], self.rope_sin[past:past + t]
-        mask = self.causal[past:past + t, :past + t]
-        for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask, cache, i)
-        logits = self.lm_head(self.norm(h))
-        out = {"logits": logits}
-        if targets is None:
-            return out
-        v = logits.shape[-1]
-        loss_main = F.cross_entropy(logits.reshape(-1, v), targets.reshape(-1))
-        prev, mtp_logits, loss_mtp = h, [], []
-        for k, module in enumerate(self.mtp, start=1):
-            n = t - k
-            emb = self.embed_tokens(idx[:, k:])
-            rc, rs = self.rope_cos[k:k + n], self.rope_sin[k:k + n]  # @ROPE
-            prev = module(prev[:, :n], emb, rc, rs, self.causal[:n, :n])  # @CALL
-            lg = self.lm_head(prev)
-            mtp_logits.append(lg)
-            tgt = targets[:, k:]  # @TARGET
-            loss_mtp.append(F.cross_entropy(lg.reshape(-1, v), tgt.reshape(-1)))
-        loss = loss_main + self.cfg.mtp_lambda / len(loss_mtp) * sum(loss_mtp)
-        out.update(loss_main=loss_main, mtp_logits=mtp_logits, loss_mtp=loss_mtp, loss=loss)
-        return out
-'''
+U = "17"
 
 
-def _lm(**edits):
-    lines = _LM.split("\n")
-    for marker, new in edits.items():
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in new.split("\n"))
-    return "\n".join(lines)
+def _lm(*edits):
+    return edited(U, "DeepSeekLM", *edits)
 
 
-_TRAIN = '''
-def train_step(model, optimizer, x, y, max_norm=1.0):
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    out = model(x, y)
-    out["loss"].backward()
-    BODY
-    loads = [torch.bincount(layer.mlp.last_indices.flatten(), minlength=layer.mlp.n_routed_experts)
-             for layer in model.layers if isinstance(layer.mlp, DeepSeekMoE)]
-    model.update_router_biases()
-    return {"loss": out["loss"].item(), "loss_main": out["loss_main"].item(),
-            "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
-'''
+_MTP_CALL = "prev = module(prev[:, :n], self.embed_tokens(idx[:, k:]),"
+_CLIP = "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
+_CONVERT = 'convert_linears_to_fp8(fp8.layers, skip=("lm_head", "gate"))'
 
-_FP8 = '''
-def fp8_eval(model, val_data, n_batches, seed=0):
-    for m in model.modules():
-        if isinstance(m, DeepSeekMoE):
-            m.last_indices = m.last_router_logits = None
-    fp8 = copy.deepcopy(model)
-    CONVERT
 
-    def loss(m):
-        was = m.training
-        m.eval()
-        total = 0.0
-        with torch.no_grad():
-            for i in range(n_batches):
-                x, y = get_batch(val_data, 32, 64, torch.Generator().manual_seed(seed + i))
-                lg = m(x)["logits"]
-                total += F.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1)).item()
-        m.train(was)
-        return total / n_batches
+def _fp8(new):
+    return edited(U, "fp8_eval", (_CONVERT, new))
 
-    a, b = loss(model), loss(fp8)
-    return {"val_loss_fp32": a, "val_loss_fp8": b, "delta": b - a}
-'''
 
 ANSWERS = [
     # -- 17.DeepSeekLM ------------------------------------------------------------------------------------------
     Answer("17.DeepSeekLM", "MTP loss scores the token the module embeds (targets[:, :T-k])",
-           _lm(TARGET="tgt = targets[:, :t - k]"), says=r"mtp|target|loss_mtp|expected", origin="issue 39"),
+           _lm(("targets[:, k:].reshape(-1)", "targets[:, :t - k].reshape(-1)")), says=r"mtp|target|loss_mtp|expected", origin="issue 39"),
     Answer("17.DeepSeekLM", "MTP module inputs swapped (emb, h_prev)",
-           _lm(CALL="prev = module(emb, prev[:, :n], rc, rs, self.causal[:n, :n])"),
+           _lm((_MTP_CALL, "prev = module(self.embed_tokens(idx[:, k:]), prev[:, :n],")),
            says=r"mtp|order|expected|differ", origin="issue 39"),
     Answer("17.DeepSeekLM", "MTP depth 1 reads the trunk state at position i+1",
-           _lm(CALL="prev = module(prev[:, 1:n + 1], emb, rc, rs, self.causal[:n, :n])"),
+           _lm((_MTP_CALL, "prev = module(prev[:, 1:n + 1], self.embed_tokens(idx[:, k:]),")),
            says=r"mtp|position|read|differ|expected"),
     Answer("17.DeepSeekLM", "load_hf_deepseek: gate and up halves swapped", '''
 _load = load_hf_deepseek
@@ -104,22 +42,21 @@ def load_hf_deepseek(model, hf_state):
         swapped[k] = v
     return _load(model, swapped)
 ''', says=r"transformers|hf|logits|expected|differ"),
+    Answer("17.DeepSeekLM", "the MTP losses summed with λ, not averaged over the depths", _lm(
+        ("self.cfg.mtp_lambda / len(loss_mtp) * sum(loss_mtp)", "self.cfg.mtp_lambda * sum(loss_mtp)")),
+        says=r"mtp_lambda|λ/D"),
+    Answer("17.DeepSeekLM", "cached tokens given the RoPE rows of positions 0… (the offset forgotten)", _lm(
+        ("cos, sin = self.rope_cos[past:past + t], self.rope_sin[past:past + t]",
+         "cos, sin = self.rope_cos[:t], self.rope_sin[:t]")), says=r"LatentCache|positions"),
+    Answer("17.DeepSeekLM", "weights left at PyTorch's default initialisation", _lm(
+        ("nn.init.normal_(m.weight, std=0.02)", "pass")), says=r"N\(0, 0\.02"),
+    Answer("17.DeepSeekLM", "rope_interleave hard-coded", edited(U, "DeepSeekBlock",
+           ("cfg.rope_theta, cfg.rope_interleave,", "cfg.rope_theta, True,")) + solution_def(U, "DeepSeekLM"),
+           says=r"DeepSeekConfig field"),
     # -- 17.generate_latent_cached ------------------------------------------------------------------------------
-    Answer("17.generate_latent_cached", "the last token fed too (one call more, one position more cached)", '''
-@torch.no_grad()
-def generate_latent_cached(model, idx, max_new_tokens):
-    was = model.training
-    model.eval()
-    cache = LatentCache(len(model.layers))
-    logits = model(idx, cache=cache)["logits"]
-    out = [idx]
-    for _ in range(max_new_tokens):
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        out.append(nxt)
-        logits = model(nxt, cache=cache)["logits"]
-    model.train(was)
-    return torch.cat(out, 1), cache
-''', says=r"cache|position|call|expected|latent"),
+    Answer("17.generate_latent_cached", "the last token fed too (one call more, one position more cached)",
+           edited(U, "generate_latent_cached", ("if step < max_new_tokens - 1:", "if True:")),
+           says=r"cache|position|call|expected|latent"),
     Answer("17.generate_latent_cached", "the model left in eval mode", '''
 _gen = generate_latent_cached
 
@@ -144,26 +81,21 @@ def generate_latent_cached(model, idx, max_new_tokens):
     model.train(was)
     return seq, cache
 ''', says=r"call|single|one token|T = 1|cache|expected"),
+    Answer("17.generate_latent_cached", "decoding in the mode the model came in", edited(
+        U, "generate_latent_cached", ("    model.eval()\n", "")), bug="B17.decode_in_train_mode"),
+    Answer("17.generate_latent_cached", "nothing generated for one new token (prefill only from two)", edited(
+        U, "generate_latent_cached", ("if max_new_tokens > 0:", "if max_new_tokens > 1:")), says=r"max_new_tokens=1"),
     # -- 17.train_step ------------------------------------------------------------------------------------------
-    Answer("17.train_step", "gradients clipped after optimizer.step()", _TRAIN.replace(
-        "BODY", "optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"),
+    Answer("17.train_step", "gradients clipped after optimizer.step()", edited(
+        U, "train_step", (_CLIP + "    optimizer.step()\n", "    optimizer.step()\n" + _CLIP)),
         bug="B17.clip_after_step", origin="issue 39"),
-    Answer("17.train_step", "no clipping", _TRAIN.replace("BODY", "optimizer.step()"),
-           says=r"clip|norm|expected"),
-    Answer("17.train_step", "the MTP loss left out of the backward pass", '''
-def train_step(model, optimizer, x, y, max_norm=1.0):
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    out = model(x, y)
-    out["loss_main"].backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
-    loads = [torch.bincount(layer.mlp.last_indices.flatten(), minlength=layer.mlp.n_routed_experts)
-             for layer in model.layers if isinstance(layer.mlp, DeepSeekMoE)]
-    model.update_router_biases()
-    return {"loss": out["loss"].item(), "loss_main": out["loss_main"].item(),
-            "loss_mtp": [v.item() for v in out["loss_mtp"]], "expert_load": loads}
-''', says=r"mtp|loss|gradient|expected"),
+    Answer("17.train_step", "no clipping", edited(U, "train_step", (_CLIP, "")), says=r"clip|norm|expected"),
+    Answer("17.train_step", "the MTP loss left out of the backward pass", edited(
+        U, "train_step", ('out["loss"].backward()', 'out["loss_main"].backward()')), says=r"mtp|loss|gradient|expected"),
+    Answer("17.train_step", "gradients never cleared (accumulate across steps)", edited(
+        U, "train_step", ("    optimizer.zero_grad(set_to_none=True)\n", "")), bug="B17.grads_accumulated"),
+    Answer("17.train_step", "the model's mode left as handed over", edited(U, "train_step", ("    model.train()\n", "")),
+           bug="B17.step_in_eval_mode"),
     # -- 17.compare_models --------------------------------------------------------------------------------------
     Answer("17.compare_models", "active parameters: every routed expert counted", '''
 _cmp = compare_models
@@ -204,14 +136,27 @@ def compare_models(models, train_data, val_data, steps, batch_size, context_leng
             r["val_loss"] = sum(vals) / len(vals)
     return rows
 ''', says=r"val_loss|main|expected"),
+    Answer("17.compare_models", "ms_per_step: the total time, not the mean per step", edited(
+        U, "compare_models", ('"ms_per_step": 1000 * spent / max(steps, 1)', '"ms_per_step": 1000 * spent')),
+        says=r"ms_per_step"),
+    Answer("17.compare_models", "dense models trained without clipping", edited(
+        U, "compare_models", ("                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", "")),
+        says=r"clipped to 1\.0"),
+    Answer("17.compare_models", "validation in training mode", edited(U, "compare_models", ("        model.eval()\n", ""))
+           , says=r"validation forwards ran in training mode"),
+    Answer("17.compare_models", "the cache size as a float (head_dim = d_model / n_heads)", edited(
+        U, "compare_models", ("head_dim=c.d_model // c.n_heads)\n", "head_dim=c.d_model / c.n_heads)\n")),
+        says=r"ints"),
     # -- 17.fp8_inference ---------------------------------------------------------------------------------------
     Answer("17.fp8_inference", "only layers[0].self_attn converted",
-           _FP8.replace("CONVERT", 'convert_linears_to_fp8(fp8.layers[0].self_attn, skip=("lm_head", "gate"))'),
+           _fp8('convert_linears_to_fp8(fp8.layers[0].self_attn, skip=("lm_head", "gate"))'),
            says=r"convert|layer|module|expected", origin="issue 39"),
-    Answer("17.fp8_inference", "only the attention blocks converted", _FP8.replace(
-        "CONVERT", 'for layer in fp8.layers:\n        convert_linears_to_fp8(layer.self_attn, skip=("lm_head", "gate"))'),
+    Answer("17.fp8_inference", "only the attention blocks converted", _fp8(
+        'for layer in fp8.layers:\n        convert_linears_to_fp8(layer.self_attn, skip=("lm_head", "gate"))'),
         says=r"convert|layer|module|expected|mlp|expert", origin="issue 39"),
     Answer("17.fp8_inference", "the whole model converted, MTP modules included",
-           _FP8.replace("CONVERT", 'convert_linears_to_fp8(fp8, skip=("lm_head", "gate"))'),
+           _fp8('convert_linears_to_fp8(fp8, skip=("lm_head", "gate"))'),
            says=r"convert|mtp|module|expected"),
+    Answer("17.fp8_inference", "losses measured in the mode the model came in", edited(
+        U, "fp8_eval", ("        m.eval()\n", "")), says=r"eval mode"),
 ]
