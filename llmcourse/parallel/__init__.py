@@ -35,6 +35,7 @@ from .tensor_parallel import (
     copy_to_tensor_parallel,
     reduce_from_tensor_parallel,
     row_parallel_linear,
+    tp_swiglu,
 )
 from .zero import ZeRO1AdamW, shard_range, zero_memory_per_rank
 
@@ -44,6 +45,6 @@ __all__ = [
     "average_gradients", "expert_parallel_moe", "row_parallel_linear",
     "broadcast_parameters", "collective_bytes_per_rank", "copy_to_tensor_parallel", "dispatch_counts", "free_port",
     "launch", "measure_all_reduce", "reduce_from_tensor_parallel", "ring_all_reduce", "ring_all_reduce_schedule",
-    "ring_all_reduce_volume", "run_ranks", "run_torchrun_entry", "shard_batch", "shard_range",
+    "ring_all_reduce_volume", "run_ranks", "run_torchrun_entry", "shard_batch", "shard_range", "tp_swiglu",
     "zero_memory_per_rank",
 ]

@@ -2,6 +2,7 @@
 wrong answers issue 40 named."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
 # -- 18.ring_all_reduce -------------------------------------------------------------------------------------------
 
@@ -318,6 +319,53 @@ def row_parallel_linear(x, linear, rank, world_size):
     return y
 '''
 
+# -- 18.tp_swiglu (written from the released exercise notebook, before the check existed) ------------------------
+
+# forgot the backward communication: ∂x is only this rank's hidden slice's contribution
+_TP_NO_DX_SUM = edited("18", "tp_swiglu", ("    xin = EnterRegion.apply(x)\n", "    xin = x\n"))
+# the column-parallel layer's input all-reduced in the forward pass ("the region needs an all-reduce")
+_TP_REDUCE_INPUT_FORWARD = edited("18", "tp_swiglu", (
+    "        def forward(ctx, t):\n            return t.view_as(t)\n",
+    "        def forward(ctx, t):\n            t = t.clone()\n            dist.all_reduce(t)\n            return t\n"), (
+    "            grad = grad.clone()\n            dist.all_reduce(grad)\n            return grad\n",
+    "            return grad\n"))
+# the backward sum averaged like data parallelism's gradients
+_TP_DX_AVERAGED = edited("18", "tp_swiglu", ("            dist.all_reduce(grad)\n",
+                                             "            dist.all_reduce(grad)\n            grad /= dist.get_world_size()\n"))
+# the output's all-reduce made differentiable: its backward sums the (already replicated) gradient again
+_TP_OUTPUT_REDUCE_BOTH_WAYS = edited("18", "tp_swiglu", (
+    "    dist.all_reduce(out)\n    return out\n",
+    "    from torch.distributed.nn.functional import all_reduce\n    return all_reduce(out)\n"))
+# one entry per column-parallel layer: gate and up each sum their own ∂x (right values, twice the backward traffic)
+_TP_TWO_ENTRIES = edited("18", "tp_swiglu", (
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (xin @ ff.up_proj.weight[mine].T)\n",
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (EnterRegion.apply(x) @ ff.up_proj.weight[mine].T)\n"))
+# lazy: gather every rank's shards into the full weights and run the dense block everywhere
+_TP_GATHER_WEIGHTS = edited("18", "tp_swiglu", (
+    "    xin = EnterRegion.apply(x)\n"
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (xin @ ff.up_proj.weight[mine].T)\n"
+    "    out = hidden @ ff.down_proj.weight[:, mine].T\n"
+    "    dist.all_reduce(out)\n"
+    "    return out\n",
+    "    def full(w, dim):\n"
+    "        own = w[mine] if dim == 0 else w[:, mine]\n"
+    "        parts = [torch.empty_like(own) for _ in range(world_size)]\n"
+    "        dist.all_gather(parts, own.detach().contiguous())\n"
+    "        parts[rank] = own\n"
+    "        return torch.cat(parts, dim)\n"
+    "    gate, up, down = full(ff.gate_proj.weight, 0), full(ff.up_proj.weight, 0), full(ff.down_proj.weight, 1)\n"
+    "    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T\n"))
+# gate split by rows but down by rows too (the output features), then the slices all-gathered
+_TP_DOWN_COLUMN_PARALLEL = edited("18", "tp_swiglu", (
+    "    out = hidden @ ff.down_proj.weight[:, mine].T\n    dist.all_reduce(out)\n    return out\n",
+    "    d = ff.down_proj.out_features // world_size\n"
+    "    part = F.linear(hidden.new_zeros(*hidden.shape[:-1], ff.gate_proj.out_features).index_copy("
+    "-1, torch.arange(mine.start, mine.stop), hidden), ff.down_proj.weight[rank * d:(rank + 1) * d])\n"
+    "    out = torch.cat([part] * world_size, -1)\n"
+    "    dist.all_reduce(out)\n    return out\n"))
+# no way back for the gradient at all
+_TP_DETACHED = edited("18", "tp_swiglu", ("    xin = EnterRegion.apply(x)\n", "    xin = x.detach()\n"))
+
 # -- 18.expert_parallel_moe -----------------------------------------------------------------------------------------
 
 _EP_GATHER = '''
@@ -457,6 +505,22 @@ ANSWERS = [
            bug="B18.row_full_product"),
     Answer("18.row_parallel_linear", "bias added on every rank before the all-reduce", _ROW_BIAS_EVERY_RANK,
            bug="B18.bias_every_rank"),
+    # tp_swiglu (red team, from the exercise notebook)
+    Answer("18.tp_swiglu", "no backward all-reduce: ∂x from this rank's hidden slice only", _TP_NO_DX_SUM,
+           bug="B18.tp_dx_partial", origin="red team"),
+    Answer("18.tp_swiglu", "the column-parallel input all-reduced in forward, identity backward",
+           _TP_REDUCE_INPUT_FORWARD, bug="B18.tp_input_reduced_forward", origin="red team"),
+    Answer("18.tp_swiglu", "∂x averaged over ranks instead of summed", _TP_DX_AVERAGED, bug="B18.tp_dx_averaged",
+           origin="red team"),
+    Answer("18.tp_swiglu", "a differentiable all-reduce at the output (sums the gradient again)",
+           _TP_OUTPUT_REDUCE_BOTH_WAYS, bug="B18.tp_output_reduced_backward", origin="red team"),
+    Answer("18.tp_swiglu", "gate and up each sum their own ∂x (two backward all-reduces)", _TP_TWO_ENTRIES,
+           says=r"backward", origin="red team"),
+    Answer("18.tp_swiglu", "all-gather the weight shards, dense block on every rank", _TP_GATHER_WEIGHTS,
+           bug="B18.tp_gather_weights", origin="red team"),
+    Answer("18.tp_swiglu", "down split by output features too", _TP_DOWN_COLUMN_PARALLEL, says=r"NaN",
+           origin="red team"),
+    Answer("18.tp_swiglu", "x detached: no gradient reaches it", _TP_DETACHED, says=r"no gradient", origin="red team"),
     # expert_parallel_moe
     Answer("18.expert_parallel_moe", "all-gather the tokens, all-reduce, no all-to-all", _EP_GATHER,
            bug="B18.ep_no_all_to_all", origin="issue 40"),
