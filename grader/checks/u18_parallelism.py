@@ -54,6 +54,12 @@ def _ref_row():
     return {"row_parallel_linear": row_parallel_linear}
 
 
+def _ref_tp():
+    from llmcourse.parallel.tensor_parallel import tp_swiglu
+
+    return {"tp_swiglu": tp_swiglu}
+
+
 def _ref_ep():
     from llmcourse.parallel.expert_parallel import expert_parallel_moe
 
@@ -610,6 +616,120 @@ def check_row_parallel_linear(t):
                  "exactly one all_reduce of the partial outputs and nothing else (each rank already has the input)")
 
 
+# ------------------------------------------------------------------------------------------------ 18.tp_swiglu
+
+TP_D, TP_HIDDEN = 8, 12
+TP_X = torch.randn(2, 3, TP_D, generator=torch.Generator().manual_seed(1810))
+TP_G = torch.randn(2, 3, TP_D, generator=torch.Generator().manual_seed(1811))     # the loss's weights: sum(G ⊙ y)
+
+
+def _tp_block():
+    from llmcourse.models.llama3 import SwiGLUFeedForward
+
+    torch.manual_seed(1812)
+    ff = SwiGLUFeedForward(TP_D, TP_HIDDEN)
+    with torch.no_grad():
+        for prm in ff.parameters():
+            prm.normal_(0.0, 0.4)                                  # silu far from linear: the gate matters
+    return ff
+
+
+def _tp_phases(rec) -> tuple[list[dict], list[dict]]:
+    """A rank's recorded traffic split into the forward call and the backward pass (the body marks the boundary)."""
+    n = rec.get("n_forward", 0)
+    return rec["traffic"][:n], rec["traffic"][n:]
+
+
+def _tp_expected():
+    dense = _tp_block()
+    x = TP_X.clone().requires_grad_(True)
+    y = dense(x)
+    (y * TP_G).sum().backward()
+    return y.detach(), x.grad, dense
+
+
+defining_property(
+    "18.tp_swiglu",
+    "Megatron's tensor-parallel SwiGLU block: gate/up column-parallel (rank r multiplies the whole x by its rows), "
+    "down row-parallel (its columns), one all-reduce of the output forward; where x enters, the identity forward "
+    "and one all-reduce of ∂x backward (f/g), so every rank gets the full ∂x and its shards' dense gradients",
+    probe="in each rank the gate/up rows and down columns outside its shard are NaN (a rank touching them returns "
+          "NaN); the recording process group's traffic is split at the end of the forward call: exactly one "
+          "all-reduce of (…, D) elements in the forward and one in the backward, nothing else; the output, ∂x and "
+          "the shards' weight gradients of sum(G ⊙ y) against the dense SwiGLUFeedForward in one process")
+
+
+@check("18.tp_swiglu", ["tp_swiglu"], _ref_tp)
+def check_tp_swiglu(t):
+    x, state = TP_X.clone(), _tp_block().state_dict()
+
+    def probe(impl):
+        def body(rank, world_size):
+            from llmcourse.models.llama3 import SwiGLUFeedForward
+            from llmcourse.parallel import traffic
+
+            ff = SwiGLUFeedForward(TP_D, TP_HIDDEN)
+            ff.load_state_dict(state)
+            k = TP_HIDDEN // world_size
+            own = slice(rank * k, (rank + 1) * k)
+            with torch.no_grad():                   # what this rank does not own is not here: NaN
+                for h in range(TP_HIDDEN):
+                    if h // k != rank:
+                        ff.gate_proj.weight[h] = float("nan")
+                        ff.up_proj.weight[h] = float("nan")
+                        ff.down_proj.weight[:, h] = float("nan")
+            xr = x.clone().requires_grad_(True)
+            out = impl.tp_swiglu(xr, ff, rank, world_size)
+            n_forward = len(traffic.TRAFFIC)
+            grads = None
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.shape == TP_G.shape:
+                (out * TP_G).sum().backward()
+                pick = [xr.grad, ff.gate_proj.weight.grad, ff.up_proj.weight.grad, ff.down_proj.weight.grad]
+                if all(g is not None for g in pick):
+                    grads = [pick[0].detach().clone(), pick[1][own].detach().clone(), pick[2][own].detach().clone(),
+                             pick[3][:, own].detach().clone()]
+            return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out, "grads": grads,
+                    "n_forward": n_forward}
+        return on_ranks(body)
+
+    records = run_on_ranks(t, probe)
+    want_y, want_dx, dense = _tp_expected()
+    tokens = TP_X.numel()
+    for rec in records:
+        t.expect(isinstance(rec["out"], torch.Tensor) and rec["out"].shape == want_y.shape,
+                 f"rank {rec['rank']} returned {type(rec['out']).__name__}"
+                 f"{tuple(rec['out'].shape) if isinstance(rec['out'], torch.Tensor) else ''}; every rank returns "
+                 f"the block's full output {tuple(want_y.shape)}")
+        if not bool(torch.isfinite(rec["out"]).all()):
+            nan_probe_failure(f"rank {rec['rank']}'s output has NaN: it used gate/up rows or down columns outside its "
+                              "shard (here they are NaN); rank r multiplies with rows r·h/p … (r+1)·h/p − 1 of gate and "
+                              "up and the matching columns of down only")
+        fwd, _ = _tp_phases(rec)
+        if any(e["op"] == "allgather" for e in fwd):
+            t.fail(f"rank {rec['rank']} all-gathered in the forward pass ({[e['op'] for e in fwd]}): gathering the "
+                   "shards rebuilds the dense block on every rank", bug="B18.tp_gather_weights")
+    compare_ranks(t, probe, records, want_y, "output against the dense SwiGLU block", key=lambda r: r["out"], atol=1e-5)
+    k = TP_HIDDEN // WORLD
+    for rec in records:
+        r = rec["rank"]
+        own = slice(r * k, (r + 1) * k)
+        t.expect(rec["grads"] is not None,
+                 f"rank {r}: no gradient reaches x and the gate, up and down weights through the output; the block "
+                 "is trained, so its output must be differentiable like ff(x)")
+        want = [want_dx, dense.gate_proj.weight.grad[own], dense.up_proj.weight.grad[own],
+                dense.down_proj.weight.grad[:, own]]
+        compare_ranks(t, probe, [rec], want, f"rank {r}'s gradients (∂x, its rows of gate and up, its columns of down) "
+                      "against the dense block's, for the loss sum(G ⊙ y)", key=lambda rc: rc["grads"], atol=1e-5)
+    for rec in records:
+        fwd, bwd = _tp_phases(rec)
+        for phase, events in (("forward", fwd), ("backward", bwd)):
+            desc = [(e["op"], e["numel"]) for e in events]
+            t.expect(desc == [("allreduce", tokens)],
+                     f"rank {rec['rank']}'s group carried {desc or 'nothing'} in the {phase} pass; the block needs "
+                     f"exactly one all-reduce of {tokens} elements (the (…, D) activation or its gradient) there "
+                     "and nothing else")
+
+
 # ------------------------------------------------------------------------------------------------ 18.expert_parallel_moe
 
 EP_SHAPE = (2, 3, 8)     # each rank's tokens (B, T, D): B·T ≠ D, so (tokens, D) and (D, tokens) differ
@@ -772,6 +892,11 @@ decision("18.ShardedAdamW", "the collectives: a reduce-scatter hands each rank i
 decision("18.row_parallel_linear", "where the bias goes: added once, after the partial products are summed",
          forms=[r"bias\W+(\w+\W+){0,4}after\s+(the\s+)?(all[-_ ]?reduce|sum)", r"bias added once"],
          wrong=("B18.bias_every_rank",))
+decision("18.tp_swiglu", "where x enters the column-parallel layers: the identity in the forward pass and an "
+         "all-reduce (sum) of ∂x in the backward pass (Megatron's f), shared by gate and up",
+         forms=[r"identity\W+(in\s+)?(the\s+)?forward", r"all[-_ ]?reduce\w*\W+(of\s+)?(the\s+)?(gradient of x|∂x|grad)",
+                r"sum(s|med)?\s+(of\s+)?(the\s+)?(gradient of x|∂x)"],
+         wrong=("B18.tp_dx_partial", "B18.tp_input_reduced_forward", "B18.tp_dx_averaged"))
 decision("18.expert_parallel_moe", "how a rank learns how many rows it receives: an all-to-all of the per-rank counts "
          "before the rows", forms=[r"exchange (the )?(per-rank )?counts", r"all[-_ ]to[-_ ]all of (the )?(p )?"
                                    r"(integers|counts)"],
@@ -782,4 +907,8 @@ also_blocked("18.attach_data_parallel", "llmcourse.parallel.data_parallel:Bucket
              "llmcourse.parallel.data_parallel:average_gradients")
 also_blocked("18.row_parallel_linear", "llmcourse.parallel.tensor_parallel:RowParallelLinear",
              "llmcourse.parallel.tensor_parallel:reduce_from_tensor_parallel")
+also_blocked("18.tp_swiglu", "llmcourse.parallel.tensor_parallel:TensorParallelSwiGLU",
+             "llmcourse.parallel.tensor_parallel:ColumnParallelLinear",
+             "llmcourse.parallel.tensor_parallel:copy_to_tensor_parallel",
+             "llmcourse.parallel.tensor_parallel:_CopyToTP")
 also_blocked("18.expert_parallel_moe", "llmcourse.parallel.expert_parallel:ExpertParallelMoE")
