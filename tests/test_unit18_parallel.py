@@ -8,6 +8,7 @@ single-process ``DeepSeekMoE`` for expert parallelism. Every launch uses 2 gloo 
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -504,3 +505,22 @@ def test_pipeline_schedules_take_the_closed_form_time_and_hold_the_closed_form_a
         simulate_pipeline(2, 2, "interleaved")
     with pytest.raises(ValueError):
         simulate_pipeline(0, 2)
+
+
+def _bypass(rank, world_size):
+    import torch.distributed as dist
+
+    t = torch.ones(1000)
+    dist.group.WORLD._inner.allreduce([t]).wait()      # the real group behind the recording one: not a record
+    return t[0].item()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO's byte counters are Linux's")
+def test_bytes_sent_around_the_recording_group_are_seen_on_the_wire():
+    from grader.checks.u18_parallelism import wire_budget
+
+    results = launch(_bypass, 2, timeout_s=TIMEOUT, backend="gloo_recorded")
+    for r in results:
+        assert r.ok and r.value == 2.0, r.describe()
+        assert r.traffic == []                                      # the group saw nothing ...
+        assert r.wire_sent >= 4000 > wire_budget({"traffic": [], "barriers": 0, "world_size": 2})  # ... the kernel did

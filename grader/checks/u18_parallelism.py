@@ -89,7 +89,8 @@ def on_ranks(body, world_size: int = WORLD, timeout_s: float = RANK_TIMEOUT_S) -
     records = []
     for r in launch(guarded, world_size, timeout_s=timeout_s, backend="gloo_recorded"):
         rec = {"rank": r.rank, "calls": list(r.calls), "pending": r.pending, "error": r.error,
-               "ok": False, "value": None, "status": "failed", "message": "", "traffic": list(r.traffic)}
+               "ok": False, "value": None, "status": "failed", "message": "", "traffic": list(r.traffic),
+               "wire_sent": r.wire_sent, "barriers": r.barriers, "world_size": world_size}
         if r.ok and isinstance(r.value, dict):
             if r.value["ok"] and isinstance(r.value["value"], dict):
                 rec.update(r.value["value"], ok=True)      # the body's own keys ("out", "grads", ...)
@@ -141,11 +142,53 @@ def run_on_ranks(t, probe) -> list[dict]:
 
 
 def expect_observed(t, records) -> None:
-    """Every message went through the ranks' own default group (where the grader sees it)."""
+    """Every message went through the ranks' own default group (where the grader sees it): no group of another
+    backend, and no more bytes on the wire than the recorded messages account for (:func:`wire_budget`)."""
     for rec in records:
         other = [e.get("backend", "?") for e in rec["traffic"] if e["op"] == "unrecorded_group"]
         t.expect(not other, f"rank {rec['rank']} made a process group of its own ({other[0] if other else ''}); "
                  "use the default group that every rank already joined (dist.new_group() without a backend works)")
+    for rec in records:
+        budget = wire_budget(rec)
+        t.expect(rec.get("wire_sent") is None or rec["wire_sent"] <= budget,
+                 f"rank {rec['rank']} sent {rec.get('wire_sent')} bytes over its connections to the other ranks, more "
+                 f"than the messages its process group recorded can account for (at most {budget:.0f} bytes with "
+                 "gloo's headers): it communicated around the group (through an object behind it, or a group or "
+                 "connection of its own). Send everything through torch.distributed's functions or the group's own "
+                 "methods")
+
+
+# Bytes gloo puts on the wire for a recorded message, measured on loopback (torch 2.13's gloo; a rank's bytes sent,
+# tensors of 8 and 1,000 elements per rank, 2, 3 and 4 ranks): a payload part (an all-reduce sends 2(p−1)/p of its
+# tensor, a reduce-scatter the same: gloo runs it as an all-reduce; an all-gather (p−1) contributions; an all-to-all
+# (p−1)/p of its input; a broadcast's root up to 2 tensors), and a header part growing with the ranks: ≈ 580(p−1)
+# bytes per all-reduce or reduce-scatter, 290(p−1) per all-gather, 145(p−1) per all-to-all, 150(p−1) per barrier,
+# 48 per point-to-point message and per receive notification. The budget takes the payload's bound (the tensor's
+# bytes × the factor below) and 1.5 times the headers, so that no correct answer comes near it (the references stay
+# under 0.7 of it), while an unrecorded collective of a check's tensors goes over it.
+_WIRE_HEADER = {"allreduce": 900, "reduce_scatter": 900, "allgather": 450, "all_to_all": 220,
+                "all_to_all_single": 220, "broadcast": 500, "reduce": 500, "gather": 100, "scatter": 100}
+_WIRE_PAYLOAD = {"allreduce": 2, "reduce_scatter": 2, "all_to_all": 1, "all_to_all_single": 1}
+WIRE_PER_MESSAGE = 96           # a send's header, or a receiver's notification, with room
+WIRE_PER_BARRIER = 250          # per other rank
+WIRE_SLACK = 256                # for the whole function (no recorded message: nothing may go on the wire beyond it)
+
+
+def wire_budget(rec) -> float:
+    """The most bytes a rank's recorded messages (and barriers) can put on the wire (see the constants above)."""
+    p = rec.get("world_size", WORLD)
+    budget = WIRE_SLACK + rec.get("barriers", 0) * WIRE_PER_BARRIER * max(1, p - 1)
+    for e in rec["traffic"]:
+        if e["op"] == "unrecorded_group":
+            continue
+        size = e["numel"] * (getattr(torch, e["dtype"]).itemsize if e.get("dtype") else 4)
+        if e["op"] == "send":
+            budget += size + WIRE_PER_MESSAGE
+        elif e["op"] == "recv":
+            budget += WIRE_PER_MESSAGE
+        else:
+            budget += _WIRE_PAYLOAD.get(e["op"], p) * size + _WIRE_HEADER.get(e["op"], 900) * max(1, p - 1)
+    return budget
 
 
 _P2P = ("send", "recv")

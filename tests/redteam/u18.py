@@ -85,6 +85,13 @@ def ring_all_reduce(tensor):
     return tensor
 '''
 
+# the known bypass of issue 40: the real gloo group behind the recording one, reached through its private attribute
+_RING_INNER = '''
+def ring_all_reduce(tensor):
+    dist.group.WORLD._inner.allreduce([tensor]).wait()
+    return tensor
+'''
+
 # only the reduce-scatter phase: each rank ends with one summed chunk, the rest partial
 _RING_HALF = '''
 def ring_all_reduce(tensor):
@@ -466,6 +473,11 @@ ANSWERS = [
            says=r"calls the collective allreduce"),
     Answer("18.ring_all_reduce", "the process group's allreduce called directly", _RING_PG,
            says=r"calls the collective allreduce"),
+    Answer("18.ring_all_reduce", "the real group behind the recording one (its private _inner)", _RING_INNER,
+           says=r"communicated around the group", origin="issue 40"),
+    Answer("18.ShardedAdamW", "the whole-gradient all-reduce sent through the unrecorded inner group",
+           _zero(grads=_ZERO_AR.replace("dist.all_reduce(flat_g)", "dist.group.WORLD._inner.allreduce([flat_g]).wait()")),
+           says=r"communicated around the group", origin="issue 40"),
     Answer("18.ring_all_reduce", "reduce-scatter phase only", _RING_HALF, says=r"the tensor after the ring"),
     # attach_data_parallel
     Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp(SEED="pass"),
