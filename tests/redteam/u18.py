@@ -93,66 +93,33 @@ def ring_all_reduce(tensor):
 '''
 
 # only the reduce-scatter phase: each rank ends with one summed chunk, the rest partial
-_RING_HALF = '''
-def ring_all_reduce(tensor):
-    r, p = dist.get_rank(), dist.get_world_size()
-    chunks = tensor.view(-1).chunk(p)
-    right, left = (r + 1) % p, (r - 1) % p
-    got = torch.empty_like(chunks[0])
-    for s in range(p - 1):
-        send_i, recv_i = (r - s) % p, (r - s - 1) % p
-        ops = [dist.P2POp(dist.isend, chunks[send_i].clone(), right), dist.P2POp(dist.irecv, got, left)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-        chunks[recv_i].add_(got)
-    return tensor
-'''
+_RING_HALF = edited("18", "ring_all_reduce", ("    for gather in (0, 1):", "    for gather in (0,):"))
 
 # -- 18.attach_data_parallel --------------------------------------------------------------------------------------
 
-_DP = '''
-def attach_data_parallel(module, seed):
-    r, ws = dist.get_rank(), dist.get_world_size()
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):  # @SYNC
-            dist.broadcast(t, 0)
-    torch.manual_seed(seed + r)  # @SEED
-    for p in module.parameters():
-        if p.requires_grad:
-            def hook(param):
-                dist.all_reduce(param.grad)
-                param.grad /= ws  # @DIV
-            p.register_post_accumulate_grad_hook(hook)
-'''
+_SEED = "    torch.manual_seed(seed + dist.get_rank())\n"
+_DIV = "        param.grad.div_(p)\n"
 
 
-def _dp(**edits):
-    src = _DP
-    for marker, line in edits.items():
-        lines = src.split("\n")
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in line.split("\n"))
-        src = "\n".join(lines)
-    return src
+def _dp(*replacements):
+    return edited("18", "attach_data_parallel", *replacements)
 
 
-_DP_BACKWARD_HOOK = '''
-def attach_data_parallel(module, seed):
-    r, ws = dist.get_rank(), dist.get_world_size()
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t, 0)
-    torch.manual_seed(seed + r)
-
-    def hook(mod, grad_input, grad_output):
-        for p in mod.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= ws
-
-    module.register_full_backward_hook(hook)
-'''
+_DP_BACKWARD_HOOK = _dp((
+    "    def average(param):\n"
+    "        dist.all_reduce(param.grad)\n"
+    "        param.grad.div_(p)\n"
+    "\n"
+    "    for param in module.parameters():\n"
+    "        if param.requires_grad:\n"
+    "            param.register_post_accumulate_grad_hook(average)\n",
+    "    def average(mod, grad_input, grad_output):\n"
+    "        for q in mod.parameters():\n"
+    "            if q.grad is not None:\n"
+    "                dist.all_reduce(q.grad)\n"
+    "                q.grad.div_(p)\n"
+    "\n"
+    "    module.register_full_backward_hook(average)\n"))
 
 # -- 18.ShardedAdamW ------------------------------------------------------------------------------------------------
 
@@ -175,62 +142,29 @@ class ShardedAdamW:
         self.inner.step()
 '''
 
+_ZERO_SCATTER = ("        g = torch.empty(self.size)\n"
+                 "        dist.reduce_scatter_single(g, flat([q.grad if q.grad is not None else torch.zeros_like(q)\n"
+                 "                                            for q in self.params]))\n")
+
+
+def _zero(*replacements):
+    return edited("18", "ShardedAdamW", *replacements)
+
+
+def _zero_all_reduced(reduce="dist.all_reduce(summed)"):
+    """The whole flat gradient all-reduced (``reduce``), then this rank's share sliced out of it."""
+    return _zero((_ZERO_SCATTER,
+                  "        summed = flat([q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params])\n"
+                  f"        {reduce}\n"
+                  "        g = summed[self.r * self.size:(self.r + 1) * self.size].clone()\n"))
+
+
 # a flat shard per rank, but moments allocated for all Ψ parameters (zeros outside the share)
-_ZERO_BODY = '''
-class ShardedAdamW:
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-        self.params = list(params)
-        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
-        self.r, self.ws = dist.get_rank(), dist.get_world_size()
-        self.n = sum(p.numel() for p in self.params)
-        self.share = math.ceil(self.n / self.ws)
-        self.lo, self.hi = self.r * self.share, min(self.n, (self.r + 1) * self.share)
-        self.m = torch.zeros(@MOMENT_SIZE)
-        self.v = torch.zeros(@MOMENT_SIZE)
-        self.t = 0
-
-    def state_numel(self):
-        return @STATE_NUMEL
-
-    @torch.no_grad()
-    def step(self):
-        self.t += 1
-        b1, b2 = self.betas
-        flat_g = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat_g = torch.cat([flat_g, flat_g.new_zeros(self.share * self.ws - self.n)])
-        @GRADS
-        flat_p = torch.cat([p.reshape(-1) for p in self.params])
-        flat_p = torch.cat([flat_p, flat_p.new_zeros(self.share * self.ws - self.n)])
-        mine = flat_p[self.r * self.share:(self.r + 1) * self.share].clone()
-        m, v = @MV
-        m.mul_(b1).add_(g, alpha=1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        mhat, vhat = m / (1 - b1 ** self.t), v / (1 - b2 ** self.t)
-        mine.mul_(1 - self.lr * self.wd)
-        mine.addcdiv_(mhat, vhat.sqrt() + self.eps, value=-self.lr)
-        out = [torch.empty_like(mine) for _ in range(self.ws)]
-        dist.all_gather(out, mine)
-        new = torch.cat(out)[:self.n]
-        i = 0
-        for p in self.params:
-            p.copy_(new[i:i + p.numel()].view_as(p))
-            i += p.numel()
-'''
-
-_ZERO_RS = '''g = torch.empty(self.share)
-        dist.reduce_scatter(g, list(flat_g.chunk(self.ws)))
-        g /= self.ws'''
-_ZERO_AR = '''dist.all_reduce(flat_g)
-        g = flat_g[self.r * self.share:(self.r + 1) * self.share] / self.ws'''
-
-
-def _zero(size="self.share", numel="2 * self.share", grads=_ZERO_RS, mv="self.m, self.v"):
-    return (_ZERO_BODY.replace("@MOMENT_SIZE", size).replace("@STATE_NUMEL", numel).replace("@GRADS", grads)
-            .replace("@MV", mv))
-
-
-_ZERO_ALL_SIZED = _zero(size="self.share * self.ws", mv=(
-    "self.m[self.r * self.share:(self.r + 1) * self.share], self.v[self.r * self.share:(self.r + 1) * self.share]"))
+_ZERO_ALL_SIZED = _zero(("        self.m = torch.zeros(self.size)\n        self.v = torch.zeros(self.size)\n",
+                         "        self.m_all = torch.zeros(self.size * self.p)\n"
+                         "        self.v_all = torch.zeros(self.size * self.p)\n"
+                         "        self.m = self.m_all[self.r * self.size:(self.r + 1) * self.size]\n"
+                         "        self.v = self.v_all[self.r * self.size:(self.r + 1) * self.size]\n"))
 
 # the full moments kept on the parameters, where the optimizer's own attributes do not show them
 _ZERO_ON_PARAMS = '''
@@ -317,14 +251,10 @@ def row_parallel_linear(x, linear, rank, world_size):
     return y
 '''
 
-_ROW_BIAS_EVERY_RANK = '''
-def row_parallel_linear(x, linear, rank, world_size):
-    k = linear.in_features // world_size
-    sl = slice(rank * k, (rank + 1) * k)
-    y = F.linear(x[..., sl], linear.weight[:, sl], linear.bias)
-    dist.all_reduce(y)
-    return y
-'''
+_ROW_BIAS_EVERY_RANK = edited("18", "row_parallel_linear", (
+    "    partial = x[..., mine] @ linear.weight[:, mine].T\n",
+    "    partial = x[..., mine] @ linear.weight[:, mine].T + linear.bias\n"), ("    return partial + linear.bias\n",
+                                                                           "    return partial\n"))
 
 # -- 18.tp_swiglu (written from the released exercise notebook, before the check existed) ------------------------
 
@@ -476,26 +406,27 @@ ANSWERS = [
     Answer("18.ring_all_reduce", "the real group behind the recording one (its private _inner)", _RING_INNER,
            says=r"communicated around the group", origin="issue 40"),
     Answer("18.ShardedAdamW", "the whole-gradient all-reduce sent through the unrecorded inner group",
-           _zero(grads=_ZERO_AR.replace("dist.all_reduce(flat_g)", "dist.group.WORLD._inner.allreduce([flat_g]).wait()")),
+           _zero_all_reduced("dist.group.WORLD._inner.allreduce([summed]).wait()"),
            says=r"communicated around the group", origin="issue 40"),
     Answer("18.ring_all_reduce", "reduce-scatter phase only", _RING_HALF, says=r"the tensor after the ring"),
     # attach_data_parallel
-    Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp(SEED="pass"),
+    Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp((_SEED, "")),
            bug="B18.seed_ignored", origin="issue 40"),
-    Answer("18.attach_data_parallel", "gradients averaged twice", _dp(DIV="param.grad /= ws * ws"),
+    Answer("18.attach_data_parallel", "gradients averaged twice", _dp(("param.grad.div_(p)", "param.grad.div_(p * p)")),
            bug="B18.grads_averaged_twice", origin="issue 40"),
-    Answer("18.attach_data_parallel", "the same seed on every rank", _dp(SEED="torch.manual_seed(seed)"),
+    Answer("18.attach_data_parallel", "the same seed on every rank", _dp((_SEED, "    torch.manual_seed(seed)\n")),
            bug="B18.same_dropout_seed"),
-    Answer("18.attach_data_parallel", "each rank seeded with its rank, seed ignored", _dp(SEED="torch.manual_seed(r)"),
+    Answer("18.attach_data_parallel", "each rank seeded with its rank, seed ignored", _dp((_SEED, "    torch.manual_seed(dist.get_rank())\n")),
            bug="B18.seed_ignored"),
     Answer("18.attach_data_parallel", "seed * rank: rank 0's draws do not depend on seed",
-           _dp(SEED="torch.manual_seed(seed * r)"), bug="B18.seed_ignored"),
-    Answer("18.attach_data_parallel", "a fresh random seed per rank (not reproducible)", _dp(SEED="torch.seed()"),
+           _dp((_SEED, "    torch.manual_seed(seed * dist.get_rank())\n")), bug="B18.seed_ignored"),
+    Answer("18.attach_data_parallel", "a fresh random seed per rank (not reproducible)", _dp((_SEED, "    torch.seed()\n")),
            says=r"reproducible from `seed`"),
-    Answer("18.attach_data_parallel", "gradients summed, not averaged", _dp(DIV="pass"),
+    Answer("18.attach_data_parallel", "gradients summed, not averaged", _dp((_DIV, "")),
            bug="B18.sum_not_mean"),
     Answer("18.attach_data_parallel", "parameters broadcast, buffers not",
-           _dp(SYNC="for t in list(module.parameters()):"), says=r"buffer 'scale' differs"),
+           _dp(("list(module.parameters()) + list(module.buffers())",
+                                                    "list(module.parameters())")), says=r"buffer 'scale' differs"),
     Answer("18.attach_data_parallel", "averaging in a module full backward hook", _DP_BACKWARD_HOOK,
            says=r"gradients of the first backward"),
     # ShardedAdamW
@@ -506,7 +437,7 @@ ANSWERS = [
     Answer("18.ShardedAdamW", "full moments kept on the parameters", _ZERO_ON_PARAMS, bug="B18.zero_full_state"),
     Answer("18.ShardedAdamW", "whole parameters dealt round-robin (unbalanced)", _ZERO_ROUND_ROBIN,
            says=r"reports \d+ elements of optimizer state"),
-    Answer("18.ShardedAdamW", "all-reduce of the whole gradient instead of its share", _zero(grads=_ZERO_AR),
+    Answer("18.ShardedAdamW", "all-reduce of the whole gradient instead of its share", _zero_all_reduced(),
            bug="B18.zero_all_reduce"),
     # row_parallel_linear
     Answer("18.row_parallel_linear", "every rank computes the full product /p, one all-reduce", _ROW_FULL,
