@@ -55,7 +55,7 @@ _TCPI_BYTES_SENT = 200     # offset of tcpi_bytes_sent (u64) in Linux's struct t
 def wire_bytes_sent(exclude_port: int | None = None) -> dict[tuple[int, int], int] | None:
     """Bytes this process has sent on each of its connected TCP sockets, ``{(local port, peer port): bytes}``, read
     from the kernel (``getsockopt(TCP_INFO)``: ``tcpi_bytes_sent``, retransmissions included; on loopback there are
-    none). Sockets whose peer port is ``exclude_port`` (the rendezvous store) are left out. ``None`` where the
+    none). Sockets with ``exclude_port`` (the rendezvous store's) at either end are left out. ``None`` where the
     platform has no ``TCP_INFO`` with that field (not Linux, or a kernel older than 4.19)."""
     import os
     import socket
@@ -78,7 +78,7 @@ def wire_bytes_sent(exclude_port: int | None = None) -> dict[tuple[int, int], in
                 peer = sock.getpeername()[1]
             except OSError:          # a listening or unconnected socket
                 continue
-            if peer == exclude_port:
+            if exclude_port is not None and exclude_port in (peer, sock.getsockname()[1]):
                 continue
             info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
             if len(info) < _TCPI_BYTES_SENT + 8:

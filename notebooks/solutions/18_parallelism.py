@@ -16,8 +16,9 @@
 # compares with one process doing the whole job: the sum of the ranks' tensors, one model on the whole batch,
 # `torch.optim.AdamW`, the full `nn.Linear`, the full SwiGLU block, the full `DeepSeekMoE`. It also checks the idea of each exercise where
 # it happens: the ranks' process group records every message each rank sends (to whom, how many elements, by which
-# operation), whichever function sent it, and each rank holds only its own inputs. When a rank fails it names the
-# rank and the collective; when your mistake is a known one it names it and gives a hint.
+# operation), whichever function sent it, and each rank holds only its own inputs; the bytes each rank puts on its
+# connections to the others are counted too, so a message sent around the group is seen. When a rank fails it names
+# the rank and the collective; when your mistake is a known one it names it and gives a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
 #
