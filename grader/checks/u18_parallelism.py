@@ -6,6 +6,13 @@ picked and a deadline (:data:`RANK_TIMEOUT_S`); each rank runs the learner's fun
 error, and the collectives it called. A rank that raises, dies or hangs is reported with its rank and the
 collective it was in; nothing waits forever (the launcher kills the ranks at the deadline).
 
+What a rank sent is observed twice: its default group (``llmcourse.parallel.traffic.RecordingProcessGroup``) records
+every message whichever API sent it, and the launcher reads from the kernel the bytes the rank really put on its TCP
+connections while the learner's function ran (Linux); :func:`expect_observed` fails a rank whose bytes exceed what
+its recorded messages account for (:func:`wire_budget`), so traffic sent around the group (through the real gloo
+group behind the recording one, or a group of its own) is seen. Not caught: unrecorded traffic hidden under recorded
+decoys, a connection opened and closed inside the function, or a platform without ``TCP_INFO``.
+
 Expected values never come from ranks: they are single-process computations here (the sum of the ranks' inputs,
 one model on the whole batch, ``torch.optim.AdamW``, the full ``nn.Linear``, the full ``DeepSeekMoE``). The
 collectives a rank called (a fact observed in the worker) can only make a check fail.
