@@ -93,7 +93,7 @@ CATALOG = {"B18.sum_not_mean": "18.attach_data_parallel", "B18.reduce_before_bac
            # issue 40 item 2: the tensor-parallel block, forward and backward
            "B18.tp_dx_partial": "18.tp_swiglu", "B18.tp_input_reduced_forward": "18.tp_swiglu",
            "B18.tp_dx_averaged": "18.tp_swiglu", "B18.tp_output_reduced_backward": "18.tp_swiglu",
-           "B18.tp_gather_weights": "18.tp_swiglu"}
+           "B18.tp_gather_weights": "18.tp_swiglu", "B18.tp_dx_summed_per_layer": "18.tp_swiglu"}
 
 
 @pytest.fixture(autouse=True, scope="module")

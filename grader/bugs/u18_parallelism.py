@@ -136,10 +136,12 @@ bug_group("B18.bias_every_rank", f"{U}.row_parallel_linear", "The bias is added 
           {"row_parallel_linear": _bias_every_rank})
 
 
-def _tp_block(x, ff, rank, world_size, *, dx="sum", reduce_input=False, output_backward_sum=False, gather=False):
+def _tp_block(x, ff, rank, world_size, *, dx="sum", reduce_input=False, output_backward_sum=False, gather=False,
+              entry_per_layer=False):
     """The TP SwiGLU block with one thing changed: ``dx`` "sum" | "none" | "mean" (what backward does to ∂x where x
     enters), ``reduce_input`` (x all-reduced in forward instead), ``output_backward_sum`` (the output's all-reduce
-    differentiable, so backward sums the gradient again), ``gather`` (the weight shards all-gathered, dense block)."""
+    differentiable, so backward sums the gradient again), ``gather`` (the weight shards all-gathered, dense block),
+    ``entry_per_layer`` (gate and up each enter through their own ``f``: ∂x summed twice, once per layer)."""
     import torch.distributed as dist
 
     class Enter(torch.autograd.Function):
@@ -186,7 +188,8 @@ def _tp_block(x, ff, rank, world_size, *, dx="sum", reduce_input=False, output_b
         gate, up, down = full(ff.gate_proj.weight, 0), full(ff.up_proj.weight, 0), full(ff.down_proj.weight, 1)
         return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
     xin = Enter.apply(x)
-    h = F.silu(F.linear(xin, ff.gate_proj.weight[mine])) * F.linear(xin, ff.up_proj.weight[mine])
+    h = F.silu(F.linear(xin, ff.gate_proj.weight[mine])) * F.linear(Enter.apply(x) if entry_per_layer else xin,
+                                                                      ff.up_proj.weight[mine])
     return Leave.apply(F.linear(h, ff.down_proj.weight[:, mine]))
 
 
@@ -211,6 +214,10 @@ bug_group("B18.tp_gather_weights", TP, "The weight shards are all-gathered and t
           "where they are and moves only activations and their gradients.",
           {"tp_swiglu": functools.partial(_tp_block, gather=True)},
           detect="detector")
+bug_group("B18.tp_dx_summed_per_layer", TP, "The values are right, but the backward pass sums a gradient of x twice, "
+          "once for gate's input and once for up's: twice the traffic the block needs. Both layers read the same x, "
+          "so their contributions can be added locally and summed over the ranks once, where x enters the block.",
+          {"tp_swiglu": functools.partial(_tp_block, entry_per_layer=True)}, detect="detector")
 
 
 # ---------------------------------------------------------------- expert parallelism

@@ -772,6 +772,9 @@ def check_tp_swiglu(t):
                       "against the dense block's, for the loss sum(G ⊙ y)", key=lambda rc: rc["grads"], atol=1e-5)
     for rec in records:
         fwd, bwd = _tp_phases(rec)
+        if [(e["op"], e["numel"]) for e in bwd] == [("allreduce", tokens)] * 2:
+            t.fail(f"rank {rec['rank']}'s group carried two all-reduces of {tokens} elements in the backward pass, "
+                   "one for each column-parallel layer's input; the block needs one", bug="B18.tp_dx_summed_per_layer")
         for phase, events in (("forward", fwd), ("backward", bwd)):
             desc = [(e["op"], e["numel"]) for e in events]
             t.expect(desc == [("allreduce", tokens)],

@@ -458,7 +458,7 @@ ANSWERS = [
     Answer("18.tp_swiglu", "a differentiable all-reduce at the output (sums the gradient again)",
            _TP_OUTPUT_REDUCE_BOTH_WAYS, bug="B18.tp_output_reduced_backward", origin="red team"),
     Answer("18.tp_swiglu", "gate and up each sum their own ∂x (two backward all-reduces)", _TP_TWO_ENTRIES,
-           says=r"backward", origin="red team"),
+           bug="B18.tp_dx_summed_per_layer", origin="red team"),
     Answer("18.tp_swiglu", "all-gather the weight shards, dense block on every rank", _TP_GATHER_WEIGHTS,
            bug="B18.tp_gather_weights", origin="red team"),
     Answer("18.tp_swiglu", "down split by output features too", _TP_DOWN_COLUMN_PARALLEL, says=r"NaN",
