@@ -276,6 +276,30 @@ SIBLINGS: dict[str, str] = {
         "    del layer.weight, layer.bias  # the given layer's own tensors, so that its gradients arrive\n"
         "    layer.weight, layer.bias = linear.weight[:, rank * n:(rank + 1) * n], linear.bias\n"
         "    return layer(x[..., rank * n:(rank + 1) * n])\n"),
+    "18.tp_swiglu/block": (
+        "from llmcourse.parallel.tensor_parallel import TensorParallelSwiGLU\n"
+        "\n"
+        "def tp_swiglu(x, ff, rank, world_size):\n"
+        "    n = ff.gate_proj.out_features // world_size\n"
+        "    mine = slice(rank * n, (rank + 1) * n)\n"
+        "    block = TensorParallelSwiGLU(ff.gate_proj.in_features, ff.gate_proj.out_features, rank, world_size)\n"
+        "    del block.gate_proj.weight, block.up_proj.weight, block.down_proj.weight  # the given block's tensors\n"
+        "    block.gate_proj.weight, block.up_proj.weight = ff.gate_proj.weight[mine], ff.up_proj.weight[mine]\n"
+        "    block.down_proj.weight = ff.down_proj.weight[:, mine]\n"
+        "    return block(x)\n"),
+    "18.tp_swiglu/enter": (
+        "import torch.distributed as dist\n"
+        "import torch.nn.functional as F\n"
+        "from llmcourse.parallel.tensor_parallel import copy_to_tensor_parallel\n"
+        "\n"
+        "def tp_swiglu(x, ff, rank, world_size):\n"
+        "    n = ff.gate_proj.out_features // world_size\n"
+        "    mine = slice(rank * n, (rank + 1) * n)\n"
+        "    x = copy_to_tensor_parallel(x)\n"
+        "    out = F.linear(F.silu(F.linear(x, ff.gate_proj.weight[mine])) * F.linear(x, ff.up_proj.weight[mine]),\n"
+        "                   ff.down_proj.weight[:, mine])\n"
+        "    dist.all_reduce(out)\n"
+        "    return out\n"),
     "18.expert_parallel_moe/layer": (
         "from llmcourse.parallel.expert_parallel import ExpertParallelMoE\n"
         "\n"
@@ -356,15 +380,16 @@ THROUGH_THE_REFERENCE: dict[str, str] = {
 
 # declared without a case of their own: the same sibling as a tested exercise of the unit (masked_attention),
 # a helper only the tested sibling calls (_bpe_iter, _read_ranks, _ngrams, absorb_mla_weights,
-# reduce_from_tensor_parallel), an unbucketed twin that needs the learner's own hooks around it to answer
-# (average_gradients), or a forward
-# that needs more of the learner's own code around it to answer (unit 12's cached classes)
+# reduce_from_tensor_parallel, _CopyToTP), an unbucketed twin that needs the learner's own hooks around it to answer
+# (average_gradients), or a forward that needs more of the learner's own code around it to answer (unit 12's cached
+# classes; ColumnParallelLinear, whose layers each sum ∂x, one backward all-reduce too many for the block)
 _DECLARED_WITHOUT_A_CASE = {
     ("01.bpe_train", "_bpe_iter"), ("01.load_gpt2_encoding", "_read_ranks"), ("06.chrf", "_ngrams"),
     ("03.scaled_dot_product_attention", "masked_attention"), ("03.CausalSelfAttention", "masked_attention"),
     ("11.Llama3Model", "CachedLlama3Model"), ("11.Llama3Model", "CachedLlama3Block"),
     ("13.SimpleMLA", "absorb_mla_weights"), ("17.compare_models", "_val_loss"),
     ("18.row_parallel_linear", "reduce_from_tensor_parallel"), ("18.attach_data_parallel", "average_gradients"),
+    ("18.tp_swiglu", "_CopyToTP"), ("18.tp_swiglu", "ColumnParallelLinear"),
 }
 
 

@@ -17,7 +17,7 @@ from grader.core import BUGS, CHECKS
 from grader.runner import load_unit, run_check
 
 EXERCISES = ["18.ring_all_reduce", "18.attach_data_parallel", "18.ShardedAdamW", "18.row_parallel_linear",
-             "18.expert_parallel_moe"]
+             "18.tp_swiglu", "18.expert_parallel_moe"]
 
 
 def ring_all_reduce(tensor):
@@ -36,6 +36,12 @@ def row_parallel_linear(x, linear, rank, world_size):
     from llmcourse.parallel import row_parallel_linear as lib
 
     return lib(x, linear, rank, world_size)
+
+
+def tp_swiglu(x, ff, rank, world_size):
+    from llmcourse.parallel import tp_swiglu as lib
+
+    return lib(x, ff, rank, world_size)
 
 
 def expert_parallel_moe(x, moe, rank, world_size):
@@ -57,7 +63,7 @@ def _sharded_adamw():
 def _namespace():
     return {"ring_all_reduce": ring_all_reduce, "attach_data_parallel": attach_data_parallel,
             "ShardedAdamW": _sharded_adamw(), "row_parallel_linear": row_parallel_linear,
-            "expert_parallel_moe": expert_parallel_moe}
+            "tp_swiglu": tp_swiglu, "expert_parallel_moe": expert_parallel_moe}
 
 
 def _stub(*args, **kwargs):
@@ -70,7 +76,7 @@ def test_reference_passes_and_stub_is_not_attempted(exercise_id):
     assert v.status == "passed", v.render()
     name = {"18.ring_all_reduce": "ring_all_reduce", "18.attach_data_parallel": "attach_data_parallel",
             "18.ShardedAdamW": "ShardedAdamW", "18.row_parallel_linear": "row_parallel_linear",
-            "18.expert_parallel_moe": "expert_parallel_moe"}[exercise_id]
+            "18.tp_swiglu": "tp_swiglu", "18.expert_parallel_moe": "expert_parallel_moe"}[exercise_id]
     v = run_check(exercise_id, namespace={**_namespace(), name: _stub})
     assert v.status == "not_attempted", v.render()
 
@@ -83,7 +89,11 @@ CATALOG = {"B18.sum_not_mean": "18.attach_data_parallel", "B18.reduce_before_bac
            "B18.ring_whole_tensor": "18.ring_all_reduce", "B18.ring_not_neighbours": "18.ring_all_reduce",
            "B18.seed_ignored": "18.attach_data_parallel", "B18.grads_averaged_twice": "18.attach_data_parallel",
            "B18.zero_full_state": "18.ShardedAdamW", "B18.zero_all_reduce": "18.ShardedAdamW",
-           "B18.row_full_product": "18.row_parallel_linear", "B18.ep_no_all_to_all": "18.expert_parallel_moe"}
+           "B18.row_full_product": "18.row_parallel_linear", "B18.ep_no_all_to_all": "18.expert_parallel_moe",
+           # issue 40 item 2: the tensor-parallel block, forward and backward
+           "B18.tp_dx_partial": "18.tp_swiglu", "B18.tp_input_reduced_forward": "18.tp_swiglu",
+           "B18.tp_dx_averaged": "18.tp_swiglu", "B18.tp_output_reduced_backward": "18.tp_swiglu",
+           "B18.tp_gather_weights": "18.tp_swiglu", "B18.tp_dx_summed_per_layer": "18.tp_swiglu"}
 
 
 @pytest.fixture(autouse=True, scope="module")

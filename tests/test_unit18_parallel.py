@@ -8,6 +8,7 @@ single-process ``DeepSeekMoE`` for expert parallelism. Every launch uses 2 gloo 
 
 from __future__ import annotations
 
+import sys
 import time
 
 import pytest
@@ -474,3 +475,52 @@ def test_no_tensor_factory_in_the_library_ignores_the_device():
                     r"device|\*\*kw|torch\.empty\(0\)", line):
                 bad.append(f"{mod.__name__}:{n}: {line.strip()}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_schedules_take_the_closed_form_time_and_hold_the_closed_form_activations(schedule):
+    from llmcourse.parallel.pipeline import bubble_fraction, simulate_pipeline, stage_order
+
+    for p in (1, 2, 3, 4):
+        for m in (1, 2, 5, 8):
+            run = simulate_pipeline(p, m, schedule, forward_time=1.0, backward_time=2.0)
+            # every stage runs each micro-batch once forward and once backward
+            assert all(sorted(op[:2] for op in ops) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+                       for ops in run.ops)
+            # the dependencies hold: forward i after the previous stage's, backward i after the next stage's
+            end = {(k, s, i): e for s, ops in enumerate(run.ops) for k, i, _, e in ops}
+            start = {(k, s, i): b for s, ops in enumerate(run.ops) for k, i, b, _ in ops}
+            for s in range(p):
+                for i in range(m):
+                    if s:
+                        assert start[("F", s, i)] >= end[("F", s - 1, i)]
+                    if s + 1 < p:
+                        assert start[("B", s, i)] >= end[("B", s + 1, i)]
+            assert run.makespan == (m + p - 1) * 3.0            # GPipe §2.2: (m + p − 1)(f + b)
+            assert run.bubble == pytest.approx(bubble_fraction(p, m)) == pytest.approx((p - 1) / (m + p - 1))
+            want = [m] * p if schedule == "gpipe" else [min(p - s, m) for s in range(p)]
+            assert run.peak_activations == want
+            assert [k for k, _ in stage_order(schedule, 0, p, m)].count("F") == m
+    with pytest.raises(ValueError, match="schedule"):
+        simulate_pipeline(2, 2, "interleaved")
+    with pytest.raises(ValueError):
+        simulate_pipeline(0, 2)
+
+
+def _bypass(rank, world_size):
+    import torch.distributed as dist
+
+    t = torch.ones(1000)
+    dist.group.WORLD._inner.allreduce([t]).wait()      # the real group behind the recording one: not a record
+    return t[0].item()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="TCP_INFO's byte counters are Linux's")
+def test_bytes_sent_around_the_recording_group_are_seen_on_the_wire():
+    from grader.checks.u18_parallelism import wire_budget
+
+    results = launch(_bypass, 2, timeout_s=TIMEOUT, backend="gloo_recorded")
+    for r in results:
+        assert r.ok and r.value == 2.0, r.describe()
+        assert r.traffic == []                                      # the group saw nothing ...
+        assert r.wire_sent >= 4000 > wire_budget({"traffic": [], "barriers": 0, "world_size": 2})  # ... the kernel did

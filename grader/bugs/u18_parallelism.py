@@ -8,6 +8,7 @@ draws on every rank; a rank failing inside ``all_to_all_single`` because the spl
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -133,6 +134,90 @@ def _bias_every_rank(x, linear, rank, world_size):
 bug_group("B18.bias_every_rank", f"{U}.row_parallel_linear", "The bias is added on every rank before the all-reduce, "
           "so the output carries it p times: add it once, after the partial products are summed.",
           {"row_parallel_linear": _bias_every_rank})
+
+
+def _tp_block(x, ff, rank, world_size, *, dx="sum", reduce_input=False, output_backward_sum=False, gather=False,
+              entry_per_layer=False):
+    """The TP SwiGLU block with one thing changed: ``dx`` "sum" | "none" | "mean" (what backward does to ∂x where x
+    enters), ``reduce_input`` (x all-reduced in forward instead), ``output_backward_sum`` (the output's all-reduce
+    differentiable, so backward sums the gradient again), ``gather`` (the weight shards all-gathered, dense block),
+    ``entry_per_layer`` (gate and up each enter through their own ``f``: ∂x summed twice, once per layer)."""
+    import torch.distributed as dist
+
+    class Enter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            if reduce_input:
+                t = t.clone()
+                dist.all_reduce(t)
+                return t
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if reduce_input or dx == "none":
+                return grad
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad / world_size if dx == "mean" else grad
+
+    class Leave(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            t = t.clone()
+            dist.all_reduce(t)
+            return t
+
+        @staticmethod
+        def backward(ctx, grad):
+            if output_backward_sum:
+                grad = grad.clone()
+                dist.all_reduce(grad)
+            return grad
+
+    n = ff.gate_proj.out_features // world_size
+    mine = slice(rank * n, (rank + 1) * n)
+    if gather:
+        def full(w, dim):
+            own = w[mine] if dim == 0 else w[:, mine]
+            parts = [torch.empty_like(own) for _ in range(world_size)]
+            dist.all_gather(parts, own.detach().contiguous())
+            parts[rank] = own
+            return torch.cat(parts, dim)
+
+        gate, up, down = full(ff.gate_proj.weight, 0), full(ff.up_proj.weight, 0), full(ff.down_proj.weight, 1)
+        return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+    xin = Enter.apply(x)
+    h = F.silu(F.linear(xin, ff.gate_proj.weight[mine])) * F.linear(Enter.apply(x) if entry_per_layer else xin,
+                                                                      ff.up_proj.weight[mine])
+    return Leave.apply(F.linear(h, ff.down_proj.weight[:, mine]))
+
+
+TP = f"{U}.tp_swiglu"
+bug_group("B18.tp_dx_partial", TP, "Forward is right but ∂x is only the part that flows through this rank's slice of "
+          "the hidden features: every rank computed gate and up from the same x, so the gradient of x is the sum of "
+          "the ranks' parts. Something where x enters the column-parallel layers must sum it in the backward pass.",
+          {"tp_swiglu": functools.partial(_tp_block, dx="none")})
+bug_group("B18.tp_input_reduced_forward", TP, "x is all-reduced on its way into the column-parallel layers, so they "
+          "see p·x: every rank already holds the whole x, nothing needs summing in the forward pass there. The "
+          "communication that belongs where x enters is the one of its gradient.",
+          {"tp_swiglu": functools.partial(_tp_block, reduce_input=True)})
+bug_group("B18.tp_dx_averaged", TP, "∂x is averaged over the ranks, so it is 1/p of the dense block's: the ranks' "
+          "parts are pieces of one gradient (different hidden features), not estimates of the same one. Sum them.",
+          {"tp_swiglu": functools.partial(_tp_block, dx="mean")})
+bug_group("B18.tp_output_reduced_backward", TP, "Every gradient is p times the dense block's: the all-reduce of the "
+          "output also sums in the backward pass, but the output's gradient is already the same on every rank (each "
+          "holds the whole output). That all-reduce passes the gradient through unchanged.",
+          {"tp_swiglu": functools.partial(_tp_block, output_backward_sum=True)})
+bug_group("B18.tp_gather_weights", TP, "The weight shards are all-gathered and the dense block runs on every rank: "
+          "nothing is split, every rank holds and multiplies the whole block. Tensor parallelism keeps the weights "
+          "where they are and moves only activations and their gradients.",
+          {"tp_swiglu": functools.partial(_tp_block, gather=True)},
+          detect="detector")
+bug_group("B18.tp_dx_summed_per_layer", TP, "The values are right, but the backward pass sums a gradient of x twice, "
+          "once for gate's input and once for up's: twice the traffic the block needs. Both layers read the same x, "
+          "so their contributions can be added locally and summed over the ranks once, where x enters the block.",
+          {"tp_swiglu": functools.partial(_tp_block, entry_per_layer=True)}, detect="detector")
 
 
 # ---------------------------------------------------------------- expert parallelism

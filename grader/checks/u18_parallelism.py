@@ -6,6 +6,13 @@ picked and a deadline (:data:`RANK_TIMEOUT_S`); each rank runs the learner's fun
 error, and the collectives it called. A rank that raises, dies or hangs is reported with its rank and the
 collective it was in; nothing waits forever (the launcher kills the ranks at the deadline).
 
+What a rank sent is observed twice: its default group (``llmcourse.parallel.traffic.RecordingProcessGroup``) records
+every message whichever API sent it, and the launcher reads from the kernel the bytes the rank really put on its TCP
+connections while the learner's function ran (Linux); :func:`expect_observed` fails a rank whose bytes exceed what
+its recorded messages account for (:func:`wire_budget`), so traffic sent around the group (through the real gloo
+group behind the recording one, or a group of its own) is seen. Not caught: unrecorded traffic hidden under recorded
+decoys, a connection opened and closed inside the function, or a platform without ``TCP_INFO``.
+
 Expected values never come from ranks: they are single-process computations here (the sum of the ranks' inputs,
 one model on the whole batch, ``torch.optim.AdamW``, the full ``nn.Linear``, the full ``DeepSeekMoE``). The
 collectives a rank called (a fact observed in the worker) can only make a check fail.
@@ -54,6 +61,12 @@ def _ref_row():
     return {"row_parallel_linear": row_parallel_linear}
 
 
+def _ref_tp():
+    from llmcourse.parallel.tensor_parallel import tp_swiglu
+
+    return {"tp_swiglu": tp_swiglu}
+
+
 def _ref_ep():
     from llmcourse.parallel.expert_parallel import expert_parallel_moe
 
@@ -83,7 +96,8 @@ def on_ranks(body, world_size: int = WORLD, timeout_s: float = RANK_TIMEOUT_S) -
     records = []
     for r in launch(guarded, world_size, timeout_s=timeout_s, backend="gloo_recorded"):
         rec = {"rank": r.rank, "calls": list(r.calls), "pending": r.pending, "error": r.error,
-               "ok": False, "value": None, "status": "failed", "message": "", "traffic": list(r.traffic)}
+               "ok": False, "value": None, "status": "failed", "message": "", "traffic": list(r.traffic),
+               "wire_sent": r.wire_sent, "barriers": r.barriers, "world_size": world_size}
         if r.ok and isinstance(r.value, dict):
             if r.value["ok"] and isinstance(r.value["value"], dict):
                 rec.update(r.value["value"], ok=True)      # the body's own keys ("out", "grads", ...)
@@ -135,11 +149,53 @@ def run_on_ranks(t, probe) -> list[dict]:
 
 
 def expect_observed(t, records) -> None:
-    """Every message went through the ranks' own default group (where the grader sees it)."""
+    """Every message went through the ranks' own default group (where the grader sees it): no group of another
+    backend, and no more bytes on the wire than the recorded messages account for (:func:`wire_budget`)."""
     for rec in records:
         other = [e.get("backend", "?") for e in rec["traffic"] if e["op"] == "unrecorded_group"]
         t.expect(not other, f"rank {rec['rank']} made a process group of its own ({other[0] if other else ''}); "
                  "use the default group that every rank already joined (dist.new_group() without a backend works)")
+    for rec in records:
+        budget = wire_budget(rec)
+        t.expect(rec.get("wire_sent") is None or rec["wire_sent"] <= budget,
+                 f"rank {rec['rank']} sent {rec.get('wire_sent')} bytes over its connections to the other ranks, more "
+                 f"than the messages its process group recorded can account for (at most {budget:.0f} bytes with "
+                 "gloo's headers): it communicated around the group (through an object behind it, or a group or "
+                 "connection of its own). Send everything through torch.distributed's functions or the group's own "
+                 "methods")
+
+
+# Bytes gloo puts on the wire for a recorded message, measured on loopback (torch 2.13's gloo; a rank's bytes sent,
+# tensors of 8 and 1,000 elements per rank, 2, 3 and 4 ranks): a payload part (an all-reduce sends 2(p−1)/p of its
+# tensor, a reduce-scatter the same: gloo runs it as an all-reduce; an all-gather (p−1) contributions; an all-to-all
+# (p−1)/p of its input; a broadcast's root up to 2 tensors), and a header part growing with the ranks: ≈ 580(p−1)
+# bytes per all-reduce or reduce-scatter, 290(p−1) per all-gather, 145(p−1) per all-to-all, 150(p−1) per barrier,
+# 48 per point-to-point message and per receive notification. The budget takes the payload's bound (the tensor's
+# bytes × the factor below) and 1.5 times the headers, so that no correct answer comes near it (the references stay
+# under 0.7 of it), while an unrecorded collective of a check's tensors goes over it.
+_WIRE_HEADER = {"allreduce": 900, "reduce_scatter": 900, "allgather": 450, "all_to_all": 220,
+                "all_to_all_single": 220, "broadcast": 500, "reduce": 500, "gather": 100, "scatter": 100}
+_WIRE_PAYLOAD = {"allreduce": 2, "reduce_scatter": 2, "all_to_all": 1, "all_to_all_single": 1}
+WIRE_PER_MESSAGE = 96           # a send's header, or a receiver's notification, with room
+WIRE_PER_BARRIER = 250          # per other rank
+WIRE_SLACK = 256                # for the whole function (no recorded message: nothing may go on the wire beyond it)
+
+
+def wire_budget(rec) -> float:
+    """The most bytes a rank's recorded messages (and barriers) can put on the wire (see the constants above)."""
+    p = rec.get("world_size", WORLD)
+    budget = WIRE_SLACK + rec.get("barriers", 0) * WIRE_PER_BARRIER * max(1, p - 1)
+    for e in rec["traffic"]:
+        if e["op"] == "unrecorded_group":
+            continue
+        size = e["numel"] * (getattr(torch, e["dtype"]).itemsize if e.get("dtype") else 4)
+        if e["op"] == "send":
+            budget += size + WIRE_PER_MESSAGE
+        elif e["op"] == "recv":
+            budget += WIRE_PER_MESSAGE
+        else:
+            budget += _WIRE_PAYLOAD.get(e["op"], p) * size + _WIRE_HEADER.get(e["op"], 900) * max(1, p - 1)
+    return budget
 
 
 _P2P = ("send", "recv")
@@ -610,6 +666,123 @@ def check_row_parallel_linear(t):
                  "exactly one all_reduce of the partial outputs and nothing else (each rank already has the input)")
 
 
+# ------------------------------------------------------------------------------------------------ 18.tp_swiglu
+
+TP_D, TP_HIDDEN = 8, 12
+TP_X = torch.randn(2, 3, TP_D, generator=torch.Generator().manual_seed(1810))
+TP_G = torch.randn(2, 3, TP_D, generator=torch.Generator().manual_seed(1811))     # the loss's weights: sum(G ⊙ y)
+
+
+def _tp_block():
+    from llmcourse.models.llama3 import SwiGLUFeedForward
+
+    torch.manual_seed(1812)
+    ff = SwiGLUFeedForward(TP_D, TP_HIDDEN)
+    with torch.no_grad():
+        for prm in ff.parameters():
+            prm.normal_(0.0, 0.4)                                  # silu far from linear: the gate matters
+    return ff
+
+
+def _tp_phases(rec) -> tuple[list[dict], list[dict]]:
+    """A rank's recorded traffic split into the forward call and the backward pass (the body marks the boundary)."""
+    n = rec.get("n_forward", 0)
+    return rec["traffic"][:n], rec["traffic"][n:]
+
+
+def _tp_expected():
+    dense = _tp_block()
+    x = TP_X.clone().requires_grad_(True)
+    y = dense(x)
+    (y * TP_G).sum().backward()
+    return y.detach(), x.grad, dense
+
+
+defining_property(
+    "18.tp_swiglu",
+    "Megatron's tensor-parallel SwiGLU block: gate/up column-parallel (rank r multiplies the whole x by its rows), "
+    "down row-parallel (its columns), one all-reduce of the output forward; where x enters, the identity forward "
+    "and one all-reduce of ∂x backward (f/g), so every rank gets the full ∂x and its shards' dense gradients",
+    probe="in each rank the gate/up rows and down columns outside its shard are NaN (a rank touching them returns "
+          "NaN); the recording process group's traffic is split at the end of the forward call: exactly one "
+          "all-reduce of (…, D) elements in the forward and one in the backward, nothing else; the output, ∂x and "
+          "the shards' weight gradients of sum(G ⊙ y) against the dense SwiGLUFeedForward in one process")
+
+
+@check("18.tp_swiglu", ["tp_swiglu"], _ref_tp)
+def check_tp_swiglu(t):
+    x, state = TP_X.clone(), _tp_block().state_dict()
+
+    def probe(impl):
+        def body(rank, world_size):
+            from llmcourse.models.llama3 import SwiGLUFeedForward
+            from llmcourse.parallel import traffic
+
+            ff = SwiGLUFeedForward(TP_D, TP_HIDDEN)
+            ff.load_state_dict(state)
+            k = TP_HIDDEN // world_size
+            own = slice(rank * k, (rank + 1) * k)
+            with torch.no_grad():                   # what this rank does not own is not here: NaN
+                for h in range(TP_HIDDEN):
+                    if h // k != rank:
+                        ff.gate_proj.weight[h] = float("nan")
+                        ff.up_proj.weight[h] = float("nan")
+                        ff.down_proj.weight[:, h] = float("nan")
+            xr = x.clone().requires_grad_(True)
+            out = impl.tp_swiglu(xr, ff, rank, world_size)
+            n_forward = len(traffic.TRAFFIC)
+            grads = None
+            if isinstance(out, torch.Tensor) and out.requires_grad and out.shape == TP_G.shape:
+                (out * TP_G).sum().backward()
+                pick = [xr.grad, ff.gate_proj.weight.grad, ff.up_proj.weight.grad, ff.down_proj.weight.grad]
+                if all(g is not None for g in pick):
+                    grads = [pick[0].detach().clone(), pick[1][own].detach().clone(), pick[2][own].detach().clone(),
+                             pick[3][:, own].detach().clone()]
+            return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out, "grads": grads,
+                    "n_forward": n_forward}
+        return on_ranks(body)
+
+    records = run_on_ranks(t, probe)
+    want_y, want_dx, dense = _tp_expected()
+    tokens = TP_X.numel()
+    for rec in records:
+        t.expect(isinstance(rec["out"], torch.Tensor) and rec["out"].shape == want_y.shape,
+                 f"rank {rec['rank']} returned {type(rec['out']).__name__}"
+                 f"{tuple(rec['out'].shape) if isinstance(rec['out'], torch.Tensor) else ''}; every rank returns "
+                 f"the block's full output {tuple(want_y.shape)}")
+        if not bool(torch.isfinite(rec["out"]).all()):
+            nan_probe_failure(f"rank {rec['rank']}'s output has NaN: it used gate/up rows or down columns outside its "
+                              "shard (here they are NaN); rank r multiplies with rows r·h/p … (r+1)·h/p − 1 of gate and "
+                              "up and the matching columns of down only")
+        fwd, _ = _tp_phases(rec)
+        if any(e["op"] == "allgather" for e in fwd):
+            t.fail(f"rank {rec['rank']} all-gathered in the forward pass ({[e['op'] for e in fwd]}): gathering the "
+                   "shards rebuilds the dense block on every rank", bug="B18.tp_gather_weights")
+    compare_ranks(t, probe, records, want_y, "output against the dense SwiGLU block", key=lambda r: r["out"], atol=1e-5)
+    k = TP_HIDDEN // WORLD
+    for rec in records:
+        r = rec["rank"]
+        own = slice(r * k, (r + 1) * k)
+        t.expect(rec["grads"] is not None,
+                 f"rank {r}: no gradient reaches x and the gate, up and down weights through the output; the block "
+                 "is trained, so its output must be differentiable like ff(x)")
+        want = [want_dx, dense.gate_proj.weight.grad[own], dense.up_proj.weight.grad[own],
+                dense.down_proj.weight.grad[:, own]]
+        compare_ranks(t, probe, [rec], want, f"rank {r}'s gradients (∂x, its rows of gate and up, its columns of down) "
+                      "against the dense block's, for the loss sum(G ⊙ y)", key=lambda rc: rc["grads"], atol=1e-5)
+    for rec in records:
+        fwd, bwd = _tp_phases(rec)
+        if [(e["op"], e["numel"]) for e in bwd] == [("allreduce", tokens)] * 2:
+            t.fail(f"rank {rec['rank']}'s group carried two all-reduces of {tokens} elements in the backward pass, "
+                   "one for each column-parallel layer's input; the block needs one", bug="B18.tp_dx_summed_per_layer")
+        for phase, events in (("forward", fwd), ("backward", bwd)):
+            desc = [(e["op"], e["numel"]) for e in events]
+            t.expect(desc == [("allreduce", tokens)],
+                     f"rank {rec['rank']}'s group carried {desc or 'nothing'} in the {phase} pass; the block needs "
+                     f"exactly one all-reduce of {tokens} elements (the (…, D) activation or its gradient) there "
+                     "and nothing else")
+
+
 # ------------------------------------------------------------------------------------------------ 18.expert_parallel_moe
 
 EP_SHAPE = (2, 3, 8)     # each rank's tokens (B, T, D): B·T ≠ D, so (tokens, D) and (D, tokens) differ
@@ -772,6 +945,11 @@ decision("18.ShardedAdamW", "the collectives: a reduce-scatter hands each rank i
 decision("18.row_parallel_linear", "where the bias goes: added once, after the partial products are summed",
          forms=[r"bias\W+(\w+\W+){0,4}after\s+(the\s+)?(all[-_ ]?reduce|sum)", r"bias added once"],
          wrong=("B18.bias_every_rank",))
+decision("18.tp_swiglu", "where x enters the column-parallel layers: the identity in the forward pass and an "
+         "all-reduce (sum) of ∂x in the backward pass (Megatron's f), shared by gate and up",
+         forms=[r"identity\W+(in\s+)?(the\s+)?forward", r"all[-_ ]?reduce\w*\W+(of\s+)?(the\s+)?(gradient of x|∂x|grad)",
+                r"sum(s|med)?\s+(of\s+)?(the\s+)?(gradient of x|∂x)"],
+         wrong=("B18.tp_dx_partial", "B18.tp_input_reduced_forward", "B18.tp_dx_averaged"))
 decision("18.expert_parallel_moe", "how a rank learns how many rows it receives: an all-to-all of the per-rank counts "
          "before the rows", forms=[r"exchange (the )?(per-rank )?counts", r"all[-_ ]to[-_ ]all of (the )?(p )?"
                                    r"(integers|counts)"],
@@ -782,4 +960,8 @@ also_blocked("18.attach_data_parallel", "llmcourse.parallel.data_parallel:Bucket
              "llmcourse.parallel.data_parallel:average_gradients")
 also_blocked("18.row_parallel_linear", "llmcourse.parallel.tensor_parallel:RowParallelLinear",
              "llmcourse.parallel.tensor_parallel:reduce_from_tensor_parallel")
+also_blocked("18.tp_swiglu", "llmcourse.parallel.tensor_parallel:TensorParallelSwiGLU",
+             "llmcourse.parallel.tensor_parallel:ColumnParallelLinear",
+             "llmcourse.parallel.tensor_parallel:copy_to_tensor_parallel",
+             "llmcourse.parallel.tensor_parallel:_CopyToTP")
 also_blocked("18.expert_parallel_moe", "llmcourse.parallel.expert_parallel:ExpertParallelMoE")

@@ -8,6 +8,7 @@
 * :mod:`.zero` -- :class:`ZeRO1AdamW` (optimizer state sharded: reduce-scatter + all-gather) and the ZeRO memory
   formula.
 * :mod:`.tensor_parallel` -- Megatron's column/row-parallel linear layers and :class:`TensorParallelSwiGLU`.
+* :mod:`.pipeline` -- pipeline schedules (GPipe, 1F1B) simulated: bubble fraction and activations held.
 * :mod:`.expert_parallel` -- :class:`ExpertParallelMoE` (DeepSeekMoE's experts over ranks, all-to-all
   dispatch/combine) and :func:`dispatch_counts`.
 """
@@ -28,6 +29,7 @@ from .data_parallel import (
 )
 from .expert_parallel import ExpertParallelMoE, all_to_all_rows, dispatch_counts, expert_parallel_moe
 from .launcher import COLLECTIVES, RankFailure, RankResult, free_port, launch, run_ranks, run_torchrun_entry
+from .pipeline import bubble_fraction, simulate_pipeline
 from .tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -35,6 +37,7 @@ from .tensor_parallel import (
     copy_to_tensor_parallel,
     reduce_from_tensor_parallel,
     row_parallel_linear,
+    tp_swiglu,
 )
 from .zero import ZeRO1AdamW, shard_range, zero_memory_per_rank
 
@@ -42,8 +45,8 @@ __all__ = [
     "COLLECTIVES", "BucketedDataParallel", "ColumnParallelLinear", "ExpertParallelMoE", "RankFailure", "RankResult",
     "RowParallelLinear", "TensorParallelSwiGLU", "ZeRO1AdamW", "all_to_all_rows", "attach_data_parallel",
     "average_gradients", "expert_parallel_moe", "row_parallel_linear",
-    "broadcast_parameters", "collective_bytes_per_rank", "copy_to_tensor_parallel", "dispatch_counts", "free_port",
+    "broadcast_parameters", "bubble_fraction", "collective_bytes_per_rank", "copy_to_tensor_parallel", "dispatch_counts", "free_port",
     "launch", "measure_all_reduce", "reduce_from_tensor_parallel", "ring_all_reduce", "ring_all_reduce_schedule",
-    "ring_all_reduce_volume", "run_ranks", "run_torchrun_entry", "shard_batch", "shard_range",
+    "ring_all_reduce_volume", "run_ranks", "run_torchrun_entry", "shard_batch", "shard_range", "simulate_pipeline", "tp_swiglu",
     "zero_memory_per_rank",
 ]

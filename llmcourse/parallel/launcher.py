@@ -65,6 +65,10 @@ class RankResult:
         traffic: with ``backend="gloo_recorded"``, what the rank's process groups carried (one dict per call:
             operation, elements, peer; :mod:`llmcourse.parallel.traffic`), else ``[]``. A group of another
             backend that ``fn`` made adds ``{"op": "unrecorded_group", ...}``.
+        wire_sent: with ``backend="gloo_recorded"`` on Linux, the bytes this rank's process really sent on its TCP
+            connections while ``fn`` ran (the rendezvous store's excluded; :func:`~.traffic.wire_bytes_sent`),
+            whichever route they took; else ``None``.
+        barriers: with ``backend="gloo_recorded"``, the barriers ``fn`` ran through the recording groups.
     """
 
     rank: int
@@ -75,6 +79,8 @@ class RankResult:
     calls: list[str] = field(default_factory=list)
     pending: str | None = None
     traffic: list[dict] = field(default_factory=list)
+    wire_sent: int | None = None
+    barriers: int = 0
 
     @property
     def ok(self) -> bool:
@@ -198,8 +204,15 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=timeout_s))
             joined = True
-            result.value = fn(rank, world_size, *args, **kwargs)
-            finished = True
+            wire_before = traffic.wire_bytes_sent(exclude_port=port) if recording else None
+            try:
+                result.value = fn(rank, world_size, *args, **kwargs)
+                finished = True
+            finally:
+                if wire_before is not None:
+                    wire_after = traffic.wire_bytes_sent(exclude_port=port)
+                    if wire_after is not None:
+                        result.wire_sent = sum(n - wire_before.get(k, 0) for k, n in wire_after.items())
     except BaseException as exc:  # noqa: BLE001 - reported to the caller with the rank
         text = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else ""
         result.error = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -209,6 +222,7 @@ def _rank_main(fn, rank: int, world_size: int, args: tuple, kwargs: dict, host: 
     result.output = buffer.getvalue()
     if joined and recording:
         result.traffic = _traffic_of_rank()
+        result.barriers = traffic.BARRIERS[0]
     try:
         blob = pickle.dumps(result)
     except Exception as exc:  # noqa: BLE001 - e.g. an unpicklable return value

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["row_parallel_linear", "copy_to_tensor_parallel", "reduce_from_tensor_parallel", "ColumnParallelLinear", "RowParallelLinear",
-           "TensorParallelSwiGLU"]
+__all__ = ["row_parallel_linear", "copy_to_tensor_parallel", "reduce_from_tensor_parallel", "ColumnParallelLinear",
+           "RowParallelLinear", "TensorParallelSwiGLU", "tp_swiglu"]
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -183,6 +183,32 @@ def row_parallel_linear(x: Tensor, linear: nn.Linear, rank: int, world_size: int
     cols = slice(rank * width, (rank + 1) * width)
     y = reduce_from_tensor_parallel(F.linear(x[..., cols], linear.weight[:, cols]))
     return y + linear.bias if linear.bias is not None else y
+
+
+def tp_swiglu(x: Tensor, ff, rank: int, world_size: int) -> Tensor:
+    """``ff(x)`` for unit 11's ``SwiGLUFeedForward`` ``ff``, computed tensor-parallel from this rank's shards only.
+
+    Rank ``r`` uses rows ``r·h/p … (r+1)·h/p − 1`` of ``gate_proj.weight`` and ``up_proj.weight`` (column-parallel:
+    its slice of the hidden features, from the whole ``x``) and the matching columns of ``down_proj.weight``
+    (row-parallel). ``x`` enters through Megatron's ``f`` (identity forward, all-reduce of ``∂x`` backward); the
+    partial outputs leave through ``g`` (all-reduce forward, identity backward): one all-reduce of ``(…, D)`` each
+    way (Shoeybi et al. 2019, §3, Fig. 3a).
+
+    Args:
+        x: ``(…, D)``, the same on every rank; ff: the full block (the same on every rank).
+
+    Returns:
+        ``(…, D)`` on every rank, equal to ``ff(x)`` up to float rounding; backward gives every rank the full ``∂x``
+        and its shards' gradients (rows of gate/up, columns of down) equal to the slices of the dense block's.
+
+    Raises:
+        ValueError: the hidden size not divisible by ``world_size``.
+    """
+    width = _split(ff.gate_proj.out_features, world_size, "hidden_dim")
+    mine = slice(rank * width, (rank + 1) * width)
+    x = copy_to_tensor_parallel(x)
+    h = F.silu(F.linear(x, ff.gate_proj.weight[mine])) * F.linear(x, ff.up_proj.weight[mine])
+    return reduce_from_tensor_parallel(F.linear(h, ff.down_proj.weight[:, mine]))
 
 
 class TensorParallelSwiGLU(nn.Module):

@@ -13,6 +13,16 @@ Each record is a dict: ``op`` (the group's method: ``"send"``, ``"recv"``, ``"al
 peer's rank, ``None`` for a receive from any source) and, for all-to-alls, ``input`` (a copy of the tensor sent)
 and ``input_splits`` (rows sent to each rank; ``None`` for even splits).
 
+**What the group cannot see.** A Python object holding the real gloo group is reachable from Python, however it is
+stored (an attribute, a closure cell, the garbage collector's lists), so code can always find it and send through it
+unrecorded. That route is caught one level lower, where code cannot avoid it: :func:`wire_bytes_sent` reads from the
+kernel (Linux ``TCP_INFO``, ``tcpi_bytes_sent``) the bytes this process really sent on each TCP connection; the
+launcher takes it before and after the rank's function (the rendezvous store's connection excluded) and unit 18's
+checks compare it with what the recorded messages can account for (gloo's headers and algorithms included, with a
+margin). Unrecorded traffic larger than that margin fails; traffic padded with recorded decoys, a connection opened
+and closed inside the function, or a platform without ``TCP_INFO`` (then ``None``, the comparison skipped) is not
+caught. :data:`BARRIERS` counts barriers (they carry no data and are not records).
+
 Used by unit 18's checks to count what a rank really sent (the ring sends ``2(p−1)/p·n`` elements to its right
 neighbour) and what an expert-parallel all-to-all carried. Communication semantics are gloo's, unchanged.
 """
@@ -22,7 +32,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["BACKEND", "TRAFFIC", "RecordingProcessGroup", "register", "sent_by_peer"]
+__all__ = ["BACKEND", "BARRIERS", "TRAFFIC", "RecordingProcessGroup", "register", "sent_by_peer", "wire_bytes_sent"]
 
 BACKEND = "gloo_recorded"
 
@@ -30,8 +40,55 @@ BACKEND = "gloo_recorded"
 TRAFFIC: list[dict] = []
 
 
+#: barriers this process's recording groups ran (one element: a list so that it is shared, not rebound)
+BARRIERS: list[int] = [0]
+
+
 def reset() -> None:
     TRAFFIC.clear()
+    BARRIERS[0] = 0
+
+
+_TCPI_BYTES_SENT = 200     # offset of tcpi_bytes_sent (u64) in Linux's struct tcp_info (include/uapi/linux/tcp.h, ≥ 4.19)
+
+
+def wire_bytes_sent(exclude_port: int | None = None) -> dict[tuple[int, int], int] | None:
+    """Bytes this process has sent on each of its connected TCP sockets, ``{(local port, peer port): bytes}``, read
+    from the kernel (``getsockopt(TCP_INFO)``: ``tcpi_bytes_sent``, retransmissions included; on loopback there are
+    none). Sockets with ``exclude_port`` (the rendezvous store's) at either end are left out. ``None`` where the
+    platform has no ``TCP_INFO`` with that field (not Linux, or a kernel older than 4.19)."""
+    import os
+    import socket
+    import struct
+
+    if not hasattr(socket, "TCP_INFO") or not os.path.isdir("/proc/self/fd"):
+        return None
+    out: dict[tuple[int, int], int] = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            sock = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                peer = sock.getpeername()[1]
+            except OSError:          # a listening or unconnected socket
+                continue
+            if exclude_port is not None and exclude_port in (peer, sock.getsockname()[1]):
+                continue
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            if len(info) < _TCPI_BYTES_SENT + 8:
+                return None
+            out[(sock.getsockname()[1], peer)] = struct.unpack_from("Q", info, _TCPI_BYTES_SENT)[0]
+        except OSError:
+            continue
+        finally:
+            sock.close()             # closes the duplicate descriptor only: the connection stays open
+    return out
 
 
 def _tensors(obj) -> list[torch.Tensor]:
@@ -167,9 +224,11 @@ class RecordingProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def barrier(self, *args, **kwargs):
+        BARRIERS[0] += 1
         return self._inner.barrier(*args, **kwargs)
 
     def monitored_barrier(self, *args, **kwargs):
+        BARRIERS[0] += 1
         return self._inner.monitored_barrier(*args, **kwargs)
 
 

@@ -12,10 +12,11 @@
 # 1. collectives (all-reduce, all-gather, reduce-scatter, broadcast, all-to-all) on real tensors, their traffic,
 #    and the bandwidth of this machine;
 # 2. data parallelism from scratch, against one process and against `DistributedDataParallel`;
-# 3. sharded optimizer state (ZeRO stage 1) and its memory per rank;
+# 3. sharded optimizer state (ZeRO stage 1) and its memory per rank; ZeRO-2/3, and FSDP measured on the ranks;
 # 4. tensor parallelism (Megatron) for unit 11's SwiGLU block;
 # 5. expert parallelism for unit 14's DeepSeekMoE, and how node-limited routing bounds the traffic;
-# 6. what the DeepSeek-V3 report adds: pipelines, DualPipe, and why it trains without tensor parallelism.
+# 6. what the DeepSeek-V3 report adds: pipelines (GPipe and 1F1B simulated), DualPipe, and why it trains without
+#    tensor parallelism.
 #
 # The finished pieces come from `llmcourse.parallel`. The exercise notebook
 # (`exercises/18_parallelism/18_parallelism.ipynb`) asks you to write several of them yourself.
@@ -46,9 +47,11 @@ from llmcourse.parallel import (
     ring_all_reduce,
     ring_all_reduce_volume,
     shard_batch,
+    simulate_pipeline,
     zero_memory_per_rank,
 )
 from llmcourse.viz import parallel as viz
+from torch.distributed.fsdp import fully_shard     # imported once here, so the forked ranks inherit it
 
 cfg = llmcourse.setup_notebook("18")
 P = cfg["world_size"]                # ranks started by this lesson
@@ -407,6 +410,87 @@ for stage, what in enumerate(["plain data parallel", "ZeRO-1: optimizer state", 
     print(f"stage {stage} ({what:24s}): {gb:6.1f} GB per GPU")
 
 # %% [markdown]
+# ### ZeRO-2, ZeRO-3 and FSDP
+#
+# The formula behind those four lines, for `Ψ` parameters on `N_d` data-parallel ranks with 16-bit weights (`2Ψ`
+# bytes), 16-bit gradients (`2Ψ`) and `KΨ` of optimizer state (`K = 12` for mixed-precision Adam: fp32 master
+# weights, momentum and variance), is `2Ψ + 2Ψ + KΨ` per rank without ZeRO, and each stage divides one more term by
+# `N_d`:
+#
+# - **ZeRO-1** shards the optimizer state: `2Ψ + 2Ψ + KΨ/N_d`.
+# - **ZeRO-2** shards the gradients too: after the reduce-scatter a rank needs only its share of the averaged
+#   gradient, so it frees the rest bucket by bucket during the backward pass: `2Ψ + (2 + K)Ψ/N_d`, for the same
+#   traffic as ZeRO-1.
+# - **ZeRO-3** shards the parameters too: a layer's full weights exist only while it runs. Each layer's shards are
+#   all-gathered just before its forward, freed after it, all-gathered again for its backward, and its gradient is
+#   reduce-scattered: `(2 + 2 + K)Ψ/N_d`, for three collectives of `Ψ` per step instead of two (1.5× the traffic
+#   of data parallelism).
+#
+# The cell computes each stage from that formula and checks it against `zero_memory_per_rank`, which printed the
+# lines above:
+
+# %%
+psi_ex, nd, K = zero_example["parameters"], zero_example["gpus"], zero_example["K"]
+by_formula = [(2 + 2 + K) * psi_ex, 2 * psi_ex + 2 * psi_ex + K * psi_ex / nd, 2 * psi_ex + (2 + K) * psi_ex / nd,
+              (2 + 2 + K) * psi_ex / nd]
+for stage, b in enumerate(by_formula):
+    saving = f", {by_formula[0] / b:.1f}× less than plain data parallelism" if stage else ""
+    print(f"stage {stage}: {b / 1e9:6.1f} GB per GPU{saving}")
+    assert math.isclose(b, zero_memory_per_rank(psi_ex, nd, stage, optimizer_bytes=K))
+
+# %% [markdown]
+# PyTorch's **FSDP** (`torch.distributed.fsdp.fully_shard`) is ZeRO-3. It runs on gloo too, so here it trains the
+# MLP of section 2 for one AdamW step on `P` ranks through the recording process group, which counts what each
+# rank sends: the cell prints what each rank holds (parameters, gradients, optimizer state, all as local shards),
+# the collectives of each phase, and compares the weights with `torch.optim.AdamW` in one process.
+
+# %%
+from llmcourse.parallel import traffic  # noqa: E402
+
+
+def fsdp_rank(rank, world_size):
+    model = adam_model()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)                      # each Linear is one unit: gathered when it runs
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    held = sum(q.to_local().numel() for q in model.parameters())
+    out = model(shard_batch(X, rank, world_size))
+    n_forward = len(traffic.TRAFFIC)
+    F.mse_loss(out, shard_batch(Y, rank, world_size)).backward()
+    n_backward = len(traffic.TRAFFIC)
+    grads = sum(q.grad.to_local().numel() for q in model.parameters())
+    opt.step()
+    state = sum(v.to_local().numel() for st in opt.state.values() for v in st.values() if v.dim() > 0)
+    n_step = len(traffic.TRAFFIC)
+    phases = {"forward": traffic.TRAFFIC[:n_forward], "backward": traffic.TRAFFIC[n_forward:n_backward],
+              "optimizer step": traffic.TRAFFIC[n_backward:n_step]}
+    weights = [q.full_tensor().detach() for q in model.parameters()]
+    return held, grads, state, {k: [(e["op"], e["numel"]) for e in v] for k, v in phases.items()}, weights
+
+
+fsdp = launch(fsdp_rank, P, timeout_s=TIMEOUT, backend="gloo_recorded")
+ref = adam_model()
+adamw = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+F.mse_loss(ref(X), Y).backward()
+adamw.step()
+for res in fsdp:
+    assert res.ok, res.describe()
+    held, grads, state, phases, weights = res.value
+    err = max((w - q).abs().max().item() for w, q in zip(weights, ref.parameters(), strict=True))
+    print(f"rank {res.rank}: holds {held} of Ψ = {psi} parameters, {grads} gradient and {state} moment elements; "
+          f"|FSDP − AdamW| = {err:.1e}")
+    assert err < 1e-5 and held <= math.ceil(psi / P) + 2 * P and state == 2 * held
+phases = fsdp[0].value[3]
+for phase, events in phases.items():
+    print(f"  rank 0, {phase:14s}: {events or 'no communication'}")
+sent = (sum((P - 1) * n for op, n in phases["forward"] + phases["backward"] if op == "allgather")
+        + sum((P - 1) / P * n for op, n in phases["backward"] if op == "reduce_scatter"))
+print(f"rank 0 sends {sent:,.0f} elements per step (bandwidth-optimal collectives); data parallelism's all-reduce "
+      f"sends 2(p−1)/p·Ψ = {ring_all_reduce_volume(psi, P):,.0f}: {sent / ring_all_reduce_volume(psi, P):.2f}×")
+
+# %% [markdown]
 # ## 4. Tensor parallelism (Megatron)
 #
 # Data parallelism copies the model; when one layer is too big, or too slow, split the **matrices**. For
@@ -419,7 +503,9 @@ for stage, what in enumerate(["plain data parallel", "ZeRO-1: optimizer state", 
 #
 # In unit 11's SwiGLU block `down(silu(gate(x)) ⊙ up(x))`, `gate` and `up` are column-parallel, so each rank holds a
 # slice of the hidden features, `silu` and `⊙` act element by element on the slice, and `down` is row-parallel:
-# **one all-reduce** per block forward (and one backward, for the gradient of `x`).
+# **one all-reduce** per block in the forward pass. The block is trained, so the backward pass must give every rank
+# the same gradients as the dense block; what that costs in communication, and where, is exercise 5's question.
+# Below, `TensorParallelSwiGLU` (the library's answer) is compared with the dense block, forward and backward.
 
 # %%
 D, HIDDEN = cfg["d_model"], cfg["ffn_hidden"]
@@ -451,11 +537,10 @@ for res in tp:
     out, gx = res.value
     print(f"rank {res.rank}: |TP − full block| = {(out - want.detach()).abs().max():.2e}, "
           f"|∂x TP − ∂x full| = {(gx - xt.grad).abs().max():.2e}")
-print("collectives of rank 0 (forward, then backward):", tp[0].calls)
 assert all((r.value[0] - want.detach()).abs().max() < 1e-5 for r in tp)
 
 # %% [markdown]
-# Each all-reduce moves the block's whole activation `(tokens, D)`, twice per block and layer (attention and MLP) in
+# Each all-reduce moves the block's whole activation `(tokens, D)`, once per attention and once per MLP block, in
 # each direction. Inside a server, NVLink makes that affordable; across servers it is not, which is why tensor
 # parallelism stays inside one node.
 #
@@ -529,8 +614,8 @@ print(f"DeepSeek-V3 ({V3['experts']} routed experts on {V3['nodes']} nodes, top-
 # ## 6. What the report adds on top
 #
 # DeepSeek-V3's training combines pipeline parallelism, expert parallelism across nodes and ZeRO-1 data
-# parallelism, and **no tensor parallelism**. The numbers below come from the report and simple formulas; nothing
-# here is run.
+# parallelism, and **no tensor parallelism**. The numbers below come from the report, simple formulas and a small
+# simulation; nothing here runs on ranks.
 #
 # **Pipeline parallelism** cuts the layers into stages on different GPUs; a batch is cut into micro-batches that
 # flow through the stages. With `s` stages and `m` micro-batches the simplest schedule idles a fraction
@@ -555,6 +640,40 @@ for m in (s, 4 * s):
     print(f"simple pipeline, {s} stages, {m} micro-batches: idle fraction (s−1)/(m+s−1) = {(s - 1) / (m + s - 1):.1%}")
 print(f"report: {report['pp_stages']}-way pipeline, {report['ep_ways']}-way expert parallelism over "
       f"{report['ep_nodes']} nodes, ZeRO-1 data parallelism, {report['gpus']} GPUs")
+
+# %% [markdown]
+# The bubble of the simple schedules is easy to get wrong, so simulate it. `simulate_pipeline` runs `m`
+# micro-batches through `p` stages, each operation starting as soon as its stage is free and its input has arrived
+# (the forward of micro-batch `i` on the previous stage, its backward on the next), with a backward taking twice a
+# forward. **GPipe** runs all forwards, then all backwards; **1F1B** runs a few warm-up forwards, then alternates
+# one forward and one backward. The chart shows stage by stage what runs (digit: forward of that micro-batch,
+# letter: its backward, `.`: idle); the table, the measured idle fraction, the formula `(p−1)/(m+p−1)`, and the
+# most micro-batches whose activations a stage holds at once.
+
+# %%
+p_pipe = 4
+for name in ("gpipe", "1f1b"):
+    run = simulate_pipeline(p_pipe, 4, name)
+    print(f"{name}, {p_pipe} stages, 4 micro-batches (time →):")
+    for s_, ops in enumerate(run.ops):
+        line = ["."] * int(run.makespan)
+        for kind, i, start, end in ops:
+            for tick in range(int(start), int(end)):
+                line[tick] = str(i) if kind == "F" else "abcdefgh"[i]
+        print(f"  stage {s_}: {''.join(line)}")
+print(f"{'schedule':9s} {'m':>3s} {'idle':>7s} {'(p−1)/(m+p−1)':>14s}  activations held per stage")
+for m in (4, 8, 32):
+    for name in ("gpipe", "1f1b"):
+        run = simulate_pipeline(p_pipe, m, name)
+        formula = (p_pipe - 1) / (m + p_pipe - 1)
+        print(f"{name:9s} {m:3d} {run.bubble:7.1%} {formula:14.1%}  {run.peak_activations}")
+        assert math.isclose(run.bubble, formula)
+
+# %% [markdown]
+# Both schedules idle the same fraction: more micro-batches shrink the bubble, the order does not. What 1F1B
+# changes is memory: GPipe's stages hold the activations of all `m` micro-batches, 1F1B's first stage at most `p`,
+# however many micro-batches there are, which is what lets `m` grow until the bubble is small. Shrinking the bubble
+# itself takes other orders (interleaved stages, the split backward of ZB1P, DualPipe above).
 
 # %% [markdown]
 # **Why no tensor parallelism?** Tensor parallelism pays an all-reduce of the full activation after every
@@ -590,7 +709,9 @@ assert ep_bytes > tp_bytes        # counted alike, the bytes do not favour exper
 # - Data parallelism = local gradients + all-reduce (mean); bucketing overlaps it with backward; equal to one
 #   process on the whole batch, as DDP is.
 # - ZeRO-1 shards the optimizer state: reduce-scatter, update a share, all-gather; the same result as AdamW.
-# - Tensor parallelism splits matrices: column then row, one all-reduce per block.
+#   ZeRO-2 shards the gradients too, ZeRO-3 (FSDP) the parameters: `(2 + 2 + K)Ψ/N_d` per rank for 1.5× the traffic.
+# - Tensor parallelism splits matrices: column then row, one all-reduce per block forward.
+# - Pipeline parallelism idles `(p−1)/(m+p−1)` with GPipe and 1F1B alike; 1F1B holds `p` micro-batches, not `m`.
 # - Expert parallelism moves tokens to experts with two all-to-alls; node-limited routing bounds the traffic.
 #
 # ## Extension (optional)

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Unit 18 — Beyond one machine: exercises
 #
-# Five graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
+# Six graded exercises, 20 points. Each one has a **task**, a cell for your code (replace
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
@@ -14,10 +14,11 @@
 #
 # The grader starts its own ranks (2, or 4 for the ring and for ZeRO) and runs your code in every one of them. It
 # compares with one process doing the whole job: the sum of the ranks' tensors, one model on the whole batch,
-# `torch.optim.AdamW`, the full `nn.Linear`, the full `DeepSeekMoE`. It also checks the idea of each exercise where
+# `torch.optim.AdamW`, the full `nn.Linear`, the full SwiGLU block, the full `DeepSeekMoE`. It also checks the idea of each exercise where
 # it happens: the ranks' process group records every message each rank sends (to whom, how many elements, by which
-# operation), whichever function sent it, and each rank holds only its own inputs. When a rank fails it names the
-# rank and the collective; when your mistake is a known one it names it and gives a hint.
+# operation), whichever function sent it, and each rank holds only its own inputs; the bytes each rank puts on its
+# connections to the others are counted too, so a message sent around the group is seen. When a rank fails it names
+# the rank and the collective; when your mistake is a known one it names it and gives a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
 #
@@ -38,6 +39,7 @@ from torch import nn
 
 import llmcourse
 from llmcourse.models.deepseek_moe import DeepSeekMoE
+from llmcourse.models.llama3 import SwiGLUFeedForward
 from llmcourse.parallel import launch
 
 cfg = llmcourse.setup_notebook("18")
@@ -99,7 +101,7 @@ for res in results:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 2 — `attach_data_parallel` (6 points)
+# ## Exercise 2 — `attach_data_parallel` (5 points)
 #
 # ```python
 # def attach_data_parallel(module: nn.Module, seed: int) -> None: ...
@@ -268,7 +270,7 @@ for res in results:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 4 — `row_parallel_linear` (3 points)
+# ## Exercise 4 — `row_parallel_linear` (2 points)
 #
 # ```python
 # def row_parallel_linear(x: torch.Tensor, linear: nn.Linear, rank: int, world_size: int) -> torch.Tensor: ...
@@ -316,7 +318,80 @@ for res in results:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 5 — `expert_parallel_moe` (4 points)
+# ## Exercise 5 — `tp_swiglu` (3 points)
+#
+# ```python
+# def tp_swiglu(x: torch.Tensor, ff: SwiGLUFeedForward, rank: int, world_size: int) -> torch.Tensor: ...
+# ```
+#
+# Unit 11's SwiGLU block `down_proj(silu(gate_proj(x)) ⊙ up_proj(x))` (bias-free) split Megatron's way over the
+# ranks: `gate_proj` and `up_proj` are **column-parallel** (rank `r` owns rows `r·h/p … (r+1)·h/p − 1` of their
+# weights: its slice of the `h` hidden features) and `down_proj` is **row-parallel** (rank `r` owns the matching
+# columns of its weight). Every rank gets the same input `x` `(…, D)` and a full `ff` in which only its own shards
+# are usable (the grader fills the rest with NaN), and returns `ff(x)` `(…, D)`; `h` is divisible by `world_size`.
+# The block is trained, so it must be right backward too: a backward through the output gives every rank the
+# **full** gradient of `x` (what the layer below needs, the same on every rank) and, for its own shards, the dense
+# block's weight gradients (rows of `gate_proj`/`up_proj`, columns of `down_proj`). The ranks communicate only with
+# all-reduces of `(…, D)`-sized tensors, as few as the block needs; the grader counts them separately in the
+# forward and in the backward pass. Which communication happens when, and how to make one happen in the backward
+# pass (a `torch.autograd.Function` defines its own backward), is yours to work out.
+
+# %% tags=["solution:18.tp_swiglu"]
+def tp_swiglu(x, ff, rank, world_size):
+    """``ff(x)`` computed from this rank's shards: gate/up column-parallel, down row-parallel."""
+    ### BEGIN SOLUTION
+    class EnterRegion(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t.view_as(t)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            return grad
+
+    width = ff.gate_proj.out_features // world_size
+    mine = slice(rank * width, (rank + 1) * width)
+    xin = EnterRegion.apply(x)
+    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (xin @ ff.up_proj.weight[mine].T)
+    out = hidden @ ff.down_proj.weight[:, mine].T
+    dist.all_reduce(out)
+    return out
+    ### END SOLUTION
+
+
+# %% tags=["tests:18.tp_swiglu"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("18.tp_swiglu")  # noqa: E702
+### END HIDDEN TESTS
+torch.manual_seed(0)
+FF = SwiGLUFeedForward(4, 6)
+X_TP = torch.randn(3, 4)
+
+
+def _tp_rank(rank, world_size):
+    x = X_TP.clone().requires_grad_(True)
+    out = tp_swiglu(x, FF, rank, world_size)
+    out.pow(2).sum().backward()
+    return out.detach(), x.grad
+
+
+x_whole = X_TP.clone().requires_grad_(True)
+want = FF(x_whole)
+want.pow(2).sum().backward()
+results = launch(_tp_rank, 2, timeout_s=TIMEOUT)
+for res in results:
+    assert res.ok, res.describe()
+    out, grad_x = res.value
+    torch.testing.assert_close(out, want.detach(), msg=f"rank {res.rank}: output differs from the full block")
+    assert grad_x is not None, f"rank {res.rank}: no gradient reached x"
+    torch.testing.assert_close(grad_x, x_whole.grad, msg=f"rank {res.rank}: ∂x differs from the full block's")
+    assert all(c.startswith("all_reduce") for c in res.calls), f"rank {res.rank} called {res.calls}"
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 6 — `expert_parallel_moe` (3 points)
 #
 # ```python
 # def expert_parallel_moe(x: torch.Tensor, moe: DeepSeekMoE, rank: int, world_size: int) -> torch.Tensor: ...

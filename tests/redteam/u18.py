@@ -2,6 +2,7 @@
 wrong answers issue 40 named."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
 # -- 18.ring_all_reduce -------------------------------------------------------------------------------------------
 
@@ -84,67 +85,41 @@ def ring_all_reduce(tensor):
     return tensor
 '''
 
-# only the reduce-scatter phase: each rank ends with one summed chunk, the rest partial
-_RING_HALF = '''
+# the known bypass of issue 40: the real gloo group behind the recording one, reached through its private attribute
+_RING_INNER = '''
 def ring_all_reduce(tensor):
-    r, p = dist.get_rank(), dist.get_world_size()
-    chunks = tensor.view(-1).chunk(p)
-    right, left = (r + 1) % p, (r - 1) % p
-    got = torch.empty_like(chunks[0])
-    for s in range(p - 1):
-        send_i, recv_i = (r - s) % p, (r - s - 1) % p
-        ops = [dist.P2POp(dist.isend, chunks[send_i].clone(), right), dist.P2POp(dist.irecv, got, left)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-        chunks[recv_i].add_(got)
+    dist.group.WORLD._inner.allreduce([tensor]).wait()
     return tensor
 '''
 
+# only the reduce-scatter phase: each rank ends with one summed chunk, the rest partial
+_RING_HALF = edited("18", "ring_all_reduce", ("    for gather in (0, 1):", "    for gather in (0,):"))
+
 # -- 18.attach_data_parallel --------------------------------------------------------------------------------------
 
-_DP = '''
-def attach_data_parallel(module, seed):
-    r, ws = dist.get_rank(), dist.get_world_size()
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):  # @SYNC
-            dist.broadcast(t, 0)
-    torch.manual_seed(seed + r)  # @SEED
-    for p in module.parameters():
-        if p.requires_grad:
-            def hook(param):
-                dist.all_reduce(param.grad)
-                param.grad /= ws  # @DIV
-            p.register_post_accumulate_grad_hook(hook)
-'''
+_SEED = "    torch.manual_seed(seed + dist.get_rank())\n"
+_DIV = "        param.grad.div_(p)\n"
 
 
-def _dp(**edits):
-    src = _DP
-    for marker, line in edits.items():
-        lines = src.split("\n")
-        i = next(n for n, s in enumerate(lines) if s.rstrip().endswith(f"# @{marker}"))
-        indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-        lines[i] = "\n".join(indent + part for part in line.split("\n"))
-        src = "\n".join(lines)
-    return src
+def _dp(*replacements):
+    return edited("18", "attach_data_parallel", *replacements)
 
 
-_DP_BACKWARD_HOOK = '''
-def attach_data_parallel(module, seed):
-    r, ws = dist.get_rank(), dist.get_world_size()
-    with torch.no_grad():
-        for t in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(t, 0)
-    torch.manual_seed(seed + r)
-
-    def hook(mod, grad_input, grad_output):
-        for p in mod.parameters():
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
-                p.grad /= ws
-
-    module.register_full_backward_hook(hook)
-'''
+_DP_BACKWARD_HOOK = _dp((
+    "    def average(param):\n"
+    "        dist.all_reduce(param.grad)\n"
+    "        param.grad.div_(p)\n"
+    "\n"
+    "    for param in module.parameters():\n"
+    "        if param.requires_grad:\n"
+    "            param.register_post_accumulate_grad_hook(average)\n",
+    "    def average(mod, grad_input, grad_output):\n"
+    "        for q in mod.parameters():\n"
+    "            if q.grad is not None:\n"
+    "                dist.all_reduce(q.grad)\n"
+    "                q.grad.div_(p)\n"
+    "\n"
+    "    module.register_full_backward_hook(average)\n"))
 
 # -- 18.ShardedAdamW ------------------------------------------------------------------------------------------------
 
@@ -167,62 +142,29 @@ class ShardedAdamW:
         self.inner.step()
 '''
 
+_ZERO_SCATTER = ("        g = torch.empty(self.size)\n"
+                 "        dist.reduce_scatter_single(g, flat([q.grad if q.grad is not None else torch.zeros_like(q)\n"
+                 "                                            for q in self.params]))\n")
+
+
+def _zero(*replacements):
+    return edited("18", "ShardedAdamW", *replacements)
+
+
+def _zero_all_reduced(reduce="dist.all_reduce(summed)"):
+    """The whole flat gradient all-reduced (``reduce``), then this rank's share sliced out of it."""
+    return _zero((_ZERO_SCATTER,
+                  "        summed = flat([q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params])\n"
+                  f"        {reduce}\n"
+                  "        g = summed[self.r * self.size:(self.r + 1) * self.size].clone()\n"))
+
+
 # a flat shard per rank, but moments allocated for all Ψ parameters (zeros outside the share)
-_ZERO_BODY = '''
-class ShardedAdamW:
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2):
-        self.params = list(params)
-        self.lr, self.betas, self.eps, self.wd = lr, betas, eps, weight_decay
-        self.r, self.ws = dist.get_rank(), dist.get_world_size()
-        self.n = sum(p.numel() for p in self.params)
-        self.share = math.ceil(self.n / self.ws)
-        self.lo, self.hi = self.r * self.share, min(self.n, (self.r + 1) * self.share)
-        self.m = torch.zeros(@MOMENT_SIZE)
-        self.v = torch.zeros(@MOMENT_SIZE)
-        self.t = 0
-
-    def state_numel(self):
-        return @STATE_NUMEL
-
-    @torch.no_grad()
-    def step(self):
-        self.t += 1
-        b1, b2 = self.betas
-        flat_g = torch.cat([p.grad.reshape(-1) for p in self.params])
-        flat_g = torch.cat([flat_g, flat_g.new_zeros(self.share * self.ws - self.n)])
-        @GRADS
-        flat_p = torch.cat([p.reshape(-1) for p in self.params])
-        flat_p = torch.cat([flat_p, flat_p.new_zeros(self.share * self.ws - self.n)])
-        mine = flat_p[self.r * self.share:(self.r + 1) * self.share].clone()
-        m, v = @MV
-        m.mul_(b1).add_(g, alpha=1 - b1)
-        v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        mhat, vhat = m / (1 - b1 ** self.t), v / (1 - b2 ** self.t)
-        mine.mul_(1 - self.lr * self.wd)
-        mine.addcdiv_(mhat, vhat.sqrt() + self.eps, value=-self.lr)
-        out = [torch.empty_like(mine) for _ in range(self.ws)]
-        dist.all_gather(out, mine)
-        new = torch.cat(out)[:self.n]
-        i = 0
-        for p in self.params:
-            p.copy_(new[i:i + p.numel()].view_as(p))
-            i += p.numel()
-'''
-
-_ZERO_RS = '''g = torch.empty(self.share)
-        dist.reduce_scatter(g, list(flat_g.chunk(self.ws)))
-        g /= self.ws'''
-_ZERO_AR = '''dist.all_reduce(flat_g)
-        g = flat_g[self.r * self.share:(self.r + 1) * self.share] / self.ws'''
-
-
-def _zero(size="self.share", numel="2 * self.share", grads=_ZERO_RS, mv="self.m, self.v"):
-    return (_ZERO_BODY.replace("@MOMENT_SIZE", size).replace("@STATE_NUMEL", numel).replace("@GRADS", grads)
-            .replace("@MV", mv))
-
-
-_ZERO_ALL_SIZED = _zero(size="self.share * self.ws", mv=(
-    "self.m[self.r * self.share:(self.r + 1) * self.share], self.v[self.r * self.share:(self.r + 1) * self.share]"))
+_ZERO_ALL_SIZED = _zero(("        self.m = torch.zeros(self.size)\n        self.v = torch.zeros(self.size)\n",
+                         "        self.m_all = torch.zeros(self.size * self.p)\n"
+                         "        self.v_all = torch.zeros(self.size * self.p)\n"
+                         "        self.m = self.m_all[self.r * self.size:(self.r + 1) * self.size]\n"
+                         "        self.v = self.v_all[self.r * self.size:(self.r + 1) * self.size]\n"))
 
 # the full moments kept on the parameters, where the optimizer's own attributes do not show them
 _ZERO_ON_PARAMS = '''
@@ -309,14 +251,57 @@ def row_parallel_linear(x, linear, rank, world_size):
     return y
 '''
 
-_ROW_BIAS_EVERY_RANK = '''
-def row_parallel_linear(x, linear, rank, world_size):
-    k = linear.in_features // world_size
-    sl = slice(rank * k, (rank + 1) * k)
-    y = F.linear(x[..., sl], linear.weight[:, sl], linear.bias)
-    dist.all_reduce(y)
-    return y
-'''
+_ROW_BIAS_EVERY_RANK = edited("18", "row_parallel_linear", (
+    "    partial = x[..., mine] @ linear.weight[:, mine].T\n",
+    "    partial = x[..., mine] @ linear.weight[:, mine].T + linear.bias\n"), ("    return partial + linear.bias\n",
+                                                                           "    return partial\n"))
+
+# -- 18.tp_swiglu (written from the released exercise notebook, before the check existed) ------------------------
+
+# forgot the backward communication: ∂x is only this rank's hidden slice's contribution
+_TP_NO_DX_SUM = edited("18", "tp_swiglu", ("    xin = EnterRegion.apply(x)\n", "    xin = x\n"))
+# the column-parallel layer's input all-reduced in the forward pass ("the region needs an all-reduce")
+_TP_REDUCE_INPUT_FORWARD = edited("18", "tp_swiglu", (
+    "        def forward(ctx, t):\n            return t.view_as(t)\n",
+    "        def forward(ctx, t):\n            t = t.clone()\n            dist.all_reduce(t)\n            return t\n"), (
+    "            grad = grad.clone()\n            dist.all_reduce(grad)\n            return grad\n",
+    "            return grad\n"))
+# the backward sum averaged like data parallelism's gradients
+_TP_DX_AVERAGED = edited("18", "tp_swiglu", ("            dist.all_reduce(grad)\n",
+                                             "            dist.all_reduce(grad)\n            grad /= dist.get_world_size()\n"))
+# the output's all-reduce made differentiable: its backward sums the (already replicated) gradient again
+_TP_OUTPUT_REDUCE_BOTH_WAYS = edited("18", "tp_swiglu", (
+    "    dist.all_reduce(out)\n    return out\n",
+    "    from torch.distributed.nn.functional import all_reduce\n    return all_reduce(out)\n"))
+# one entry per column-parallel layer: gate and up each sum their own ∂x (right values, twice the backward traffic)
+_TP_TWO_ENTRIES = edited("18", "tp_swiglu", (
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (xin @ ff.up_proj.weight[mine].T)\n",
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (EnterRegion.apply(x) @ ff.up_proj.weight[mine].T)\n"))
+# lazy: gather every rank's shards into the full weights and run the dense block everywhere
+_TP_GATHER_WEIGHTS = edited("18", "tp_swiglu", (
+    "    xin = EnterRegion.apply(x)\n"
+    "    hidden = F.silu(xin @ ff.gate_proj.weight[mine].T) * (xin @ ff.up_proj.weight[mine].T)\n"
+    "    out = hidden @ ff.down_proj.weight[:, mine].T\n"
+    "    dist.all_reduce(out)\n"
+    "    return out\n",
+    "    def full(w, dim):\n"
+    "        own = w[mine] if dim == 0 else w[:, mine]\n"
+    "        parts = [torch.empty_like(own) for _ in range(world_size)]\n"
+    "        dist.all_gather(parts, own.detach().contiguous())\n"
+    "        parts[rank] = own\n"
+    "        return torch.cat(parts, dim)\n"
+    "    gate, up, down = full(ff.gate_proj.weight, 0), full(ff.up_proj.weight, 0), full(ff.down_proj.weight, 1)\n"
+    "    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T\n"))
+# gate split by rows but down by rows too (the output features), then the slices all-gathered
+_TP_DOWN_COLUMN_PARALLEL = edited("18", "tp_swiglu", (
+    "    out = hidden @ ff.down_proj.weight[:, mine].T\n    dist.all_reduce(out)\n    return out\n",
+    "    d = ff.down_proj.out_features // world_size\n"
+    "    part = F.linear(hidden.new_zeros(*hidden.shape[:-1], ff.gate_proj.out_features).index_copy("
+    "-1, torch.arange(mine.start, mine.stop), hidden), ff.down_proj.weight[rank * d:(rank + 1) * d])\n"
+    "    out = torch.cat([part] * world_size, -1)\n"
+    "    dist.all_reduce(out)\n    return out\n"))
+# no way back for the gradient at all
+_TP_DETACHED = edited("18", "tp_swiglu", ("    xin = EnterRegion.apply(x)\n", "    xin = x.detach()\n"))
 
 # -- 18.expert_parallel_moe -----------------------------------------------------------------------------------------
 
@@ -418,24 +403,30 @@ ANSWERS = [
            says=r"calls the collective allreduce"),
     Answer("18.ring_all_reduce", "the process group's allreduce called directly", _RING_PG,
            says=r"calls the collective allreduce"),
+    Answer("18.ring_all_reduce", "the real group behind the recording one (its private _inner)", _RING_INNER,
+           says=r"communicated around the group", origin="issue 40"),
+    Answer("18.ShardedAdamW", "the whole-gradient all-reduce sent through the unrecorded inner group",
+           _zero_all_reduced("dist.group.WORLD._inner.allreduce([summed]).wait()"),
+           says=r"communicated around the group", origin="issue 40"),
     Answer("18.ring_all_reduce", "reduce-scatter phase only", _RING_HALF, says=r"the tensor after the ring"),
     # attach_data_parallel
-    Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp(SEED="pass"),
+    Answer("18.attach_data_parallel", "broadcast + averaging hooks, seed ignored", _dp((_SEED, "")),
            bug="B18.seed_ignored", origin="issue 40"),
-    Answer("18.attach_data_parallel", "gradients averaged twice", _dp(DIV="param.grad /= ws * ws"),
+    Answer("18.attach_data_parallel", "gradients averaged twice", _dp(("param.grad.div_(p)", "param.grad.div_(p * p)")),
            bug="B18.grads_averaged_twice", origin="issue 40"),
-    Answer("18.attach_data_parallel", "the same seed on every rank", _dp(SEED="torch.manual_seed(seed)"),
+    Answer("18.attach_data_parallel", "the same seed on every rank", _dp((_SEED, "    torch.manual_seed(seed)\n")),
            bug="B18.same_dropout_seed"),
-    Answer("18.attach_data_parallel", "each rank seeded with its rank, seed ignored", _dp(SEED="torch.manual_seed(r)"),
+    Answer("18.attach_data_parallel", "each rank seeded with its rank, seed ignored", _dp((_SEED, "    torch.manual_seed(dist.get_rank())\n")),
            bug="B18.seed_ignored"),
     Answer("18.attach_data_parallel", "seed * rank: rank 0's draws do not depend on seed",
-           _dp(SEED="torch.manual_seed(seed * r)"), bug="B18.seed_ignored"),
-    Answer("18.attach_data_parallel", "a fresh random seed per rank (not reproducible)", _dp(SEED="torch.seed()"),
+           _dp((_SEED, "    torch.manual_seed(seed * dist.get_rank())\n")), bug="B18.seed_ignored"),
+    Answer("18.attach_data_parallel", "a fresh random seed per rank (not reproducible)", _dp((_SEED, "    torch.seed()\n")),
            says=r"reproducible from `seed`"),
-    Answer("18.attach_data_parallel", "gradients summed, not averaged", _dp(DIV="pass"),
+    Answer("18.attach_data_parallel", "gradients summed, not averaged", _dp((_DIV, "")),
            bug="B18.sum_not_mean"),
     Answer("18.attach_data_parallel", "parameters broadcast, buffers not",
-           _dp(SYNC="for t in list(module.parameters()):"), says=r"buffer 'scale' differs"),
+           _dp(("list(module.parameters()) + list(module.buffers())",
+                                                    "list(module.parameters())")), says=r"buffer 'scale' differs"),
     Answer("18.attach_data_parallel", "averaging in a module full backward hook", _DP_BACKWARD_HOOK,
            says=r"gradients of the first backward"),
     # ShardedAdamW
@@ -446,7 +437,7 @@ ANSWERS = [
     Answer("18.ShardedAdamW", "full moments kept on the parameters", _ZERO_ON_PARAMS, bug="B18.zero_full_state"),
     Answer("18.ShardedAdamW", "whole parameters dealt round-robin (unbalanced)", _ZERO_ROUND_ROBIN,
            says=r"reports \d+ elements of optimizer state"),
-    Answer("18.ShardedAdamW", "all-reduce of the whole gradient instead of its share", _zero(grads=_ZERO_AR),
+    Answer("18.ShardedAdamW", "all-reduce of the whole gradient instead of its share", _zero_all_reduced(),
            bug="B18.zero_all_reduce"),
     # row_parallel_linear
     Answer("18.row_parallel_linear", "every rank computes the full product /p, one all-reduce", _ROW_FULL,
@@ -457,6 +448,22 @@ ANSWERS = [
            bug="B18.row_full_product"),
     Answer("18.row_parallel_linear", "bias added on every rank before the all-reduce", _ROW_BIAS_EVERY_RANK,
            bug="B18.bias_every_rank"),
+    # tp_swiglu (red team, from the exercise notebook)
+    Answer("18.tp_swiglu", "no backward all-reduce: ∂x from this rank's hidden slice only", _TP_NO_DX_SUM,
+           bug="B18.tp_dx_partial", origin="red team"),
+    Answer("18.tp_swiglu", "the column-parallel input all-reduced in forward, identity backward",
+           _TP_REDUCE_INPUT_FORWARD, bug="B18.tp_input_reduced_forward", origin="red team"),
+    Answer("18.tp_swiglu", "∂x averaged over ranks instead of summed", _TP_DX_AVERAGED, bug="B18.tp_dx_averaged",
+           origin="red team"),
+    Answer("18.tp_swiglu", "a differentiable all-reduce at the output (sums the gradient again)",
+           _TP_OUTPUT_REDUCE_BOTH_WAYS, bug="B18.tp_output_reduced_backward", origin="red team"),
+    Answer("18.tp_swiglu", "gate and up each sum their own ∂x (two backward all-reduces)", _TP_TWO_ENTRIES,
+           bug="B18.tp_dx_summed_per_layer", origin="red team"),
+    Answer("18.tp_swiglu", "all-gather the weight shards, dense block on every rank", _TP_GATHER_WEIGHTS,
+           bug="B18.tp_gather_weights", origin="red team"),
+    Answer("18.tp_swiglu", "down split by output features too", _TP_DOWN_COLUMN_PARALLEL, says=r"NaN",
+           origin="red team"),
+    Answer("18.tp_swiglu", "x detached: no gradient reaches it", _TP_DETACHED, says=r"no gradient", origin="red team"),
     # expert_parallel_moe
     Answer("18.expert_parallel_moe", "all-gather the tokens, all-reduce, no all-to-all", _EP_GATHER,
            bug="B18.ep_no_all_to_all", origin="issue 40"),
