@@ -6,14 +6,15 @@ the checkers' verdicts per submission and exercise, the scores, notes and tamper
 
 * ``report.html``: one self-contained page (no script, style, font or image from elsewhere; opens offline) with,
   per assignment, each exercise's attempt rate, pass rate and score distribution (a plot and a table); the named
-  mistakes ranked by how many students made them (a plot, and a table with each one's hint and the lesson section
-  it points to, from ``grader/sections/uNN.toml``: :mod:`coursetools.sections`); the unnamed failures grouped by
-  the message of the property that broke; a students x exercises heat map (passed / failed, named mistake /
-  failed / not attempted / error or limit; a plot with the lowest scores first, and a table sortable by clicking
-  a column head). The plots are matplotlib figures inlined as SVG (vector, text kept as text), as the lessons
-  draw theirs: nothing to load, so they render without a network; the students to follow up (below :data:`FOLLOW_UP_FRACTION` of the points,
+  mistakes ranked by how many students made them (a student who made one in several exercises, e.g. in an answer a
+  later exercise builds on, counts once; its exercises are listed), as a plot and a table with each one's hint and
+  the lesson section it points to (``grader/sections/uNN.toml``, :mod:`coursetools.sections`); the unnamed
+  failures grouped by the message of the property that broke; a students x exercises heat map (passed / failed,
+  named mistake / failed / not attempted / error or limit), as a plot with the lowest scores first and as a table
+  sortable by clicking a column head; the students to follow up (below :data:`FOLLOW_UP_FRACTION` of the points,
   or the same named mistake in several units) and the submissions that hit a limit (timeout, stopped process,
-  tampering); a comparison across assignments when the run graded several;
+  tampering); a comparison across assignments when the run graded several. The plots are matplotlib figures
+  inlined as SVG (vector, text kept as text), as the lessons draw theirs: nothing to load, so they render offline;
 * ``report.json`` (the same numbers) and ``report-exercises.csv``, ``report-mistakes.csv``, ``report-students.csv``.
 
 Only what a student's own feedback shows reaches it: verdict messages, mistake names (``no_scale``, never the
@@ -150,7 +151,8 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
                 "attempt_rate": sum(e["status"] != "not_attempted" for e in col) / n,
                 "pass_rate": sum(e["status"] == "passed" for e in col) / n,
                 "score_distribution": {f"{p:g}": c for p, c in sorted(dist.items())}})
-        named: dict[tuple[str, str], dict] = {}
+        order = [ex["id"] for ex in exercises]
+        named: dict[str, dict] = {}  # by mistake: a student who made it in two exercises counts once
         unnamed: dict[tuple[str, str], dict] = {}
         heat = []
         for s in sorted(group, key=lambda s: s["student"]):
@@ -161,10 +163,12 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
                 if e["status"] != "failed":
                     continue
                 if e["mistake"]:
-                    m = named.setdefault((e["id"], e["mistake"]), {"exercise": e["id"], "mistake": e["mistake"],
-                                                                   "hint": e["hint"], "section": e.get("section"),
-                                                                   "students": []})
-                    m["students"].append(s["student"])
+                    m = named.setdefault(e["mistake"], {"mistake": e["mistake"], "exercise": e["id"],
+                                                        "hint": e["hint"], "section": e.get("section"),
+                                                        "students": [], "by_exercise": {}})
+                    if s["student"] not in m["students"]:
+                        m["students"].append(s["student"])
+                    m["by_exercise"].setdefault(e["id"], []).append(s["student"])
                     mistakes_by_student[s["student"]].add((assignment, e["mistake"]))
                 else:
                     g = unnamed.setdefault((e["id"], _property(e["message"])),
@@ -177,7 +181,9 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
             "students": n, "mean_score_fraction": sum(scores) / n,
             "pass_rate": sum(e["passed"] for e in exercises) / max(1, n * len(exercises)),
             "exercises": exercises,
-            "named_mistakes": sorted(named.values(), key=lambda m: (-len(m["students"]), m["exercise"], m["mistake"])),
+            "named_mistakes": sorted(({**m, "exercises": sorted(m["by_exercise"], key=order.index)}
+                                      for m in named.values()),
+                                     key=lambda m: (-len(m["students"]), order.index(m["exercise"]), m["mistake"])),
             "unnamed_failures": sorted(unnamed.values(), key=lambda g: (-len(g["students"]), g["exercise"])),
             "heat_map": heat}
     follow = []
@@ -287,7 +293,7 @@ def _plot_mistakes(a: dict, top: int = 25) -> str:
     ys = list(range(len(ms)))[::-1]
     counts = [len(m["students"]) for m in ms]
     ax.barh(ys, counts, color=KIND_COLORS["failed, named"])
-    ax.set_yticks(ys, [_t(f"{m['mistake']} ({m['exercise']})") for m in ms], fontsize=8)
+    ax.set_yticks(ys, [_t(f"{m['mistake']} ({', '.join(m['exercises'])})") for m in ms], fontsize=8)
     for y, c in zip(ys, counts):
         ax.text(c, y, f" {c}", va="center", fontsize=8)
     ax.set_xlabel("students who made it", fontsize=8)
@@ -328,6 +334,13 @@ def _plot(kind: str, draw, a: dict) -> str:
         return f"<p class='small'>plot not drawn ({_e(type(exc).__name__)}: {_e(exc)})</p>"
 
 
+def _ex(m: dict) -> str:
+    """A named mistake's exercises, with how many students it failed in each when it failed several."""
+    if len(m["exercises"]) == 1:
+        return _e(m["exercises"][0])
+    return "<br>".join(f"{_e(x)} ({len(m['by_exercise'][x])})" for x in m["exercises"])
+
+
 def _html(summary: dict, title: str) -> str:
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{_CSS}</style>"
            f"</head><body><h1>{_e(title)}</h1>"]
@@ -356,7 +369,7 @@ def _html(summary: dict, title: str) -> str:
             out.append("<table class='sortable'><tr><th>students</th><th>exercise</th><th>mistake</th><th>hint</th>"
                        "<th>lesson section</th><th>who</th></tr>")
             for m in a["named_mistakes"]:
-                out.append(f"<tr><td>{len(m['students'])}</td><td>{_e(m['exercise'])}</td><td>{_e(m['mistake'])}</td>"
+                out.append(f"<tr><td>{len(m['students'])}</td><td>{_ex(m)}</td><td>{_e(m['mistake'])}</td>"
                            f"<td>{_e(m['hint'] or '')}</td><td>{_e(m.get('section') or '')}</td>"
                            f"<td class='small'>{_e(', '.join(m['students']))}</td></tr>")
             out.append("</table>")
@@ -421,7 +434,7 @@ def write_report(work: str | Path, title: str = "Class report") -> dict[str, Pat
         w.writerow(["assignment", "exercise", "mistake", "students", "hint", "section", "who"])
         for name, a in summary["assignments"].items():
             for m in a["named_mistakes"]:
-                w.writerow([name, m["exercise"], m["mistake"], len(m["students"]), m["hint"] or "",
+                w.writerow([name, " ".join(m["exercises"]), m["mistake"], len(m["students"]), m["hint"] or "",
                             m.get("section") or "", " ".join(m["students"])])
             for g in a["unnamed_failures"]:
                 w.writerow([name, g["exercise"], "", len(g["students"]), g["property"], "", " ".join(g["students"])])
