@@ -109,12 +109,13 @@ _CUT_SHORT = ("stopped the grading process", "did not finish within", "ended bef
 
 
 def _kind(ex: dict) -> str:
-    """The heat map's class of one exercise of one submission."""
+    """The heat map's class of one exercise of one submission (``missing``: the graded name is not defined, e.g. its
+    cell does not parse: an error of the submission)."""
     if ex["status"] == "passed":
         return "passed"
     if ex["status"] == "not_attempted":
         return "not attempted"
-    if ex["status"] == "error" or any(m in (ex["message"] or "").lower() for m in _CUT_SHORT):
+    if ex["status"] in ("error", "missing") or any(m in (ex["message"] or "").lower() for m in _CUT_SHORT):
         return "error or limit"
     return "failed, named" if ex["mistake"] else "failed"
 
@@ -293,7 +294,8 @@ def _plot_mistakes(a: dict, top: int = 25) -> str:
     ys = list(range(len(ms)))[::-1]
     counts = [len(m["students"]) for m in ms]
     ax.barh(ys, counts, color=KIND_COLORS["failed, named"])
-    ax.set_yticks(ys, [_t(f"{m['mistake']} ({', '.join(m['exercises'])})") for m in ms], fontsize=8)
+    ax.set_yticks(ys, [_t(f"{m['mistake']} ({', '.join(x.split('.', 1)[-1] for x in m['exercises'])})")
+                       for m in ms], fontsize=8)
     for y, c in zip(ys, counts):
         ax.text(c, y, f" {c}", va="center", fontsize=8)
     ax.set_xlabel("students who made it", fontsize=8)
