@@ -4,13 +4,17 @@
 the checkers' verdicts per submission and exercise, the scores, notes and tampering lines); :func:`write_report`
 (``course report [GRADING_DIR]``, also called at the end of ``course grade``) turns them into
 
-* ``report.html``: one self-contained page (no script or style from elsewhere; opens offline) with, per
-  assignment, each exercise's attempt rate, pass rate and score distribution; the named mistakes ranked by how
-  many students made them (with their hint); the unnamed failures grouped by the message of the property that
-  broke; a students x exercises table (passed / failed, named mistake / failed / not attempted / error or limit),
+* ``report.html``: one self-contained page (no script, style, font or image from elsewhere; opens offline) with,
+  per assignment, each exercise's attempt rate, pass rate and score distribution (a plot and a table); the named
+  mistakes ranked by how many students made them (a student who made one in several exercises, e.g. in an answer a
+  later exercise builds on, counts once; its exercises are listed), as a plot and a table with each one's hint and
+  the lesson section it points to (``grader/sections/uNN.toml``, :mod:`coursetools.sections`); the unnamed
+  failures grouped by the message of the property that broke; a students x exercises heat map (passed / failed,
+  named mistake / failed / not attempted / error or limit), as a plot with the lowest scores first and as a table
   sortable by clicking a column head; the students to follow up (below :data:`FOLLOW_UP_FRACTION` of the points,
   or the same named mistake in several units) and the submissions that hit a limit (timeout, stopped process,
-  tampering); a comparison across assignments when the run graded several;
+  tampering); a comparison across assignments when the run graded several. The plots are matplotlib figures
+  inlined as SVG (vector, text kept as text), as the lessons draw theirs: nothing to load, so they render offline;
 * ``report.json`` (the same numbers) and ``report-exercises.csv``, ``report-mistakes.csv``, ``report-students.csv``.
 
 Only what a student's own feedback shows reaches it: verdict messages, mistake names (``no_scale``, never the
@@ -51,6 +55,21 @@ def write_record(work: Path, rows: list[dict], verdicts: dict, causes: dict, uni
     from grader.core import bug_name
 
     subs = []
+    sections: dict[str, str | None] = {}
+
+    def section(bug_id: str | None) -> str | None:
+        """The lesson section the mistake points to (grader/sections/uNN.toml); the grades never wait on it."""
+        if not bug_id:
+            return None
+        if bug_id not in sections:
+            try:
+                from .sections import section_of
+
+                sections[bug_id] = section_of(bug_id)
+            except Exception:  # noqa: BLE001 - a missing or malformed map leaves the report without the section
+                sections[bug_id] = None
+        return sections[bug_id]
+
     for r in rows:
         key = (r["student"], r["assignment"])
         got = {v["exercise_id"]: v for v in verdicts.get(key) or []}
@@ -62,6 +81,7 @@ def write_record(work: Path, rows: list[dict], verdicts: dict, causes: dict, uni
                 "status": v["status"] if v else "error",
                 "mistake": bug_name(v["bug_id"]) if v and v.get("bug_id") else None,
                 "hint": v.get("hint") if v else None,
+                "section": section(v.get("bug_id")) if v else None,
                 "message": (v.get("message") or "") if v else (causes.get(key) or "no verdict")})
         subs.append({"student": r["student"], "assignment": r["assignment"], "score": r["score"],
                      "max_score": r["max_score"], "notes": r["notes"], "exercises": exercises})
@@ -89,12 +109,13 @@ _CUT_SHORT = ("stopped the grading process", "did not finish within", "ended bef
 
 
 def _kind(ex: dict) -> str:
-    """The heat map's class of one exercise of one submission."""
+    """The heat map's class of one exercise of one submission (``missing``: the graded name is not defined, e.g. its
+    cell does not parse: an error of the submission)."""
     if ex["status"] == "passed":
         return "passed"
     if ex["status"] == "not_attempted":
         return "not attempted"
-    if ex["status"] == "error" or any(m in (ex["message"] or "").lower() for m in _CUT_SHORT):
+    if ex["status"] in ("error", "missing") or any(m in (ex["message"] or "").lower() for m in _CUT_SHORT):
         return "error or limit"
     return "failed, named" if ex["mistake"] else "failed"
 
@@ -131,7 +152,8 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
                 "attempt_rate": sum(e["status"] != "not_attempted" for e in col) / n,
                 "pass_rate": sum(e["status"] == "passed" for e in col) / n,
                 "score_distribution": {f"{p:g}": c for p, c in sorted(dist.items())}})
-        named: dict[tuple[str, str], dict] = {}
+        order = [ex["id"] for ex in exercises]
+        named: dict[str, dict] = {}  # by mistake: a student who made it in two exercises counts once
         unnamed: dict[tuple[str, str], dict] = {}
         heat = []
         for s in sorted(group, key=lambda s: s["student"]):
@@ -142,9 +164,12 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
                 if e["status"] != "failed":
                     continue
                 if e["mistake"]:
-                    m = named.setdefault((e["id"], e["mistake"]), {"exercise": e["id"], "mistake": e["mistake"],
-                                                                   "hint": e["hint"], "students": []})
-                    m["students"].append(s["student"])
+                    m = named.setdefault(e["mistake"], {"mistake": e["mistake"], "exercise": e["id"],
+                                                        "hint": e["hint"], "section": e.get("section"),
+                                                        "students": [], "by_exercise": {}})
+                    if s["student"] not in m["students"]:
+                        m["students"].append(s["student"])
+                    m["by_exercise"].setdefault(e["id"], []).append(s["student"])
                     mistakes_by_student[s["student"]].add((assignment, e["mistake"]))
                 else:
                     g = unnamed.setdefault((e["id"], _property(e["message"])),
@@ -157,7 +182,9 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
             "students": n, "mean_score_fraction": sum(scores) / n,
             "pass_rate": sum(e["passed"] for e in exercises) / max(1, n * len(exercises)),
             "exercises": exercises,
-            "named_mistakes": sorted(named.values(), key=lambda m: (-len(m["students"]), m["exercise"], m["mistake"])),
+            "named_mistakes": sorted(({**m, "exercises": sorted(m["by_exercise"], key=order.index)}
+                                      for m in named.values()),
+                                     key=lambda m: (-len(m["students"]), order.index(m["exercise"]), m["mistake"])),
             "unnamed_failures": sorted(unnamed.values(), key=lambda g: (-len(g["students"]), g["exercise"])),
             "heat_map": heat}
     follow = []
@@ -182,15 +209,15 @@ def summarize(record: dict, follow_up: float = FOLLOW_UP_FRACTION) -> dict:
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}
 td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:left}th{background:#f3f3f3;cursor:pointer}
-.passed{background:#b7e1b0}.failed{background:#f6c4b8}.failed-named{background:#e58a73}
-.not-attempted{background:#e8e8e8}.error-or-limit{background:#f3d36b}.bar{display:inline-block;height:10px;
-background:#5b8bd0;vertical-align:middle}.small{color:#666;font-size:12px}
+.passed{background:#5aae61}.failed{background:#f4a582}.failed-named{background:#d6604d}
+.not-attempted{background:#d9d9d9}.error-or-limit{background:#e6c229}.small{color:#666;font-size:12px}
+figure.plot{margin:.5em 0}figure.plot svg{max-width:100%;height:auto}
 """
 
 # click a column head: sort that table's rows by it (numbers as numbers); no library, nothing fetched
 _JS = """
-document.querySelectorAll('table.sortable th').forEach(function(th, i){th.addEventListener('click', function(){
-var t=th.closest('table'), rows=Array.from(t.querySelectorAll('tr')).slice(1), dir=th.dataset.dir==='1'?-1:1;
+document.querySelectorAll('table.sortable th').forEach(function(th){th.addEventListener('click', function(){
+var i=th.cellIndex, t=th.closest('table'), rows=Array.from(t.querySelectorAll('tr')).slice(1), dir=th.dataset.dir==='1'?-1:1;
 th.dataset.dir=dir===1?'1':'-1';rows.sort(function(a,b){var x=a.children[i].dataset.v||a.children[i].textContent,
 y=b.children[i].dataset.v||b.children[i].textContent,nx=parseFloat(x),ny=parseFloat(y);
 return (isNaN(nx)||isNaN(ny)?x.localeCompare(y):nx-ny)*dir;});rows.forEach(function(r){t.appendChild(r);});});});
@@ -199,6 +226,121 @@ return (isNaN(nx)||isNaN(ny)?x.localeCompare(y):nx-ny)*dir;});rows.forEach(funct
 
 def _e(text) -> str:
     return html.escape(str(text))
+
+
+KINDS = ("passed", "failed, named", "failed", "not attempted", "error or limit")
+KIND_COLORS = {"passed": "#5aae61", "failed, named": "#d6604d", "failed": "#f4a582", "not attempted": "#d9d9d9",
+               "error or limit": "#e6c229"}
+
+
+def _t(text) -> str:
+    """Plain text for a matplotlib label: ``$`` escaped (never mathtext), long labels shortened."""
+    text = str(text).replace("$", r"\$")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _svg(fig) -> str:
+    """The figure as an inline ``<svg>`` element: text kept as text, no date, no raster image inside."""
+    import io
+    import warnings
+
+    buf = io.StringIO()
+    with warnings.catch_warnings():  # a layout that cannot fit long labels still draws (bbox_inches="tight")
+        warnings.simplefilter("ignore", UserWarning)
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure  # no pyplot: no backend, no global state
+
+    return Figure(figsize=(width, height), dpi=72, layout="constrained")
+
+
+def _plot_scores(a: dict) -> str:
+    """Per exercise: how many students scored each number of points (a histogram per exercise)."""
+    exs = a["exercises"]
+    cols = min(4, len(exs))
+    rows = -(-len(exs) // cols)
+    fig = _figure(2.6 * cols, 2.0 * rows)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, ex in zip(axes.flat, exs):
+        top = ex["max_points"]
+        pts = [float(p) for p in ex["score_distribution"]]
+        counts = list(ex["score_distribution"].values())
+        colors = [KIND_COLORS["passed"] if p >= top else KIND_COLORS["failed, named"] if p == 0
+                  else KIND_COLORS["failed"] for p in pts]
+        ax.bar(pts, counts, width=max(0.4, top / 8), color=colors)
+        ax.set_xlim(-0.5 - top / 16, top + 0.5 + top / 16)
+        ax.set_xticks(sorted({0.0, top, *pts}))
+        ax.set_ylim(0, ex["students"])
+        ax.set_title(_t(f"{ex['id']}: {ex['pass_rate']:.0%} passed"), fontsize=9)
+        ax.set_xlabel("points", fontsize=8)
+        ax.tick_params(labelsize=7)
+        for p, c in zip(pts, counts):
+            ax.text(p, c, str(c), ha="center", va="bottom", fontsize=7)
+    for ax in list(axes.flat)[len(exs):]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel("students", fontsize=8)
+    return _svg(fig)
+
+
+def _plot_mistakes(a: dict, top: int = 25) -> str:
+    """The named mistakes, most frequent first (the ``top`` most frequent)."""
+    ms = a["named_mistakes"][:top]
+    fig = _figure(7.5, 1.4 + 0.28 * len(ms))
+    ax = fig.subplots()
+    ys = list(range(len(ms)))[::-1]
+    counts = [len(m["students"]) for m in ms]
+    ax.barh(ys, counts, color=KIND_COLORS["failed, named"])
+    ax.set_yticks(ys, [_t(f"{m['mistake']} ({', '.join(x.split('.', 1)[-1] for x in m['exercises'])})")
+                       for m in ms], fontsize=8)
+    for y, c in zip(ys, counts):
+        ax.text(c, y, f" {c}", va="center", fontsize=8)
+    ax.set_xlabel("students who made it", fontsize=8)
+    ax.set_xlim(0, max(counts) * 1.15)
+    ax.tick_params(axis="x", labelsize=7)
+    return _svg(fig)
+
+
+def _plot_heat(a: dict) -> str:
+    """Students x exercises, coloured by :data:`KINDS`; the lowest scores first."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    ids = [ex["id"] for ex in a["exercises"]]
+    rows = sorted(a["heat_map"], key=lambda r: (r["score"] / r["max_score"] if r["max_score"] else 0.0, r["student"]))
+    grid = [[KINDS.index(r["cells"][i]) for i in ids] for r in rows]
+    fig = _figure(1.6 + 0.55 * len(ids), 1.6 + 0.17 * len(rows))
+    ax = fig.subplots()
+    ax.pcolormesh(grid, cmap=ListedColormap([KIND_COLORS[k] for k in KINDS]), vmin=-0.5, vmax=len(KINDS) - 0.5,
+                  edgecolors="white", linewidth=0.5)  # vector cells: no raster image in the page
+    ax.set_xticks([i + 0.5 for i in range(len(ids))], [_t(i.split(".", 1)[-1]) for i in ids], rotation=45,
+                  ha="left", rotation_mode="anchor", fontsize=7)
+    ax.set_yticks([j + 0.5 for j in range(len(rows))], [_t(f"{r['student']} ({r['score']:g})") for r in rows],
+                  fontsize=6)
+    ax.invert_yaxis()
+    ax.xaxis.tick_top()
+    ax.tick_params(length=0)
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in KINDS], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    return _svg(fig)
+
+
+def _plot(kind: str, draw, a: dict) -> str:
+    """One plot in a ``<figure>``; a plot that cannot be drawn says why instead (the numbers stay in the tables)."""
+    try:
+        return f"<figure class='plot' data-plot='{kind}'>{draw(a)}</figure>"
+    except Exception as exc:  # noqa: BLE001 - the report's tables do not depend on matplotlib
+        return f"<p class='small'>plot not drawn ({_e(type(exc).__name__)}: {_e(exc)})</p>"
+
+
+def _ex(m: dict) -> str:
+    """A named mistake's exercises, with how many students it failed in each when it failed several."""
+    if len(m["exercises"]) == 1:
+        return _e(m["exercises"][0])
+    return "<br>".join(f"{_e(x)} ({len(m['by_exercise'][x])})" for x in m["exercises"])
 
 
 def _html(summary: dict, title: str) -> str:
@@ -216,21 +358,22 @@ def _html(summary: dict, title: str) -> str:
         out.append("</table>")
     for name, a in summary["assignments"].items():
         out.append(f"<h2>{_e(name)}: {a['students']} students, mean {a['mean_score_fraction']:.0%} of the points</h2>")
-        out.append("<h3>Exercises</h3><table class='sortable'><tr><th>exercise</th><th>attempted</th><th>passed</th>"
+        out.append("<h3>Exercises</h3>" + _plot("scores", _plot_scores, a) +
+                   "<table class='sortable'><tr><th>exercise</th><th>attempted</th><th>passed</th>"
                    "<th>score distribution (points: students)</th></tr>")
         for ex in a["exercises"]:
-            dist = " ".join(f"<span title='{_e(p)} points: {c}'>{_e(p)}: <span class='bar' style='width:"
-                            f"{4 + 60 * c / ex['students']:.0f}px'></span> {c}</span>"
-                            for p, c in ex["score_distribution"].items())
+            dist = ", ".join(f"{_e(p)}: {c}" for p, c in ex["score_distribution"].items())
             out.append(f"<tr><td>{_e(ex['id'])}</td><td data-v='{ex['attempt_rate']}'>{ex['attempt_rate']:.0%}</td>"
                        f"<td data-v='{ex['pass_rate']}'>{ex['pass_rate']:.0%}</td><td>{dist}</td></tr>")
         out.append("</table><h3>Named mistakes, most frequent first</h3>")
         if a["named_mistakes"]:
+            out.append(_plot("mistakes", _plot_mistakes, a))
             out.append("<table class='sortable'><tr><th>students</th><th>exercise</th><th>mistake</th><th>hint</th>"
-                       "<th>who</th></tr>")
+                       "<th>lesson section</th><th>who</th></tr>")
             for m in a["named_mistakes"]:
-                out.append(f"<tr><td>{len(m['students'])}</td><td>{_e(m['exercise'])}</td><td>{_e(m['mistake'])}</td>"
-                           f"<td>{_e(m['hint'] or '')}</td><td class='small'>{_e(', '.join(m['students']))}</td></tr>")
+                out.append(f"<tr><td>{len(m['students'])}</td><td>{_ex(m)}</td><td>{_e(m['mistake'])}</td>"
+                           f"<td>{_e(m['hint'] or '')}</td><td>{_e(m.get('section') or '')}</td>"
+                           f"<td class='small'>{_e(', '.join(m['students']))}</td></tr>")
             out.append("</table>")
         else:
             out.append("<p>none</p>")
@@ -245,9 +388,9 @@ def _html(summary: dict, title: str) -> str:
         else:
             out.append("<p>none</p>")
         ids = [ex["id"] for ex in a["exercises"]]
-        out.append("<h3>Students &times; exercises</h3><p class='small'>" + " ".join(
+        out.append("<h3>Students &times; exercises</h3>" + _plot("heat", _plot_heat, a) + "<p class='small'>" + " ".join(
             f"<span class='{k.replace(' ', '-').replace(',', '')}'>&nbsp;{_e(k)}&nbsp;</span>"
-            for k in ("passed", "failed, named", "failed", "not attempted", "error or limit")) +
+            for k in KINDS) +
             " &mdash; click a column head to sort</p><table class='sortable heat'><tr><th>student</th><th>score</th>" +
             "".join(f"<th>{_e(i)}</th>" for i in ids) + "</tr>")
         for row in a["heat_map"]:
@@ -290,13 +433,13 @@ def write_report(work: str | Path, title: str = "Class report") -> dict[str, Pat
                             f"{ex['pass_rate']:.4f}"])
     with paths["mistakes"].open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["assignment", "exercise", "mistake", "students", "hint", "who"])
+        w.writerow(["assignment", "exercise", "mistake", "students", "hint", "section", "who"])
         for name, a in summary["assignments"].items():
             for m in a["named_mistakes"]:
-                w.writerow([name, m["exercise"], m["mistake"], len(m["students"]), m["hint"] or "",
-                            " ".join(m["students"])])
+                w.writerow([name, " ".join(m["exercises"]), m["mistake"], len(m["students"]), m["hint"] or "",
+                            m.get("section") or "", " ".join(m["students"])])
             for g in a["unnamed_failures"]:
-                w.writerow([name, g["exercise"], "", len(g["students"]), g["property"], " ".join(g["students"])])
+                w.writerow([name, g["exercise"], "", len(g["students"]), g["property"], "", " ".join(g["students"])])
     with paths["students"].open("w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
         w.writerow(["assignment", "student", "score", "max_score", "limits", *["exercise", "status"]])

@@ -21,6 +21,7 @@ def _sub(student, assignment, results, notes=""):
     for (ex_id, pts), (status, mistake, message) in zip(EXERCISES, results):
         exercises.append({"id": ex_id, "points": float(pts if status == "passed" else 0), "max_points": float(pts),
                           "status": status, "mistake": mistake, "hint": f"hint of {mistake}" if mistake else None,
+                          "section": "lesson 03 §3 Softmax, and computing it safely" if mistake else None,
                           "message": message})
     score = sum(e["points"] for e in exercises)
     return {"student": student, "assignment": assignment, "score": score, "max_score": 6.0, "notes": notes,
@@ -54,6 +55,7 @@ def test_counts_rates_and_ranking():
     assert soft["score_distribution"] == {"0": 4, "3": 1}
     assert [(m["mistake"], m["students"]) for m in a["named_mistakes"]] == [("no_max_shift", ["bob", "cid"])]
     assert a["named_mistakes"][0]["hint"] == "hint of no_max_shift"
+    assert a["named_mistakes"][0]["section"] == "lesson 03 §3 Softmax, and computing it safely"
     # the same property with other numbers is one group
     assert [(g["exercise"], g["property"], g["students"]) for g in a["unnamed_failures"]] == [
         ("03.simple_attention", "rows sum to #, not #", ["dee"]), ("03.softmax_stable", "rows sum to #, not #", ["dee"])]
@@ -76,12 +78,29 @@ def test_files_are_written_self_contained_and_hide_nothing_more_than_the_feedbac
     page = paths["html"].read_text(encoding="utf-8")
     assert "<script src" not in page and not re.search(r"""(href|src)=["']?https?:""", page)  # offline
     assert "no_max_shift" in page and "Across assignments" in page and "TAMPERED eve" in page
+    assert "lesson 03 §3 Softmax, and computing it safely" in page
+    # the plots: three per assignment, inline vector SVG (no raster image, nothing linked), or a reason each
+    assert "plot not drawn" not in page
+    assert page.count("<figure class='plot'") == 6 and page.count("<svg") == 6
+    assert "<image" not in page and "xlink:href=\"http" not in page and "@import" not in page
     for hidden in ("def check_", "BEGIN SOLUTION", "BEGIN HIDDEN", "grader/checks", "B03."):
         assert hidden not in page
     assert json.loads(paths["json"].read_text())["assignments"]["03_self_attention"]["students"] == 5
     with paths["mistakes"].open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert rows[0]["mistake"] == "no_max_shift" and rows[0]["students"] == "2"
+    assert rows[0]["section"] == "lesson 03 §3 Softmax, and computing it safely"
+
+
+def test_a_hostile_name_stays_text(tmp_path):
+    """A student id or message with markup or matplotlib's math marks is escaped in the page and the plots."""
+    rec = _record()
+    rec["submissions"][1]["student"] = "<script>alert(1)</script>$\\frac{a}{$"
+    rec["submissions"][1]["exercises"][0]["message"] = "<img src=x onerror=alert(1)>"
+    (tmp_path / RECORD_NAME).write_text(json.dumps(rec), encoding="utf-8")
+    page = write_report(tmp_path)["html"].read_text(encoding="utf-8")
+    assert "plot not drawn" not in page and "<script>alert" not in page and "<img src=x" not in page
+    assert page.count("<script") == 1  # the page's own sort script
 
 
 def test_a_folder_without_a_record_says_what_to_give(tmp_path, capsys):

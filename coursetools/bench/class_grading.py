@@ -15,7 +15,8 @@ Each ``--jobs`` value grades the same class in a fresh work folder. Printed per 
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
 workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
 CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), and
-whether the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
+whether the scores and verdicts equal those of the first run, and the time to write the class report
+(:mod:`coursetools.report`) again from the run's record. Before the runs it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from coursetools.grading import grade
+    from coursetools.report import write_report
     from llmcourse.manifest import load_course
 
     course = load_course(args.course) if args.course else load_course()
@@ -361,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {phase:34} {seconds:7.1f} s", flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
                   f"{os.cpu_count()} cores on average", flush=True)
+            started = time.perf_counter()
+            paths = write_report(work)  # the run wrote it already: this times it alone (`course report WORK`)
+            print(f"    class report again (course report): {time.perf_counter() - started:.1f} s, report.html "
+                  f"{paths['html'].stat().st_size / 1024:,.0f} KiB", flush=True)
     return 0
 
 
