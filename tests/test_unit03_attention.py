@@ -116,3 +116,19 @@ def test_causal_mask_convention():
     for t_q, t_k, off in [(4, 4, None), (3, 7, 1), (5, 5, 2)]:
         expected = torch.ones(t_q, t_k).tril(t_k - t_q if off is None else off).bool()
         assert torch.equal(causal_mask(t_q, t_k, off), expected)
+
+
+@pytest.mark.parametrize("module_exercise", ["03.SelfAttention", "03.CausalSelfAttention"])
+def test_a_wrong_attention_function_costs_only_its_own_exercise(module_exercise):
+    """One mistake costs one exercise: the modules are graded on the course's scaled_dot_product_attention, so a
+    learner whose function scales after the softmax (and whose modules call it) loses that exercise only."""
+    from grader.runner import run_check
+    from tests.redteam.edits import edited, solution_def
+
+    wrong = edited("03", "scaled_dot_product_attention",
+                   ("weights = torch.softmax(scores, dim=-1)", "weights = torch.softmax(scores * math.sqrt(d_k), dim=-1) / math.sqrt(d_k)"))
+    sources = ["import math\nimport torch\nfrom torch import nn\n", wrong,
+               solution_def("03", "SelfAttention"), solution_def("03", "CausalSelfAttention")]
+    assert run_check("03.scaled_dot_product_attention", sources).status == "failed"
+    v = run_check(module_exercise, sources)
+    assert v.status == "passed", v.render()
