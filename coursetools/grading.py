@@ -171,6 +171,33 @@ class GradeReport:
     timings: dict = field(default_factory=dict)  # seconds per phase of the run (where the time went)
     tampering: list[str] = field(default_factory=list)  # one line per submission that changed the grading code
     class_report: Path | str | None = None  # report.html (coursetools/report.py), or why it was not written
+    executed: bool = False  # the notebooks were run in nbgrader (grade(execute=True))
+    jobs: int = 1
+
+    def phase_table(self) -> str:
+        """Where the time went: one line per phase of :attr:`timings`, the rest of the wall time as "other".
+
+        Phases marked "beside" ran at the same time as another phase and are not counted in "other".
+        """
+        if not self.timings:
+            return ""
+        total = self.timings.get(TOTAL_PHASE)
+        n = len(self.rows)
+        how = "notebooks run in nbgrader (--execute)" if self.executed else "notebooks as saved, nothing re-run"
+        lines = [f"where the time went ({n} submission{'s' * (n != 1)}, --jobs {self.jobs}, {how}):",
+                 f"  {'phase':52} {'seconds':>8}"]
+        counted = 0.0
+        for phase, seconds in self.timings.items():
+            if phase == TOTAL_PHASE:
+                continue
+            lines.append(f"  {phase:52} {seconds:8.1f}")
+            if "beside" not in phase:
+                counted += seconds
+        if total is not None:
+            lines.append(f"  {'other':52} {max(total - counted, 0.0):8.1f}")
+            per = f" ({total / n:.2f} s per submission)" if n else ""
+            lines.append(f"  {TOTAL_PHASE:52} {total:8.1f}{per}")
+        return "\n".join(lines)
 
     def render(self) -> str:
         lines = [f"{'student':20} {'assignment':28} {'score':>9}  notes"]
@@ -182,7 +209,8 @@ class GradeReport:
         lines.append(f"feedback: {self.out_dir / '.grading' / 'feedback'}")
         if self.class_report is not None:
             lines.append(f"class report: {self.class_report}")
-        return "\n".join(lines)
+        table = self.phase_table()
+        return "\n".join(lines + ([table] if table else []))
 
 
 def _submitted_root(path: Path) -> Path:
@@ -194,6 +222,7 @@ class GradingTampered(RuntimeError):
 
 
 TAMPER_NOTE = "the submission modified the grading code"
+TOTAL_PHASE = "total (wall clock)"
 SNAPSHOT_ITEMS = ("grader", "llmcourse", "course.toml", "assets")
 RESTORE_HINT = "git checkout -- grader llmcourse course.toml assets"
 
@@ -537,7 +566,7 @@ def read_roster(path: str | os.PathLike) -> dict[str, dict]:
 
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
           course=None, roster: str | os.PathLike | None = None, jobs: int = 1, progress: bool = False,
-          profile: str | None = "ci") -> GradeReport:
+          profile: str | None = "ci", execute: bool = False) -> GradeReport:
     """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
@@ -549,7 +578,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        per exercise; learner definitions run only in its worker processes (supervised: see
        :mod:`grader.supervise`); a checker that stops answering is replaced and that submission scores 0.
     4. nbgrader releases each assignment into the work root (beside step 3, from the course's solutions) and
-       autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment (and job)
+       records the submissions. By default (``execute=False``) it records each notebook as the student saved it,
+       without running anything (:func:`_record_as_saved`: one ``nbgrader autograde`` run without execution that
+       keeps the saved outputs); the feedback is that notebook with the checker's verdict in each grade cell.
+       With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment (and job)
        (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
        feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
@@ -587,9 +619,14 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             the submissions in. Default ``"ci"``, the smallest: what those kernels compute (the visible cells'
             training runs) is feedback only, never a score, and it is most of a class's grading time. None: the
             environment's own (default ``laptop``). The checker's verdicts do not depend on it.
+        execute: run every notebook top to bottom in a fresh kernel in nbgrader (after the checks, never beside
+            them) and show those outputs in the feedback, with notes on what failed in the run; default False: the
+            notebooks as saved, nothing run. The scores, the verdicts and every note not about the run are the same
+            either way (each row's ``run_notes`` lists the notes that come from the run or the outputs).
 
     Returns:
-        :class:`GradeReport`: a row per submission with score, max score and notes; ``tampering``: a line per
+        :class:`GradeReport`: a row per submission with score, max score, notes and run notes; ``timings``: seconds
+        per phase (:meth:`GradeReport.phase_table`); ``tampering``: a line per
         submission that changed the grading code, per change no submission explains, and the restore advice
         when the checkout changed.
 
@@ -636,7 +673,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     env_extra["LLMCOURSE_KERNEL_SOCKETS"] = sockets
 
     n_jobs = max(1, int(jobs))
-    if n_jobs > 1:
+    if n_jobs > 1 and execute:
         # N kernels at once: each gets its share of the CPUs. Two torch threads per kernel on two cores made the
         # kernels wait on each other (spinning OpenMP threads keep the cores busy while nothing advances)
         from . import usable_cpus
@@ -645,8 +682,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         env_extra.setdefault("LLMCOURSE_MAX_TORCH_THREADS", os.environ.get("LLMCOURSE_MAX_TORCH_THREADS") or share)
         env_extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or share)
     timings: dict[str, float] = {}
-    clock = time.monotonic()
-    bars = _progress_bars(len(pairs), progress)
+    clock = started = time.monotonic()
+    bars = _progress_bars(len(pairs), progress, "run in nbgrader" if execute else "recorded in nbgrader")
     snapshot = GradingSnapshot(course.root)
     tampering = _Tampering(snapshot)
 
@@ -704,11 +741,20 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         #    names the cause read from its part of the batch's log.
         report = GradeReport(out_dir=work)
         nb_notes: dict[tuple[str, str], list[str]] = {}
+        run_notes: dict[tuple[str, str], list[str]] = {}  # the notes that come from running the notebook
         timeout_s = int(cell_timeout or os.environ.get("LLMCOURSE_CELL_TIMEOUT") or 600)
         # limits of a notebook in nbgrader (its cells have timeout_s each): the whole notebook, and silence
         limits = {"per_notebook_s": 120 + 6 * timeout_s, "idle_s": timeout_s + 60}
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
+            if not execute:  # 4b'. the notebooks as saved, recorded: no kernel, nothing of a submission runs
+                _record_as_saved(assignment, students, work, env_extra, token, limits, snapshot, timings,
+                                 bars.get("nbgrader"))
+                for student in students:
+                    nb_notes[(student, assignment)] = list(subs[(student, assignment)][1])
+                    run_notes[(student, assignment)] = []
+                look(f"while nbgrader recorded {assignment}")
+                continue
             name = Path(known[assignment].exercise).name
             skip = {s for s in students if (s, assignment) in tampering.by}  # scored 0: not run
             run = _NotebookRuns(assignment, name, students, work, env_extra, token, limits, snapshot, tampering,
@@ -716,46 +762,62 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             logs, failed, culprits, missing = run.all(n_jobs, timings)
             for student in students:
                 notes = list(subs[(student, assignment)][1])
+                ran: list[str] = []
+                run_notes[(student, assignment)] = ran
+                nb_notes[(student, assignment)] = notes
                 graded_nb = work / ".grading" / "autograded" / student / assignment / name
                 if (student, assignment) in tampering.by:
-                    nb_notes[(student, assignment)] = notes + (
-                        ["it was recorded in nbgrader without running it"] if student in skip else [])
+                    if student in skip:
+                        ran.append("it was recorded in nbgrader without running it")
                     continue
                 if (student, assignment) in unreadable:
-                    nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
-                    continue
+                    continue  # nbgrader ran the release's stubs: nothing to report
                 if student in culprits:
-                    notes.append(f"{STOPPED_NOTE} in nbgrader ({culprits[student]}); it was recorded without running "
-                                 "it and its answers were graded by the checker all the same")
+                    ran.append(f"{STOPPED_NOTE} in nbgrader ({culprits[student]}); it was recorded without running "
+                               "it and its answers were graded by the checker all the same")
                 elif student in missing or student in failed:
                     if student in missing:
-                        ran = "could not be run" if graded_nb.exists() else "could not be recorded"
+                        how = "could not be run" if graded_nb.exists() else "could not be recorded"
                     else:
-                        ran = "ran with errors"
-                    notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(logs[student])}); its answers "
-                                 "were graded by the checker all the same")
-                notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
-                nb_notes[(student, assignment)] = notes
+                        how = "ran with errors"
+                    ran.append(f"the notebook {how} in nbgrader ({_autograde_cause(logs[student])}); its answers "
+                               "were graded by the checker all the same")
+                ran += _execution_notes(work / ".grading" / "autograded" / student / assignment)
         for bar in bars.values():
             bar.close()
         clock = time.monotonic()
         # 5. scores and verdicts from this process, then feedback
         look("before the scores were written")
-        for key in pairs:
-            student, assignment = key
-            u = known[assignment]
-            if key in tampering.by:  # whatever it earned was computed beside a change to the grading code
-                verdicts.pop(key, None)
-                causes[key] = f"{TAMPER_NOTE} ({tampering.by[key]})"
-            per = _verdict_points(u, verdicts.get(key), causes.get(key))
-            notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
-            stopped_in = [v["exercise_id"] for v in verdicts.get(key) or [] if STOPPED_NOTE in v["message"].lower()]
-            if stopped_in:
-                notes.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
-            notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
-                                   names.get(student))
-            report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
-                                "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:  # one session for the class
+            for key in pairs:
+                student, assignment = key
+                u = known[assignment]
+                if key in tampering.by:  # whatever it earned was computed beside a change to the grading code
+                    verdicts.pop(key, None)
+                    causes[key] = f"{TAMPER_NOTE} ({tampering.by[key]})"
+                per = _verdict_points(u, verdicts.get(key), causes.get(key))
+                notes = list(nb_notes[key])
+                ran = list(run_notes[key])
+                after = [f"scored 0: {causes[key]}"] if key in causes else []
+                stopped_in = [v["exercise_id"] for v in verdicts.get(key) or []
+                              if STOPPED_NOTE in v["message"].lower()]
+                if stopped_in:
+                    after.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
+                written, cut = _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
+                                             names.get(student), gb=gb)
+                after += written
+                ran_after = cut
+                report.rows.append({
+                    "student": student, "assignment": assignment, "notes": "; ".join(notes + ran + after + ran_after),
+                    "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per,
+                    # the notes that come from the notebook's run or outputs (none without execution but cut
+                    # outputs): the others are the same whether the notebooks were executed or not
+                    "run_notes": ran + ran_after})
+            gb.db.commit()
+        timings["gradebook scores"] = time.monotonic() - clock
+        clock = time.monotonic()
         # feedback: one `nbgrader generate_feedback <assignment>` run per assignment and job (each job excludes
         # the others' students; they only read the gradebook); a student whose feedback is missing after it is
         # run again alone, so that the note gives that student's own error
@@ -783,7 +845,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                     row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
                     row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
         look("while the feedback was generated")
-        timings["gradebook scores + feedback"] = time.monotonic() - clock
+        timings["feedback (nbgrader generate_feedback)"] = time.monotonic() - clock
     except GradingTampered:
         db = work / ".grading" / "gradebook.db"
         if db.exists():  # nbgrader's own in-kernel scores are not trusted: keep none of them
@@ -795,6 +857,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         for bar in bars.values():
             bar.close()
     report.tampering = tampering.lines()
+    clock = time.monotonic()
     report.grades_csv = _write_grades(work, report.rows, course)
     from .report import write_record, write_report
 
@@ -803,18 +866,22 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         report.class_report = write_report(work)["html"]
     except Exception as exc:  # noqa: BLE001 - the grades stand without it; `course report WORK` says what failed
         report.class_report = f"not written ({type(exc).__name__}: {exc}); run `course report {work}`"
+    timings["grades.csv + class report"] = time.monotonic() - clock
+    timings[TOTAL_PHASE] = time.monotonic() - started
     report.timings = timings
+    report.executed = execute
+    report.jobs = n_jobs
     return report
 
 
-def _progress_bars(total: int, enabled: bool) -> dict:
+def _progress_bars(total: int, enabled: bool, nbgrader: str = "run in nbgrader") -> dict:
     """``{"checks": bar, "nbgrader": bar}`` (tqdm on stderr) or ``{}``."""
     if not enabled:
         return {}
     from tqdm import tqdm
 
     return {"checks": tqdm(total=total, desc="checked", unit="nb", file=sys.stderr, position=0),
-            "nbgrader": tqdm(total=total, desc="run in nbgrader", unit="nb", file=sys.stderr, position=1)}
+            "nbgrader": tqdm(total=total, desc=nbgrader, unit="nb", file=sys.stderr, position=1)}
 
 
 # a verdict that supervision cut short: in a parallel run a neighbour may have caused it, so it is run again alone
@@ -1242,6 +1309,26 @@ class _NotebookRuns:
         return logs, failed, culprits, missing
 
 
+def _record_as_saved(assignment: str, students: list[str], work: Path, env_extra: dict, token: str, limits: dict,
+                     snapshot: GradingSnapshot, timings: dict, bar=None) -> None:
+    """Record ``students``' notebooks of ``assignment`` in the gradebook as they were saved, running nothing.
+
+    One supervised ``nbgrader autograde`` run without execution and without clearing outputs: the autograded
+    notebook is the submission (locked cells restored from the gradebook, outputs as the student left them), the
+    grade cells' outputs are then replaced by the checker's verdicts (:func:`_write_scores`). No kernel starts, so
+    there is nothing to run in parallel jobs and nothing of a submission runs beside anything.
+    """
+    clock = time.monotonic()
+    _autograde(assignment, work, snapshot.nbgrader_root, env_extra, token, force=True, execute=False, exclude=[],
+               extra_args=("--ClearOutput.enabled=False",), **limits)
+    if bar is not None:
+        bar.update(len(students))
+    timings[RECORD_PHASE] = timings.get(RECORD_PHASE, 0.0) + time.monotonic() - clock
+
+
+RECORD_PHASE = "nbgrader record (notebooks as saved)"
+
+
 RUN_TOKEN_ENV = "LLMCOURSE_GRADING_RUN"
 # nbclient's log line for a cell timeout. With interrupt_on_timeout it interrupts the kernel and waits again:
 # a kernel that no longer answers (its sockets closed or garbled) is waited for without end. A notebook is
@@ -1372,17 +1459,26 @@ def _render(v: dict) -> str:
 
 
 def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str, float],
-                  verdicts: list[dict] | None, cause: str | None, name: dict | None = None) -> list[str]:
+                  verdicts: list[dict] | None, cause: str | None, name: dict | None = None,
+                  gb=None) -> tuple[list[str], list[str]]:
     """Set the gradebook's scores from ``per`` and put each verdict into its grade cell's output.
 
-    Also names the student (``name`` from the roster, else the id) and caps every output.
+    Also names the student (``name`` from the roster, else the id) and caps every output. ``gb``: an open
+    :class:`nbgrader.api.Gradebook` (the caller commits), else the work root's is opened and committed here.
+
+    Returns:
+        ``(notes, output notes)``: the second are about the notebook's outputs (cut), which differ between a
+        notebook as saved and one executed.
     """
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
-    notes: list[str] = []
+    out_notes: list[str] = []
     nb_name = Path(unit.exercise).stem
-    with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:
+    with contextlib.ExitStack() as stack:
+        own = gb is None
+        if own:
+            gb = stack.enter_context(Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}"))
         for e in unit.exercises:
             try:
                 g = gb.find_grade(e.grade_id, nb_name, assignment, student)
@@ -1396,10 +1492,11 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
         named = bool(name and (name.get("first_name") or name.get("last_name")))
         fields = name if named else {"first_name": None, "last_name": student, "email": (name or {}).get("email")}
         gb.update_or_create_student(student, **fields)
-        gb.db.commit()
+        if own:
+            gb.db.commit()
     path = work / ".grading" / "autograded" / student / assignment / Path(unit.exercise).name
     if not path.exists():
-        return ["no autograded notebook (nbgrader could not run it); scores are in grades.csv"]
+        return ["no autograded notebook (nbgrader could not record it); scores are in grades.csv"], []
     by_id = {v["exercise_id"]: v for v in verdicts or []}
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -1410,10 +1507,10 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
         text = _render(by_id[e.id]) if e.id in by_id else f"{e.id}: not graded (0/{e.points} points): {cause}"
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
     if cap_outputs(nb):
-        notes.append(f"printed output over {OUTPUT_CAP_CHARS:,} characters per cell was cut in the graded notebook "
-                     "and the feedback")
+        out_notes.append(f"printed output over {OUTPUT_CAP_CHARS:,} characters per cell was cut in the graded "
+                         "notebook and the feedback")
     nbformat.write(nb, path)
-    return notes
+    return [], out_notes
 
 
 OUTPUT_CAP_CHARS = 20_000

@@ -1,7 +1,8 @@
 """A class of submissions for one unit, graded with ``course grade --jobs 1`` and ``--jobs N`` (a benchmark-style
 script: it prints times and memory, asserts nothing).
 
-    python -m coursetools.bench.class_grading UNIT [--students 60] [--jobs 1 2] [--seed 0] [--timeout 600]
+    python -m coursetools.bench.class_grading UNIT [--students 60] [--jobs 1 2] [--paths saved executed]
+                                                   [--seed 0] [--timeout 600]
 
 The class is generated, seeded, from the unit's solution and its bug catalog (:func:`build_class`):
 
@@ -11,11 +12,14 @@ The class is generated, seeded, from the unit's solution and its bug catalog (:f
   solution's definition in the same answer cell, so it replaces it), the rest right;
 * **broken**: a notebook that is not valid JSON, or an answer cell with a syntax error.
 
-Each ``--jobs`` value grades the same class in a fresh work folder. Printed per run: total seconds, seconds per
+Each ``--paths`` value (``saved``: ``course grade``'s default, the notebooks as saved, nothing re-run;
+``executed``: ``course grade --execute``, every notebook run in nbgrader) and each ``--jobs`` value grades the same
+class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
 workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
 CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), and
-whether the scores and verdicts equal those of the first run. Before the runs it times one start of the course's Jupyter
+whether the scores and verdicts (each grade cell's verdict text in the graded notebook) equal those of the
+first run. Before the runs it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -319,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("unit", help="unit id, e.g. 03")
     p.add_argument("--students", type=int, default=60)
     p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--paths", nargs="+", choices=("saved", "executed"), default=["saved"],
+                   help="saved: the notebooks as saved (course grade's default); executed: course grade --execute")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (course grade --timeout)")
     p.add_argument("--course", default=None, help="course root (default: this checkout)")
@@ -338,27 +344,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"class of {len(kinds)} submissions of unit {unit.id} ({unit.name}), seed {args.seed}: "
               + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
         print(f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
-        if not args.no_kernel_probe:
+        if not args.no_kernel_probe and "executed" in args.paths:
             print(f"one kernel start + the notebook's first cell: {kernel_start_seconds(unit, course):.1f} s",
                   flush=True)
-        for jobs in args.jobs:
-            work = Path(tmp) / f"work-jobs{jobs}"
+        for path, jobs in [(path, jobs) for path in args.paths for jobs in args.jobs]:
+            work = Path(tmp) / f"work-{path}-jobs{jobs}"
             cpu_before = _cpu_seconds()
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 report = grade(submitted, out_dir=work, cell_timeout=args.timeout, course=course, jobs=jobs,
-                               progress=True)
+                               progress=True, execute=path == "executed")
                 wall = time.perf_counter() - started
             cpu = _cpu_seconds() - cpu_before
             got = _verdicts(work, report.rows)
             first = first or got
             same = got == first
             scores = [r["score"] for r in report.rows]
-            print(f"--jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak RSS "
+            print(f"{path}, --jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak RSS "
                   f"{mem.peak_mib:,.0f} MiB (process tree), mean score {sum(scores) / len(scores):.1f}/"
                   f"{report.rows[0]['max_score']:g}, same scores and verdicts as the first run: {same}", flush=True)
-            for phase, seconds in report.timings.items():
-                print(f"    {phase:34} {seconds:7.1f} s", flush=True)
+            print(report.phase_table(), flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
                   f"{os.cpu_count()} cores on average", flush=True)
     return 0
