@@ -61,8 +61,20 @@ def _nbgrader(args: list[str], work: Path, course_root: Path, timeout: float | N
     """Run ``python -m nbgrader <args>`` in ``work`` with the course config."""
     _write_config(work, course_root)
     env = _nbgrader_env(work, course_root, env_extra)
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, capture_output=True,
+    return subprocess.run([*_nbgrader_command(), *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+# `python -m nbgrader`, less a second and a half of CPU per start: nbformat's jsonschema imports rfc3987_syntax when
+# it is installed (a dependency of jupyter-events) for its "iri" format checks, and that module compiles some forty
+# lark grammars at import (measured with cProfile: most of nbgrader's start-up). No notebook schema nbgrader validates
+# uses those formats, and jsonschema skips a format checker whose module cannot be imported.
+_NBGRADER_MAIN = ("import sys; sys.modules['rfc3987_syntax'] = None; sys.argv[0] = 'nbgrader'; "
+                  "from nbgrader.apps.nbgraderapp import main; main()")
+
+
+def _nbgrader_command() -> list[str]:
+    return [sys.executable, "-c", _NBGRADER_MAIN]
 
 
 def _nbgrader_env(work: Path, course_root: Path, env_extra: dict | None = None) -> dict:
@@ -809,9 +821,11 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                              names.get(student), gb=gb)
                 after += written
                 ran_after = cut
+                listed = notes + ran + after + ran_after
                 report.rows.append({
-                    "student": student, "assignment": assignment, "notes": "; ".join(notes + ran + after + ran_after),
+                    "student": student, "assignment": assignment, "notes": "; ".join(listed),
                     "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per,
+                    "note_list": listed,
                     # the notes that come from the notebook's run or outputs (none without execution but cut
                     # outputs): the others are the same whether the notebooks were executed or not
                     "run_notes": ran + ran_after})
@@ -843,7 +857,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                 snapshot.nbgrader_root)
                 if one.returncode != 0:
                     row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
-                    row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
+                    row["note_list"].append("feedback failed: " + _last_error(one))
+                    row["notes"] = "; ".join(row["note_list"])
         look("while the feedback was generated")
         timings["feedback (nbgrader generate_feedback)"] = time.monotonic() - clock
     except GradingTampered:
@@ -1369,7 +1384,7 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
     needle = f"{RUN_TOKEN_ENV}={token}"
     abnormal = None
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([*_nbgrader_command(), *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True)
         started, notebook_until, last_scan = -1, time.monotonic() + per_notebook_s, 0.0
         idle_since, cpu_at, log_size = time.monotonic(), 0, 0
