@@ -622,8 +622,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             gradebook and formgrader. Without it (or for ids it lacks) a student is listed under the id.
         jobs: parallel jobs (:func:`_check_all`, :class:`_NotebookRuns`): that many checker processes (each with
             its own forkserver and workers) share the submissions, then that many supervised nbgrader runs, each
-            with its own gradebook copy, autograded folder and run token; their notebooks are then recorded in the
-            one gradebook by a run without execution. A submission whose check or nbgrader run was cut short in a
+            with its own gradebook copy, autograded folder and run token; their rows and notebooks are then moved into
+            the one gradebook (:func:`_merge_gradebook`). Without ``execute``: that many checkers, then that many
+            nbgrader runs that record the notebooks as saved, merged the same way. A submission whose check or nbgrader run was cut short in a
             parallel job (a neighbour's process may be the cause) is run again alone afterwards, so the scores
             and notes are those of ``jobs=1``.
         progress: tqdm progress bars on stderr (checked; run in nbgrader).
@@ -760,7 +761,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
             if not execute:  # 4b'. the notebooks as saved, recorded: no kernel, nothing of a submission runs
-                _record_as_saved(assignment, students, work, env_extra, token, limits, snapshot, timings,
+                _record_as_saved(assignment, students, work, env_extra, token, limits, snapshot, timings, n_jobs,
                                  bars.get("nbgrader"))
                 for student in students:
                     nb_notes[(student, assignment)] = list(subs[(student, assignment)][1])
@@ -817,7 +818,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                               if STOPPED_NOTE in v["message"].lower()]
                 if stopped_in:
                     after.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
-                written, cut = _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
+                # the feedback's grade cells say why, without the changed files' paths (the feedback filter drops a
+                # line that names grader files; the notes and grades.csv name them for the instructor)
+                shown = TAMPER_NOTE if key in tampering.by else causes.get(key)
+                written, cut = _write_scores(work, student, assignment, u, per, verdicts.get(key), shown,
                                              names.get(student), gb=gb)
                 after += written
                 ran_after = cut
@@ -1127,9 +1131,9 @@ class _NotebookRuns:
     with its own gradebook (a copy of the work root's, holding the released assignment), its own autograded folder
     under ``.grading/jobs/`` and its own run token (what one job's kernels leave is killed by that job; no job kills
     another's processes). A student whose run was ended abnormally in a job is run again alone after the jobs (a
-    neighbour's kernel may have signalled it). Finally one ``nbgrader autograde`` run without execution and without
-    clearing outputs records the jobs' autograded notebooks (outputs and all) in the work root's gradebook and
-    autograded folder, which is then exactly what one job would have left.
+    neighbour's kernel may have signalled it). Finally the jobs' gradebook rows and autograded notebooks (outputs and
+    all) are moved into the work root's gradebook and autograded folder (:func:`_merge_gradebook`, no nbgrader run),
+    which is then exactly what one job would have left.
 
     The students in ``skip`` (their check changed the grading code) are recorded without running. The grading files
     are checked each time a notebook starts and after every run (:meth:`_look`): the notebooks that ran since the
@@ -1304,41 +1308,121 @@ class _NotebookRuns:
         self._settle(alone)
         timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
         clock = time.monotonic()
-        # one gradebook: record the jobs' notebooks in the work root without running them again
-        executed = Path(".grading") / "jobs" / f"executed-{self.assignment}"
-        for s in self.students:
-            src = self.work / where[s] / s / self.assignment
-            if not src.is_dir():
-                src = self.work / ".grading" / "submitted" / s / self.assignment
-            shutil.copytree(src, self.work / executed / s / self.assignment)
-        _autograde(self.assignment, self.work, self.snapshot.nbgrader_root,
-                   {**self.env_extra, RUN_TOKEN_ENV: self.token}, self.token, force=True, execute=False, exclude=[],
-                   extra_args=(f"--CourseDirectory.submitted_directory={executed}", "--ClearOutput.enabled=False"),
-                   **self.limits)
-        self._look(f"while nbgrader recorded the jobs' notebooks of {self.assignment}")
+        # one gradebook: the jobs' rows and autograded notebooks moved into the work root's (no nbgrader run); a
+        # student none of whose jobs left a notebook is recorded from the submission, without running it
+        have = {s: (self.work / where[s]).parent for s in self.students if (self.work / where[s] / s /
+                                                                            self.assignment).is_dir()}
+        _merge_gradebook(self.work, self.assignment, have)
+        rest = [s for s in self.students if s not in have]
+        if rest:
+            _autograde(self.assignment, self.work, self.snapshot.nbgrader_root,
+                       {**self.env_extra, RUN_TOKEN_ENV: self.token}, self.token, force=True, execute=False,
+                       exclude=sorted(set(self.students) - set(rest)), extra_args=("--ClearOutput.enabled=False",),
+                       **self.limits)
+        self._look(f"while the jobs' notebooks of {self.assignment} were recorded")
         self._settle(lambda s: None)  # nothing ran: a change here has no suspect but what ran before
         for folder in (self.work / ".grading" / "jobs").glob(f"*{self.assignment}*"):  # recorded: only copies left
             shutil.rmtree(folder, ignore_errors=True)
-        timings["nbgrader record (jobs > 1)"] = timings.get("nbgrader record (jobs > 1)", 0.0) + \
+        timings["jobs' gradebooks merged (jobs > 1)"] = timings.get("jobs' gradebooks merged (jobs > 1)", 0.0) + \
             time.monotonic() - clock
         return logs, failed, culprits, missing
 
 
 def _record_as_saved(assignment: str, students: list[str], work: Path, env_extra: dict, token: str, limits: dict,
-                     snapshot: GradingSnapshot, timings: dict, bar=None) -> None:
+                     snapshot: GradingSnapshot, timings: dict, n_jobs: int = 1, bar=None) -> None:
     """Record ``students``' notebooks of ``assignment`` in the gradebook as they were saved, running nothing.
 
-    One supervised ``nbgrader autograde`` run without execution and without clearing outputs: the autograded
+    A supervised ``nbgrader autograde`` run without execution and without clearing outputs: the autograded
     notebook is the submission (locked cells restored from the gradebook, outputs as the student left them), the
-    grade cells' outputs are then replaced by the checker's verdicts (:func:`_write_scores`). No kernel starts, so
-    there is nothing to run in parallel jobs and nothing of a submission runs beside anything.
+    grade cells' outputs are then replaced by the checker's verdicts (:func:`_write_scores`). No kernel starts.
+    With ``n_jobs > 1`` the students are dealt to that many such runs at once, each with its own copy of the
+    gradebook and its own autograded folder, merged into the work root's afterwards (:func:`_merge_gradebook`).
     """
     clock = time.monotonic()
-    _autograde(assignment, work, snapshot.nbgrader_root, env_extra, token, force=True, execute=False, exclude=[],
-               extra_args=("--ClearOutput.enabled=False",), **limits)
+    k = max(1, min(n_jobs, len(students)))
+    extra = ("--ClearOutput.enabled=False",)
+    if k == 1:
+        _autograde(assignment, work, snapshot.nbgrader_root, env_extra, token, force=True, execute=False,
+                   exclude=[], extra_args=extra, **limits)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        groups = [students[i::k] for i in range(k)]
+        roots = [Path(".grading") / "jobs" / f"{assignment}-saved-{i + 1}" for i in range(k)]
+        for root in roots:
+            (work / root).mkdir(parents=True)
+            shutil.copy2(work / ".grading" / "gradebook.db", work / root / "gradebook.db")
+
+        def one(i: int) -> None:
+            args = (f"--CourseDirectory.db_url=sqlite:///{work / roots[i] / 'gradebook.db'}",
+                    f"--CourseDirectory.autograded_directory={roots[i] / 'autograded'}", *extra)
+            _autograde(assignment, work, snapshot.nbgrader_root, env_extra, f"{token}-saved-{i + 1}", force=True,
+                       execute=False, exclude=sorted(set(students) - set(groups[i])), extra_args=args, **limits)
+
+        with ThreadPoolExecutor(k) as pool:
+            list(pool.map(one, range(k)))
+        _merge_gradebook(work, assignment, {s: roots[i] for i, g in enumerate(groups) for s in g})
     if bar is not None:
         bar.update(len(students))
     timings[RECORD_PHASE] = timings.get(RECORD_PHASE, 0.0) + time.monotonic() - clock
+
+
+def _merge_gradebook(work: Path, assignment: str, where: dict[str, Path]) -> None:
+    """Move each student's submission of ``assignment`` from a job's gradebook and autograded folder into the work root's.
+
+    ``where``: ``{student: the job's folder under work}`` (``gradebook.db`` and ``autograded/`` there). Every job's
+    gradebook is a copy of the work root's taken after the assignment was released, so the assignment, notebook and
+    cell rows are the same rows (the same ids); a student's rows (student, submitted assignment and notebooks,
+    grades, comments) replace any the work root's gradebook holds for that student and assignment. What one
+    ``nbgrader autograde`` run over every student would have left, without running nbgrader again. A student whose
+    job recorded nothing is left out (its notes say so).
+    """
+    import sqlite3
+
+    db = sqlite3.connect(work / ".grading" / "gradebook.db")
+    try:
+        (assignment_id,) = db.execute("SELECT id FROM assignment WHERE name = ?", (assignment,)).fetchone()
+        for root in sorted(set(where.values())):
+            group = sorted(s for s, r in where.items() if r == root)
+            marks = ",".join("?" * len(group))
+            db.execute("ATTACH DATABASE ? AS job", (str(work / root / "gradebook.db"),))
+            try:
+                for schema in ("main", "job"):  # the submissions of the group: main's to be replaced, job's to copy
+                    db.execute(f"CREATE TEMP TABLE sub_{schema} AS SELECT sa.id AS sa, sn.id AS sn FROM "
+                               f"{schema}.submitted_assignment sa LEFT JOIN {schema}.submitted_notebook sn ON "
+                               f"sn.assignment_id = sa.id WHERE sa.assignment_id = ? AND sa.student_id IN ({marks})",
+                               (assignment_id, *group))
+                for table in ("grade", "comment"):
+                    db.execute(f"DELETE FROM main.{table} WHERE notebook_id IN (SELECT sn FROM sub_main)")
+                db.execute("DELETE FROM main.submitted_notebook WHERE id IN (SELECT sn FROM sub_main)")
+                db.execute("DELETE FROM main.submitted_assignment WHERE id IN (SELECT sa FROM sub_main)")
+                db.execute(f"INSERT OR REPLACE INTO main.student SELECT * FROM job.student WHERE id IN ({marks})",
+                           group)
+                db.execute("INSERT INTO main.submitted_assignment SELECT * FROM job.submitted_assignment WHERE id IN "
+                           "(SELECT sa FROM sub_job)")
+                db.execute("INSERT INTO main.submitted_notebook SELECT * FROM job.submitted_notebook WHERE id IN "
+                           "(SELECT sn FROM sub_job)")
+                for table in ("grade", "comment"):
+                    db.execute(f"INSERT INTO main.{table} SELECT * FROM job.{table} WHERE notebook_id IN "
+                               "(SELECT sn FROM sub_job)")
+                db.commit()
+            finally:
+                db.execute("DROP TABLE IF EXISTS sub_main")
+                db.execute("DROP TABLE IF EXISTS sub_job")
+                db.commit()
+                db.execute("DETACH DATABASE job")
+            for s in group:
+                src = work / root / "autograded" / s / assignment
+                dest = work / ".grading" / "autograded" / s / assignment
+                if dest.exists():
+                    shutil.rmtree(dest)
+                if src.is_dir():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copytree(src, dest)
+    finally:
+        db.close()
+    for root in set(where.values()):
+        shutil.rmtree(work / root, ignore_errors=True)
 
 
 RECORD_PHASE = "nbgrader record (notebooks as saved)"

@@ -1,11 +1,11 @@
 """``course grade`` without re-execution (the default) against ``course grade --execute`` (issue 44).
 
 A small seeded class of unit 03 (right, partly right, wrong and broken notebooks from the solution and the bug
-catalog; the two decisions' wrong alternatives planted so that their hints reach a feedback page) plus hostile
+catalog; two named mistakes planted (one the wrong alternative of a decision) so that their hints reach a feedback page) plus hostile
 submissions: a kernel that kills nbgrader above it (only the executing path runs it), a checking worker that kills
 its own process group (cut short, checked again alone), a submission whose check writes into the grading code, and a
 notebook saved with outputs of its own (a forged verdict in a grade cell, a huge print, text that imitates the
-grader). It is graded twice: as saved (``jobs=2``) and executed (``jobs=1``).
+grader). It is graded twice, with ``jobs=2``: as saved and executed.
 
 Equal in both: every score and exercise's points, every note that is not about the notebook's run or outputs (the
 executing path's others are each one of the run's known forms), each grade cell's verdict text in the graded
@@ -88,7 +88,7 @@ def both(tmp_path_factory, course_copy):
     tmp = tmp_path_factory.mktemp("saved")
     submitted = tmp / "submitted"
     build_class(unit, 4, submitted, seed=7, course=course)
-    _planted(course, unit, submitted / "named" / unit.name, ["B03.naive_softmax", "B03.mask_not_sliced"])
+    _planted(course, unit, submitted / "named" / unit.name, ["B03.naive_softmax", "B03.scale_dk"])
     _saved_outputs(course, unit, submitted / "saved_outputs" / unit.name)
     _hostile_submission(course, unit, submitted / "kernel_kills_nbgrader" / unit.name, tmp / "marks",
                         "ex03_softmax_stable_answer", "kill_parent")
@@ -98,7 +98,7 @@ def both(tmp_path_factory, course_copy):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(NOBODY_ENV, "0")  # the workers can write into the checker's copy (see test_grading_tamper.py)
         saved = grade(submitted, out_dir=tmp / "saved", cell_timeout=60, course=course, jobs=2)
-        executed = grade(submitted, out_dir=tmp / "executed", cell_timeout=60, course=course, execute=True)
+        executed = grade(submitted, out_dir=tmp / "executed", cell_timeout=60, course=course, jobs=2, execute=True)
     return course, unit, tmp, saved, executed
 
 
@@ -211,5 +211,23 @@ def test_every_feedback_page_passes_the_leak_scan(both):
                                    as_version=4)
             text = _course_text(page, graded)
             assert not leaks(decisions, {f"{run} feedback of {key[0]}": text}), leaks(decisions, {key[0]: text})
-    named = _feedback(tmp / "saved", ("named", unit.name), unit)  # the decisions' wrong alternatives, with hints
-    assert "Diagnosis: naive_softmax" in named and "Diagnosis: mask_not_sliced" in named, "the planted are named"
+    tamperer = _feedback(tmp / "saved", ("tamperer", unit.name), unit)
+    assert f"not graded (0/3 points): {TAMPER_NOTE}" in tamperer, "the tamperer's feedback says why it scored 0"
+    named = _feedback(tmp / "saved", ("named", unit.name), unit)  # named mistakes, with their hints
+    assert "Diagnosis: naive_softmax" in named and "Diagnosis: scale_dk" in named, "the planted are named"
+
+
+def test_the_gradebook_holds_the_checkers_scores_in_both_paths(both):
+    import sqlite3
+
+    _, _, tmp, saved, executed = both
+    for run, report in (("saved", saved), ("executed", executed)):
+        with sqlite3.connect(tmp / run / ".grading" / "gradebook.db") as db:
+            rows = db.execute(
+                "SELECT student.id, SUM(COALESCE(grade.auto_score, 0)), COUNT(grade.manual_score) FROM grade "
+                "JOIN submitted_notebook ON grade.notebook_id = submitted_notebook.id "
+                "JOIN submitted_assignment ON submitted_notebook.assignment_id = submitted_assignment.id "
+                "JOIN student ON submitted_assignment.student_id = student.id GROUP BY student.id").fetchall()
+        assert {s: total for s, total, _ in rows} == {r["student"]: r["score"] for r in report.rows}, run
+        assert all(manual == 0 for _, _, manual in rows), run  # the forged outputs earned nothing
+        assert not list((tmp / run / ".grading" / "jobs").glob("*")), "the jobs' copies are removed once merged"
