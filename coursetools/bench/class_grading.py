@@ -17,9 +17,10 @@ Each ``--paths`` value (``saved``: ``course grade``'s default, the notebooks as 
 class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
 workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
-CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), and
+CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), the CPU
+time of the run's own processes (an estimate that other load inflates less), and
 whether the scores and verdicts (each grade cell's verdict text in the graded notebook) equal those of the
-first run. Before the runs it times one start of the course's Jupyter
+first run. Before the runs (with ``executed``) it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -318,6 +319,15 @@ def _cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def _own_cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of every child it (or a waited child) waited for: the checkers
+    with their forkservers and workers, nbgrader and its kernels, once they have ended."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m coursetools.bench.class_grading", description=__doc__.split("\n\n")[0])
     p.add_argument("unit", help="unit id, e.g. 03")
@@ -349,13 +359,13 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         for path, jobs in [(path, jobs) for path in args.paths for jobs in args.jobs]:
             work = Path(tmp) / f"work-{path}-jobs{jobs}"
-            cpu_before = _cpu_seconds()
+            cpu_before, own_before = _cpu_seconds(), _own_cpu_seconds()
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 report = grade(submitted, out_dir=work, cell_timeout=args.timeout, course=course, jobs=jobs,
                                progress=True, execute=path == "executed")
                 wall = time.perf_counter() - started
-            cpu = _cpu_seconds() - cpu_before
+            cpu, own = _cpu_seconds() - cpu_before, _own_cpu_seconds() - own_before
             got = _verdicts(work, report.rows)
             first = first or got
             same = got == first
@@ -366,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
             print(report.phase_table(), flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
                   f"{os.cpu_count()} cores on average", flush=True)
+            print(f"    CPU time of the run's own processes (this one and every child it waited for): {own:,.0f} "
+                  f"core-seconds, {own / len(report.rows):.2f} per submission (less sensitive to other load than the "
+                  "wall time)", flush=True)
     return 0
 
 
