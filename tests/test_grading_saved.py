@@ -193,7 +193,7 @@ def _course_text(page: str, nb) -> str:
             area.decompose()
             removed += 1
     assert removed == len(answers), (removed, len(answers))  # every answer cell found: the scan can fail
-    return soup.get_text(" ")
+    return soup.get_text()
 
 
 def test_every_feedback_page_passes_the_leak_scan(both):
