@@ -593,9 +593,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        records the submissions. By default (``execute=False``) it records each notebook as the student saved it,
        without running anything (:func:`_record_as_saved`: one ``nbgrader autograde`` run without execution that
        keeps the saved outputs); the feedback is that notebook with the checker's verdict in each grade cell.
-       With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment (and job)
-       (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
-       feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
+       With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per
+       assignment (and job) (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there
+       is instant feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running
@@ -624,9 +624,9 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             its own forkserver and workers) share the submissions, then that many supervised nbgrader runs, each
             with its own gradebook copy, autograded folder and run token; their rows and notebooks are then moved into
             the one gradebook (:func:`_merge_gradebook`). Without ``execute``: that many checkers, then that many
-            nbgrader runs that record the notebooks as saved, merged the same way. A submission whose check or nbgrader run was cut short in a
-            parallel job (a neighbour's process may be the cause) is run again alone afterwards, so the scores
-            and notes are those of ``jobs=1``.
+            nbgrader runs that record the notebooks as saved, merged the same way. A submission whose check or
+            nbgrader run was cut short in a parallel job (a neighbour's process may be the cause) is run again
+            alone afterwards, so the scores and notes are those of ``jobs=1``.
         progress: tqdm progress bars on stderr (checked; run in nbgrader).
         profile: the run-time profile (``LLMCOURSE_PROFILE``, :mod:`llmcourse.runtime`) of the kernels nbgrader runs
             the submissions in. Default ``"ci"``, the smallest: what those kernels compute (the visible cells'
@@ -1368,7 +1368,7 @@ def _record_as_saved(assignment: str, students: list[str], work: Path, env_extra
 
 
 def _merge_gradebook(work: Path, assignment: str, where: dict[str, Path]) -> None:
-    """Move each student's submission of ``assignment`` from a job's gradebook and autograded folder into the work root's.
+    """Move each student's submission of ``assignment`` from a job's gradebook and folder into the work root's.
 
     ``where``: ``{student: the job's folder under work}`` (``gradebook.db`` and ``autograded/`` there). Every job's
     gradebook is a copy of the work root's taken after the assignment was released, so the assignment, notebook and

@@ -1,8 +1,8 @@
 """``course grade`` without re-execution (the default) against ``course grade --execute`` (issue 44).
 
 A small seeded class of unit 03 (right, partly right, wrong and broken notebooks from the solution and the bug
-catalog; two named mistakes planted (one the wrong alternative of a decision) so that their hints reach a feedback page) plus hostile
-submissions: a kernel that kills nbgrader above it (only the executing path runs it), a checking worker that kills
+catalog; two named mistakes planted, one the wrong alternative of a decision, so that their hints reach a feedback
+page) plus hostile submissions: a kernel that kills nbgrader above it (only the executing path runs it), a checking worker that kills
 its own process group (cut short, checked again alone), a submission whose check writes into the grading code, and a
 notebook saved with outputs of its own (a forged verdict in a grade cell, a huge print, text that imitates the
 grader). It is graded twice, with ``jobs=2``: as saved and executed.

@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             first = first or got
             same = got == first
             scores = [r["score"] for r in report.rows]
-            print(f"{path}, --jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak RSS "
-                  f"{mem.peak_mib:,.0f} MiB (process tree), mean score {sum(scores) / len(scores):.1f}/"
+            print(f"{path}, --jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak "
+                  f"RSS {mem.peak_mib:,.0f} MiB (process tree), mean score {sum(scores) / len(scores):.1f}/"
                   f"{report.rows[0]['max_score']:g}, same scores and verdicts as the first run: {same}", flush=True)
             print(report.phase_table(), flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
