@@ -1495,7 +1495,10 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
                         idle_since, cpu_at, log_size = now, cpu, size
                     elif now - idle_since > idle_s:
                         abnormal = f"nbgrader and its kernel made no progress for {idle_s:.0f} s"
-                    for pid in set(processes_with_env(needle)) - tree:  # escaped from nbgrader's tree: killed
+                    escaped = set(processes_with_env(needle)) - tree
+                    if escaped:  # a kernel nbgrader started after `tree` was read is in its tree now: not escaped
+                        escaped -= {proc.pid, *descendants(proc.pid)}
+                    for pid in escaped:  # escaped from nbgrader's tree: killed
                         kill_tree(pid, include_root=True)
                     if now > notebook_until and not abnormal:
                         abnormal = f"a notebook did not finish within {per_notebook_s:.0f} s"
