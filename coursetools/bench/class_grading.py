@@ -18,7 +18,7 @@ class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
 workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
 CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), the CPU
-time of the run's own processes (an estimate that other load inflates less), and
+time of the run's own processes (sampled with the memory: an estimate that other load inflates less), and
 whether the scores and verdicts (each grade cell's verdict text in the graded notebook) equal those of the
 first run. Before the runs (with ``executed``) it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
@@ -230,7 +230,9 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None, planted: d
     return out
 
 
-def _tree_rss_kb(pid: int) -> int:
+def _tree_rss_kb(pid: int, cpu: dict | None = None) -> int:
+    """Resident memory (KiB) of ``pid`` and its descendants; ``cpu``, if given, gets each one's CPU ticks so far
+    (user + system, ``/proc/<pid>/stat``), the largest seen per process."""
     from grader.supervise import descendants
 
     total = 0
@@ -241,22 +243,32 @@ def _tree_rss_kb(pid: int) -> int:
                     if line.startswith(b"VmRSS:"):
                         total += int(line.split()[1])
                         break
+            if cpu is not None:
+                with open(f"/proc/{p}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                cpu[p] = max(cpu.get(p, 0), int(fields[11]) + int(fields[12]))
         except (OSError, ValueError, IndexError):
             pass
     return total
 
 
 class PeakRSS:
-    """Peak resident memory (MiB) of this process and all its descendants, sampled in a thread."""
+    """Peak resident memory (MiB) of this process and all its descendants, sampled in a thread; also their CPU time.
+
+    ``cpu_seconds``: the CPU time of every process of the tree seen by a sample (a process's last ``every`` seconds
+    before it ended are missed), less inflated by other load than the wall time: on an idle machine with N cores the
+    run takes at least ``cpu_seconds / N`` seconds.
+    """
 
     def __init__(self, every: float = 0.2):
         self.every, self.peak_kb = every, 0
+        self._cpu: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid()))
+            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid(), self._cpu))
             self._stop.wait(self.every)
 
     def __enter__(self):
@@ -266,6 +278,10 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._cpu.values()) / os.sysconf("SC_CLK_TCK")
 
     @property
     def peak_mib(self) -> float:
@@ -319,15 +335,6 @@ def _cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_seconds() -> float:
-    """User + system CPU seconds of this process and of every child it (or a waited child) waited for: the checkers
-    with their forkservers and workers, nbgrader and its kernels, once they have ended."""
-    import resource
-
-    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
-                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m coursetools.bench.class_grading", description=__doc__.split("\n\n")[0])
     p.add_argument("unit", help="unit id, e.g. 03")
@@ -359,13 +366,13 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         for path, jobs in [(path, jobs) for path in args.paths for jobs in args.jobs]:
             work = Path(tmp) / f"work-{path}-jobs{jobs}"
-            cpu_before, own_before = _cpu_seconds(), _own_cpu_seconds()
+            cpu_before = _cpu_seconds()
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 report = grade(submitted, out_dir=work, cell_timeout=args.timeout, course=course, jobs=jobs,
                                progress=True, execute=path == "executed")
                 wall = time.perf_counter() - started
-            cpu, own = _cpu_seconds() - cpu_before, _own_cpu_seconds() - own_before
+            cpu, own = _cpu_seconds() - cpu_before, mem.cpu_seconds
             got = _verdicts(work, report.rows)
             first = first or got
             same = got == first
@@ -376,9 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             print(report.phase_table(), flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
                   f"{os.cpu_count()} cores on average", flush=True)
-            print(f"    CPU time of the run's own processes (this one and every child it waited for): {own:,.0f} "
-                  f"core-seconds, {own / len(report.rows):.2f} per submission (less sensitive to other load than the "
-                  "wall time)", flush=True)
+            print(f"    CPU time of the run's own processes (sampled every 0.2 s): {own:,.0f} core-seconds, "
+                  f"{own / len(report.rows):.2f} per submission; idle with {os.cpu_count()} cores the run would take "
+                  f"at least {own / os.cpu_count():,.0f} s", flush=True)
     return 0
 
 
