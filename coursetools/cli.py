@@ -12,7 +12,7 @@
                            over a folder of exercise notebooks (default exercises/)
   course release [--check] [--force] [UNIT ...]
                            regenerate exercises/ from solutions/ through nbgrader
-  course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--profile P] [--quiet]
+  course grade DIR [--out OUT] [--timeout S] [--roster CSV] [--jobs N] [--execute] [--profile P] [--quiet]
                            autograde nbgrader-style submissions, write feedback HTML, grades.csv and the report
   course report [GRADING_DIR]
                            the class report of a grading run: report.html (offline) + JSON/CSV (coursetools/report.py)
@@ -362,7 +362,7 @@ def cmd_grade(args) -> int:
 
     try:
         report = grade(args.dir, out_dir=args.out, cell_timeout=args.timeout, roster=args.roster, jobs=args.jobs,
-                       progress=not args.quiet, profile=args.profile or None)
+                       progress=not args.quiet, profile=args.profile or None, execute=args.execute)
     except (FileNotFoundError, ValueError) as exc:
         print(f"course grade: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -479,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="ci", help="run-time profile of the kernels nbgrader runs the notebooks in "
                    "(default ci, the smallest: their training cells are feedback only, never a score; '' for "
                    "$LLMCOURSE_PROFILE)")
+    p.add_argument("--execute", action="store_true", help="also run every notebook top to bottom in a fresh kernel "
+                   "in nbgrader (after the checks) and show those outputs in the feedback; default: the notebooks as "
+                   "saved, nothing re-run (the same scores, verdicts and notes, minutes sooner)")
     p.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     p.set_defaults(func=cmd_grade)
     p = sub.add_parser("report", help="the class report of a grading run (HTML + JSON/CSV; also written by grade)")

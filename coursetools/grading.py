@@ -61,8 +61,20 @@ def _nbgrader(args: list[str], work: Path, course_root: Path, timeout: float | N
     """Run ``python -m nbgrader <args>`` in ``work`` with the course config."""
     _write_config(work, course_root)
     env = _nbgrader_env(work, course_root, env_extra)
-    return subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, capture_output=True,
+    return subprocess.run([*_nbgrader_command(), *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+# `python -m nbgrader`, less a second and a half of CPU per start: nbformat's jsonschema imports rfc3987_syntax when
+# it is installed (a dependency of jupyter-events) for its "iri" format checks, and that module compiles some forty
+# lark grammars at import (measured with cProfile: most of nbgrader's start-up). No notebook schema nbgrader validates
+# uses those formats, and jsonschema skips a format checker whose module cannot be imported.
+_NBGRADER_MAIN = ("import sys; sys.modules['rfc3987_syntax'] = None; sys.argv[0] = 'nbgrader'; "
+                  "from nbgrader.apps.nbgraderapp import main; main()")
+
+
+def _nbgrader_command() -> list[str]:
+    return [sys.executable, "-c", _NBGRADER_MAIN]
 
 
 def _nbgrader_env(work: Path, course_root: Path, env_extra: dict | None = None) -> dict:
@@ -171,6 +183,33 @@ class GradeReport:
     timings: dict = field(default_factory=dict)  # seconds per phase of the run (where the time went)
     tampering: list[str] = field(default_factory=list)  # one line per submission that changed the grading code
     class_report: Path | str | None = None  # report.html (coursetools/report.py), or why it was not written
+    executed: bool = False  # the notebooks were run in nbgrader (grade(execute=True))
+    jobs: int = 1
+
+    def phase_table(self) -> str:
+        """Where the time went: one line per phase of :attr:`timings`, the rest of the wall time as "other".
+
+        Phases marked "beside" ran at the same time as another phase and are not counted in "other".
+        """
+        if not self.timings:
+            return ""
+        total = self.timings.get(TOTAL_PHASE)
+        n = len(self.rows)
+        how = "notebooks run in nbgrader (--execute)" if self.executed else "notebooks as saved, nothing re-run"
+        lines = [f"where the time went ({n} submission{'s' * (n != 1)}, --jobs {self.jobs}, {how}):",
+                 f"  {'phase':52} {'seconds':>8}"]
+        counted = 0.0
+        for phase, seconds in self.timings.items():
+            if phase == TOTAL_PHASE:
+                continue
+            lines.append(f"  {phase:52} {seconds:8.1f}")
+            if "beside" not in phase:
+                counted += seconds
+        if total is not None:
+            lines.append(f"  {'other':52} {max(total - counted, 0.0):8.1f}")
+            per = f" ({total / n:.2f} s per submission)" if n else ""
+            lines.append(f"  {TOTAL_PHASE:52} {total:8.1f}{per}")
+        return "\n".join(lines)
 
     def render(self) -> str:
         lines = [f"{'student':20} {'assignment':28} {'score':>9}  notes"]
@@ -182,7 +221,8 @@ class GradeReport:
         lines.append(f"feedback: {self.out_dir / '.grading' / 'feedback'}")
         if self.class_report is not None:
             lines.append(f"class report: {self.class_report}")
-        return "\n".join(lines)
+        table = self.phase_table()
+        return "\n".join(lines + ([table] if table else []))
 
 
 def _submitted_root(path: Path) -> Path:
@@ -194,6 +234,7 @@ class GradingTampered(RuntimeError):
 
 
 TAMPER_NOTE = "the submission modified the grading code"
+TOTAL_PHASE = "total (wall clock)"
 SNAPSHOT_ITEMS = ("grader", "llmcourse", "course.toml", "assets")
 RESTORE_HINT = "git checkout -- grader llmcourse course.toml assets"
 
@@ -537,7 +578,7 @@ def read_roster(path: str | os.PathLike) -> dict[str, dict]:
 
 def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = None, cell_timeout: int | None = None,
           course=None, roster: str | os.PathLike | None = None, jobs: int = 1, progress: bool = False,
-          profile: str | None = "ci") -> GradeReport:
+          profile: str | None = "ci", execute: bool = False) -> GradeReport:
     """Grade every ``<student>/<assignment>/`` under ``submissions``; write gradebook, feedback and grades.
 
     The scores are decided by the course's checker, never by code that ran next to a submission:
@@ -549,9 +590,12 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        per exercise; learner definitions run only in its worker processes (supervised: see
        :mod:`grader.supervise`); a checker that stops answering is replaced and that submission scores 0.
     4. nbgrader releases each assignment into the work root (beside step 3, from the course's solutions) and
-       autogrades the submissions, one ``nbgrader autograde <assignment>`` run per assignment (and job)
-       (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there is instant
-       feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
+       records the submissions. By default (``execute=False``) it records each notebook as the student saved it,
+       without running anything (:func:`_record_as_saved`: one ``nbgrader autograde`` run without execution that
+       keeps the saved outputs); the feedback is that notebook with the checker's verdict in each grade cell.
+       With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per
+       assignment (and job) (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there
+       is instant feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running
@@ -578,18 +622,24 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             gradebook and formgrader. Without it (or for ids it lacks) a student is listed under the id.
         jobs: parallel jobs (:func:`_check_all`, :class:`_NotebookRuns`): that many checker processes (each with
             its own forkserver and workers) share the submissions, then that many supervised nbgrader runs, each
-            with its own gradebook copy, autograded folder and run token; their notebooks are then recorded in the
-            one gradebook by a run without execution. A submission whose check or nbgrader run was cut short in a
-            parallel job (a neighbour's process may be the cause) is run again alone afterwards, so the scores
-            and notes are those of ``jobs=1``.
+            with its own gradebook copy, autograded folder and run token; their rows and notebooks are then moved into
+            the one gradebook (:func:`_merge_gradebook`). Without ``execute``: that many checkers, then that many
+            nbgrader runs that record the notebooks as saved, merged the same way. A submission whose check or
+            nbgrader run was cut short in a parallel job (a neighbour's process may be the cause) is run again
+            alone afterwards, so the scores and notes are those of ``jobs=1``.
         progress: tqdm progress bars on stderr (checked; run in nbgrader).
         profile: the run-time profile (``LLMCOURSE_PROFILE``, :mod:`llmcourse.runtime`) of the kernels nbgrader runs
             the submissions in. Default ``"ci"``, the smallest: what those kernels compute (the visible cells'
             training runs) is feedback only, never a score, and it is most of a class's grading time. None: the
             environment's own (default ``laptop``). The checker's verdicts do not depend on it.
+        execute: run every notebook top to bottom in a fresh kernel in nbgrader (after the checks, never beside
+            them) and show those outputs in the feedback, with notes on what failed in the run; default False: the
+            notebooks as saved, nothing run. The scores, the verdicts and every note not about the run are the same
+            either way (each row's ``run_notes`` lists the notes that come from the run or the outputs).
 
     Returns:
-        :class:`GradeReport`: a row per submission with score, max score and notes; ``tampering``: a line per
+        :class:`GradeReport`: a row per submission with score, max score, notes and run notes; ``timings``: seconds
+        per phase (:meth:`GradeReport.phase_table`); ``tampering``: a line per
         submission that changed the grading code, per change no submission explains, and the restore advice
         when the checkout changed.
 
@@ -636,7 +686,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     env_extra["LLMCOURSE_KERNEL_SOCKETS"] = sockets
 
     n_jobs = max(1, int(jobs))
-    if n_jobs > 1:
+    if n_jobs > 1 and execute:
         # N kernels at once: each gets its share of the CPUs. Two torch threads per kernel on two cores made the
         # kernels wait on each other (spinning OpenMP threads keep the cores busy while nothing advances)
         from . import usable_cpus
@@ -645,8 +695,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         env_extra.setdefault("LLMCOURSE_MAX_TORCH_THREADS", os.environ.get("LLMCOURSE_MAX_TORCH_THREADS") or share)
         env_extra.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS") or share)
     timings: dict[str, float] = {}
-    clock = time.monotonic()
-    bars = _progress_bars(len(pairs), progress)
+    clock = started = time.monotonic()
+    bars = _progress_bars(len(pairs), progress, "run in nbgrader" if execute else "recorded in nbgrader")
     snapshot = GradingSnapshot(course.root)
     tampering = _Tampering(snapshot)
 
@@ -704,11 +754,20 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         #    names the cause read from its part of the batch's log.
         report = GradeReport(out_dir=work)
         nb_notes: dict[tuple[str, str], list[str]] = {}
+        run_notes: dict[tuple[str, str], list[str]] = {}  # the notes that come from running the notebook
         timeout_s = int(cell_timeout or os.environ.get("LLMCOURSE_CELL_TIMEOUT") or 600)
         # limits of a notebook in nbgrader (its cells have timeout_s each): the whole notebook, and silence
         limits = {"per_notebook_s": 120 + 6 * timeout_s, "idle_s": timeout_s + 60}
         for assignment in sorted({a for _, a in pairs}):
             students = [s for s, a in pairs if a == assignment]
+            if not execute:  # 4b'. the notebooks as saved, recorded: no kernel, nothing of a submission runs
+                _record_as_saved(assignment, students, work, env_extra, token, limits, snapshot, timings, n_jobs,
+                                 bars.get("nbgrader"))
+                for student in students:
+                    nb_notes[(student, assignment)] = list(subs[(student, assignment)][1])
+                    run_notes[(student, assignment)] = []
+                look(f"while nbgrader recorded {assignment}")
+                continue
             name = Path(known[assignment].exercise).name
             skip = {s for s in students if (s, assignment) in tampering.by}  # scored 0: not run
             run = _NotebookRuns(assignment, name, students, work, env_extra, token, limits, snapshot, tampering,
@@ -716,46 +775,67 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
             logs, failed, culprits, missing = run.all(n_jobs, timings)
             for student in students:
                 notes = list(subs[(student, assignment)][1])
+                ran: list[str] = []
+                run_notes[(student, assignment)] = ran
+                nb_notes[(student, assignment)] = notes
                 graded_nb = work / ".grading" / "autograded" / student / assignment / name
                 if (student, assignment) in tampering.by:
-                    nb_notes[(student, assignment)] = notes + (
-                        ["it was recorded in nbgrader without running it"] if student in skip else [])
+                    if student in skip:
+                        ran.append("it was recorded in nbgrader without running it")
                     continue
                 if (student, assignment) in unreadable:
-                    nb_notes[(student, assignment)] = notes  # nbgrader ran the release's stubs: nothing to report
-                    continue
+                    continue  # nbgrader ran the release's stubs: nothing to report
                 if student in culprits:
-                    notes.append(f"{STOPPED_NOTE} in nbgrader ({culprits[student]}); it was recorded without running "
-                                 "it and its answers were graded by the checker all the same")
+                    ran.append(f"{STOPPED_NOTE} in nbgrader ({culprits[student]}); it was recorded without running "
+                               "it and its answers were graded by the checker all the same")
                 elif student in missing or student in failed:
                     if student in missing:
-                        ran = "could not be run" if graded_nb.exists() else "could not be recorded"
+                        how = "could not be run" if graded_nb.exists() else "could not be recorded"
                     else:
-                        ran = "ran with errors"
-                    notes.append(f"the notebook {ran} in nbgrader ({_autograde_cause(logs[student])}); its answers "
-                                 "were graded by the checker all the same")
-                notes += _execution_notes(work / ".grading" / "autograded" / student / assignment)
-                nb_notes[(student, assignment)] = notes
+                        how = "ran with errors"
+                    ran.append(f"the notebook {how} in nbgrader ({_autograde_cause(logs[student])}); its answers "
+                               "were graded by the checker all the same")
+                ran += _execution_notes(work / ".grading" / "autograded" / student / assignment)
         for bar in bars.values():
             bar.close()
         clock = time.monotonic()
         # 5. scores and verdicts from this process, then feedback
         look("before the scores were written")
-        for key in pairs:
-            student, assignment = key
-            u = known[assignment]
-            if key in tampering.by:  # whatever it earned was computed beside a change to the grading code
-                verdicts.pop(key, None)
-                causes[key] = f"{TAMPER_NOTE} ({tampering.by[key]})"
-            per = _verdict_points(u, verdicts.get(key), causes.get(key))
-            notes = nb_notes[key] + ([f"scored 0: {causes[key]}"] if key in causes else [])
-            stopped_in = [v["exercise_id"] for v in verdicts.get(key) or [] if STOPPED_NOTE in v["message"].lower()]
-            if stopped_in:
-                notes.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
-            notes += _write_scores(work, student, assignment, u, per, verdicts.get(key), causes.get(key),
-                                   names.get(student))
-            report.rows.append({"student": student, "assignment": assignment, "notes": "; ".join(notes),
-                                "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per})
+        from nbgrader.api import Gradebook
+
+        with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:  # one session for the class
+            for key in pairs:
+                student, assignment = key
+                u = known[assignment]
+                if key in tampering.by:  # whatever it earned was computed beside a change to the grading code
+                    verdicts.pop(key, None)
+                    causes[key] = f"{TAMPER_NOTE} ({tampering.by[key]})"
+                per = _verdict_points(u, verdicts.get(key), causes.get(key))
+                notes = list(nb_notes[key])
+                ran = list(run_notes[key])
+                after = [f"scored 0: {causes[key]}"] if key in causes else []
+                stopped_in = [v["exercise_id"] for v in verdicts.get(key) or []
+                              if STOPPED_NOTE in v["message"].lower()]
+                if stopped_in:
+                    after.append(f"{STOPPED_NOTE} while {', '.join(stopped_in)} ran: scored 0")
+                # the feedback's grade cells say why, without the changed files' paths (the feedback filter drops a
+                # line that names grader files; the notes and grades.csv name them for the instructor)
+                shown = TAMPER_NOTE if key in tampering.by else causes.get(key)
+                written, cut = _write_scores(work, student, assignment, u, per, verdicts.get(key), shown,
+                                             names.get(student), gb=gb)
+                after += written
+                ran_after = cut
+                listed = notes + ran + after + ran_after
+                report.rows.append({
+                    "student": student, "assignment": assignment, "notes": "; ".join(listed),
+                    "score": float(sum(per.values())), "max_score": float(u.points), "per_exercise": per,
+                    "note_list": listed,
+                    # the notes that come from the notebook's run or outputs (none without execution but cut
+                    # outputs): the others are the same whether the notebooks were executed or not
+                    "run_notes": ran + ran_after})
+            gb.db.commit()
+        timings["gradebook scores"] = time.monotonic() - clock
+        clock = time.monotonic()
         # feedback: one `nbgrader generate_feedback <assignment>` run per assignment and job (each job excludes
         # the others' students; they only read the gradebook); a student whose feedback is missing after it is
         # run again alone, so that the note gives that student's own error
@@ -781,9 +861,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                                 snapshot.nbgrader_root)
                 if one.returncode != 0:
                     row = next(r for r in report.rows if (r["student"], r["assignment"]) == (student, assignment))
-                    row["notes"] = "; ".join(filter(None, [row["notes"], "feedback failed: " + _last_error(one)]))
+                    row["note_list"].append("feedback failed: " + _last_error(one))
+                    row["notes"] = "; ".join(row["note_list"])
         look("while the feedback was generated")
-        timings["gradebook scores + feedback"] = time.monotonic() - clock
+        timings["feedback (nbgrader generate_feedback)"] = time.monotonic() - clock
     except GradingTampered:
         db = work / ".grading" / "gradebook.db"
         if db.exists():  # nbgrader's own in-kernel scores are not trusted: keep none of them
@@ -795,6 +876,7 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         for bar in bars.values():
             bar.close()
     report.tampering = tampering.lines()
+    clock = time.monotonic()
     report.grades_csv = _write_grades(work, report.rows, course)
     from .report import write_record, write_report
 
@@ -803,18 +885,22 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
         report.class_report = write_report(work)["html"]
     except Exception as exc:  # noqa: BLE001 - the grades stand without it; `course report WORK` says what failed
         report.class_report = f"not written ({type(exc).__name__}: {exc}); run `course report {work}`"
+    timings["grades.csv + class report"] = time.monotonic() - clock
+    timings[TOTAL_PHASE] = time.monotonic() - started
     report.timings = timings
+    report.executed = execute
+    report.jobs = n_jobs
     return report
 
 
-def _progress_bars(total: int, enabled: bool) -> dict:
+def _progress_bars(total: int, enabled: bool, nbgrader: str = "run in nbgrader") -> dict:
     """``{"checks": bar, "nbgrader": bar}`` (tqdm on stderr) or ``{}``."""
     if not enabled:
         return {}
     from tqdm import tqdm
 
     return {"checks": tqdm(total=total, desc="checked", unit="nb", file=sys.stderr, position=0),
-            "nbgrader": tqdm(total=total, desc="run in nbgrader", unit="nb", file=sys.stderr, position=1)}
+            "nbgrader": tqdm(total=total, desc=nbgrader, unit="nb", file=sys.stderr, position=1)}
 
 
 # a verdict that supervision cut short: in a parallel run a neighbour may have caused it, so it is run again alone
@@ -1045,9 +1131,9 @@ class _NotebookRuns:
     with its own gradebook (a copy of the work root's, holding the released assignment), its own autograded folder
     under ``.grading/jobs/`` and its own run token (what one job's kernels leave is killed by that job; no job kills
     another's processes). A student whose run was ended abnormally in a job is run again alone after the jobs (a
-    neighbour's kernel may have signalled it). Finally one ``nbgrader autograde`` run without execution and without
-    clearing outputs records the jobs' autograded notebooks (outputs and all) in the work root's gradebook and
-    autograded folder, which is then exactly what one job would have left.
+    neighbour's kernel may have signalled it). Finally the jobs' gradebook rows and autograded notebooks (outputs and
+    all) are moved into the work root's gradebook and autograded folder (:func:`_merge_gradebook`, no nbgrader run),
+    which is then exactly what one job would have left.
 
     The students in ``skip`` (their check changed the grading code) are recorded without running. The grading files
     are checked each time a notebook starts and after every run (:meth:`_look`): the notebooks that ran since the
@@ -1222,24 +1308,124 @@ class _NotebookRuns:
         self._settle(alone)
         timings["nbgrader autograde"] = timings.get("nbgrader autograde", 0.0) + time.monotonic() - clock
         clock = time.monotonic()
-        # one gradebook: record the jobs' notebooks in the work root without running them again
-        executed = Path(".grading") / "jobs" / f"executed-{self.assignment}"
-        for s in self.students:
-            src = self.work / where[s] / s / self.assignment
-            if not src.is_dir():
-                src = self.work / ".grading" / "submitted" / s / self.assignment
-            shutil.copytree(src, self.work / executed / s / self.assignment)
-        _autograde(self.assignment, self.work, self.snapshot.nbgrader_root,
-                   {**self.env_extra, RUN_TOKEN_ENV: self.token}, self.token, force=True, execute=False, exclude=[],
-                   extra_args=(f"--CourseDirectory.submitted_directory={executed}", "--ClearOutput.enabled=False"),
-                   **self.limits)
-        self._look(f"while nbgrader recorded the jobs' notebooks of {self.assignment}")
+        # one gradebook: the jobs' rows and autograded notebooks moved into the work root's (no nbgrader run); a
+        # student none of whose jobs left a notebook is recorded from the submission, without running it
+        have = {s: (self.work / where[s]).parent for s in self.students if (self.work / where[s] / s /
+                                                                            self.assignment).is_dir()}
+        _merge_gradebook(self.work, self.assignment, have)
+        rest = [s for s in self.students if s not in have]
+        if rest:
+            _autograde(self.assignment, self.work, self.snapshot.nbgrader_root,
+                       {**self.env_extra, RUN_TOKEN_ENV: self.token}, self.token, force=True, execute=False,
+                       exclude=sorted(set(self.students) - set(rest)), extra_args=("--ClearOutput.enabled=False",),
+                       **self.limits)
+        self._look(f"while the jobs' notebooks of {self.assignment} were recorded")
         self._settle(lambda s: None)  # nothing ran: a change here has no suspect but what ran before
         for folder in (self.work / ".grading" / "jobs").glob(f"*{self.assignment}*"):  # recorded: only copies left
             shutil.rmtree(folder, ignore_errors=True)
-        timings["nbgrader record (jobs > 1)"] = timings.get("nbgrader record (jobs > 1)", 0.0) + \
+        timings["jobs' gradebooks merged (jobs > 1)"] = timings.get("jobs' gradebooks merged (jobs > 1)", 0.0) + \
             time.monotonic() - clock
         return logs, failed, culprits, missing
+
+
+def _record_as_saved(assignment: str, students: list[str], work: Path, env_extra: dict, token: str, limits: dict,
+                     snapshot: GradingSnapshot, timings: dict, n_jobs: int = 1, bar=None) -> None:
+    """Record ``students``' notebooks of ``assignment`` in the gradebook as they were saved, running nothing.
+
+    A supervised ``nbgrader autograde`` run without execution and without clearing outputs: the autograded
+    notebook is the submission (locked cells restored from the gradebook, outputs as the student left them), the
+    grade cells' outputs are then replaced by the checker's verdicts (:func:`_write_scores`). No kernel starts.
+    With ``n_jobs > 1`` the students are dealt to that many such runs at once, each with its own copy of the
+    gradebook and its own autograded folder, merged into the work root's afterwards (:func:`_merge_gradebook`).
+    """
+    clock = time.monotonic()
+    k = max(1, min(n_jobs, len(students)))
+    extra = ("--ClearOutput.enabled=False",)
+    if k == 1:
+        _autograde(assignment, work, snapshot.nbgrader_root, env_extra, token, force=True, execute=False,
+                   exclude=[], extra_args=extra, **limits)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        groups = [students[i::k] for i in range(k)]
+        roots = [Path(".grading") / "jobs" / f"{assignment}-saved-{i + 1}" for i in range(k)]
+        for root in roots:
+            (work / root).mkdir(parents=True)
+            shutil.copy2(work / ".grading" / "gradebook.db", work / root / "gradebook.db")
+
+        def one(i: int) -> None:
+            args = (f"--CourseDirectory.db_url=sqlite:///{work / roots[i] / 'gradebook.db'}",
+                    f"--CourseDirectory.autograded_directory={roots[i] / 'autograded'}", *extra)
+            _autograde(assignment, work, snapshot.nbgrader_root, env_extra, f"{token}-saved-{i + 1}", force=True,
+                       execute=False, exclude=sorted(set(students) - set(groups[i])), extra_args=args, **limits)
+
+        with ThreadPoolExecutor(k) as pool:
+            list(pool.map(one, range(k)))
+        _merge_gradebook(work, assignment, {s: roots[i] for i, g in enumerate(groups) for s in g})
+    if bar is not None:
+        bar.update(len(students))
+    timings[RECORD_PHASE] = timings.get(RECORD_PHASE, 0.0) + time.monotonic() - clock
+
+
+def _merge_gradebook(work: Path, assignment: str, where: dict[str, Path]) -> None:
+    """Move each student's submission of ``assignment`` from a job's gradebook and folder into the work root's.
+
+    ``where``: ``{student: the job's folder under work}`` (``gradebook.db`` and ``autograded/`` there). Every job's
+    gradebook is a copy of the work root's taken after the assignment was released, so the assignment, notebook and
+    cell rows are the same rows (the same ids); a student's rows (student, submitted assignment and notebooks,
+    grades, comments) replace any the work root's gradebook holds for that student and assignment. What one
+    ``nbgrader autograde`` run over every student would have left, without running nbgrader again. A student whose
+    job recorded nothing is left out (its notes say so).
+    """
+    import sqlite3
+
+    db = sqlite3.connect(work / ".grading" / "gradebook.db")
+    try:
+        (assignment_id,) = db.execute("SELECT id FROM assignment WHERE name = ?", (assignment,)).fetchone()
+        for root in sorted(set(where.values())):
+            group = sorted(s for s, r in where.items() if r == root)
+            marks = ",".join("?" * len(group))
+            db.execute("ATTACH DATABASE ? AS job", (str(work / root / "gradebook.db"),))
+            try:
+                for schema in ("main", "job"):  # the submissions of the group: main's to be replaced, job's to copy
+                    db.execute(f"CREATE TEMP TABLE sub_{schema} AS SELECT sa.id AS sa, sn.id AS sn FROM "
+                               f"{schema}.submitted_assignment sa LEFT JOIN {schema}.submitted_notebook sn ON "
+                               f"sn.assignment_id = sa.id WHERE sa.assignment_id = ? AND sa.student_id IN ({marks})",
+                               (assignment_id, *group))
+                for table in ("grade", "comment"):
+                    db.execute(f"DELETE FROM main.{table} WHERE notebook_id IN (SELECT sn FROM sub_main)")
+                db.execute("DELETE FROM main.submitted_notebook WHERE id IN (SELECT sn FROM sub_main)")
+                db.execute("DELETE FROM main.submitted_assignment WHERE id IN (SELECT sa FROM sub_main)")
+                db.execute(f"INSERT OR REPLACE INTO main.student SELECT * FROM job.student WHERE id IN ({marks})",
+                           group)
+                db.execute("INSERT INTO main.submitted_assignment SELECT * FROM job.submitted_assignment WHERE id IN "
+                           "(SELECT sa FROM sub_job)")
+                db.execute("INSERT INTO main.submitted_notebook SELECT * FROM job.submitted_notebook WHERE id IN "
+                           "(SELECT sn FROM sub_job)")
+                for table in ("grade", "comment"):
+                    db.execute(f"INSERT INTO main.{table} SELECT * FROM job.{table} WHERE notebook_id IN "
+                               "(SELECT sn FROM sub_job)")
+                db.commit()
+            finally:
+                db.execute("DROP TABLE IF EXISTS sub_main")
+                db.execute("DROP TABLE IF EXISTS sub_job")
+                db.commit()
+                db.execute("DETACH DATABASE job")
+            for s in group:
+                src = work / root / "autograded" / s / assignment
+                dest = work / ".grading" / "autograded" / s / assignment
+                if dest.exists():
+                    shutil.rmtree(dest)
+                if src.is_dir():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copytree(src, dest)
+    finally:
+        db.close()
+    for root in set(where.values()):
+        shutil.rmtree(work / root, ignore_errors=True)
+
+
+RECORD_PHASE = "nbgrader record (notebooks as saved)"
 
 
 RUN_TOKEN_ENV = "LLMCOURSE_GRADING_RUN"
@@ -1282,7 +1468,7 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
     needle = f"{RUN_TOKEN_ENV}={token}"
     abnormal = None
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "nbgrader", *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([*_nbgrader_command(), *args], cwd=work, env=env, stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=err, start_new_session=True)
         started, notebook_until, last_scan = -1, time.monotonic() + per_notebook_s, 0.0
         idle_since, cpu_at, log_size = time.monotonic(), 0, 0
@@ -1309,7 +1495,10 @@ def _autograde(assignment: str, work: Path, course_root: Path, env_extra: dict, 
                         idle_since, cpu_at, log_size = now, cpu, size
                     elif now - idle_since > idle_s:
                         abnormal = f"nbgrader and its kernel made no progress for {idle_s:.0f} s"
-                    for pid in set(processes_with_env(needle)) - tree:  # escaped from nbgrader's tree: killed
+                    escaped = set(processes_with_env(needle)) - tree
+                    if escaped:  # a kernel nbgrader started after `tree` was read is in its tree now: not escaped
+                        escaped -= {proc.pid, *descendants(proc.pid)}
+                    for pid in escaped:  # escaped from nbgrader's tree: killed
                         kill_tree(pid, include_root=True)
                     if now > notebook_until and not abnormal:
                         abnormal = f"a notebook did not finish within {per_notebook_s:.0f} s"
@@ -1372,17 +1561,26 @@ def _render(v: dict) -> str:
 
 
 def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str, float],
-                  verdicts: list[dict] | None, cause: str | None, name: dict | None = None) -> list[str]:
+                  verdicts: list[dict] | None, cause: str | None, name: dict | None = None,
+                  gb=None) -> tuple[list[str], list[str]]:
     """Set the gradebook's scores from ``per`` and put each verdict into its grade cell's output.
 
-    Also names the student (``name`` from the roster, else the id) and caps every output.
+    Also names the student (``name`` from the roster, else the id) and caps every output. ``gb``: an open
+    :class:`nbgrader.api.Gradebook` (the caller commits), else the work root's is opened and committed here.
+
+    Returns:
+        ``(notes, output notes)``: the second are about the notebook's outputs (cut), which differ between a
+        notebook as saved and one executed.
     """
     import nbformat
     from nbgrader.api import Gradebook, MissingEntry
 
-    notes: list[str] = []
+    out_notes: list[str] = []
     nb_name = Path(unit.exercise).stem
-    with Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}") as gb:
+    with contextlib.ExitStack() as stack:
+        own = gb is None
+        if own:
+            gb = stack.enter_context(Gradebook(f"sqlite:///{work / '.grading' / 'gradebook.db'}"))
         for e in unit.exercises:
             try:
                 g = gb.find_grade(e.grade_id, nb_name, assignment, student)
@@ -1396,10 +1594,11 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
         named = bool(name and (name.get("first_name") or name.get("last_name")))
         fields = name if named else {"first_name": None, "last_name": student, "email": (name or {}).get("email")}
         gb.update_or_create_student(student, **fields)
-        gb.db.commit()
+        if own:
+            gb.db.commit()
     path = work / ".grading" / "autograded" / student / assignment / Path(unit.exercise).name
     if not path.exists():
-        return ["no autograded notebook (nbgrader could not run it); scores are in grades.csv"]
+        return ["no autograded notebook (nbgrader could not record it); scores are in grades.csv"], []
     by_id = {v["exercise_id"]: v for v in verdicts or []}
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:
@@ -1410,10 +1609,10 @@ def _write_scores(work: Path, student: str, assignment: str, unit, per: dict[str
         text = _render(by_id[e.id]) if e.id in by_id else f"{e.id}: not graded (0/{e.points} points): {cause}"
         cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=text + "\n")]
     if cap_outputs(nb):
-        notes.append(f"printed output over {OUTPUT_CAP_CHARS:,} characters per cell was cut in the graded notebook "
-                     "and the feedback")
+        out_notes.append(f"printed output over {OUTPUT_CAP_CHARS:,} characters per cell was cut in the graded "
+                         "notebook and the feedback")
     nbformat.write(nb, path)
-    return notes
+    return [], out_notes
 
 
 OUTPUT_CAP_CHARS = 20_000

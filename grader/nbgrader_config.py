@@ -61,6 +61,7 @@ c.OverwriteCells.add_missing_cells = True
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 
 # Feedback: never show hidden-check source, neither in cells nor in tracebacks.
+c.GenerateFeedback.exporter_class = "grader.feedback.FeedbackHTMLExporter"  # nbconvert's, less a slow re-parse
 c.GenerateFeedback.preprocessors = [
     "grader.feedback.StripHiddenTests",
     "nbgrader.preprocessors.GetGrades",

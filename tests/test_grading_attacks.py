@@ -381,7 +381,8 @@ def attacked(tmp_path_factory, course_copy):
     paths["invalid_json"].write_text(damaged[:5000] + damaged[5010:], encoding="utf-8")
     out = tmp_path_factory.mktemp("grading")
     started = time.monotonic()
-    report = grade(submitted.parent, out_dir=out, cell_timeout=20, course=course)  # make test runs it beside nbval
+    # executed in nbgrader: every attack on the kernel's side too (make test runs it beside nbval)
+    report = grade(submitted.parent, out_dir=out, cell_timeout=20, course=course, execute=True)
     WALL["course grade"] = time.monotonic() - started
     print(f"corpus: {len(paths)} notebooks graded by course grade in {WALL['course grade']:.0f} s")
     WALL["daemons after course grade"] = surviving_daemons(marks)
@@ -514,7 +515,7 @@ def test_writing_to_the_checkout_costs_the_tamperer_and_asks_for_a_restore(tmp_p
     _write(submitted, "tamperer", unit, _submission(exercise, correct, top=top))
     _write(submitted, "control", unit, _submission(exercise, correct))
     out = tmp_path / "grading"
-    report = grade(submitted.parent, out_dir=out, cell_timeout=60, course=course)
+    report = grade(submitted.parent, out_dir=out, cell_timeout=60, course=course, execute=True)  # its kernel writes
     rows = {r["student"]: r for r in report.rows}
     assert rows["control"]["score"] == 20 and TAMPER_NOTE not in rows["control"]["notes"], rows["control"]
     assert rows["tamperer"]["score"] == 0 and TAMPER_NOTE in rows["tamperer"]["notes"], rows["tamperer"]

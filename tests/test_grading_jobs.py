@@ -1,4 +1,4 @@
-"""``course grade --jobs N``: the same scores, notes and verdicts as one job, one gradebook; and the class script.
+"""``course grade --execute --jobs N``: the same scores, notes and verdicts as one job, one gradebook; the class script.
 
 A small class of unit 03 generated from the solution and the bug catalog (right, partly right, wrong, broken;
 seeded) plus two hostile submissions (one kernel kills nbgrader above it, one checking worker kills its own process
@@ -65,8 +65,8 @@ def graded(tmp_path_factory, course_copy):
     # the checking worker kills its own process group: that exercise is cut short (and run again alone)
     _hostile_submission(course, unit, submitted / "student999" / unit.name, tmp / "marks",
                         "ex03_simple_attention_answer", "kill_group")
-    reports = {jobs: grade(submitted, out_dir=tmp / f"jobs{jobs}", cell_timeout=60, course=course, jobs=jobs)
-               for jobs in (1, 2)}
+    reports = {jobs: grade(submitted, out_dir=tmp / f"jobs{jobs}", cell_timeout=60, course=course, jobs=jobs,
+                           execute=True) for jobs in (1, 2)}
     return kinds, reports, tmp, unit
 
 
@@ -113,9 +113,13 @@ def test_two_jobs_leave_one_gradebook_and_every_feedback(graded):
 
 def test_the_class_script_runs(course_copy, capsys):
     course = course_copy(("03",))
-    assert main(["03", "--students", "3", "--jobs", "1", "2", "--course", str(course.root), "--no-kernel-probe"]) == 0
+    assert main(["03", "--students", "3", "--jobs", "1", "2", "--paths", "saved", "executed", "--course",
+                 str(course.root), "--no-kernel-probe"]) == 0
     out = capsys.readouterr().out
     assert "class of 3 submissions of unit 03" in out
-    assert re.search(r"--jobs 1: [\d.]+ s total, [\d.]+ s per submission, peak RSS [\d,]+ MiB", out), out
-    assert "--jobs 2:" in out and out.count("same scores and verdicts as the first run: True") == 2, out
-    assert "nbgrader autograde" in out and "checks (course checker)" in out, out
+    assert re.search(r"saved, --jobs 1: [\d.]+ s total, [\d.]+ s per submission, peak RSS [\d,]+ MiB", out), out
+    for run in ("saved, --jobs 2:", "executed, --jobs 1:", "executed, --jobs 2:"):
+        assert run in out, out
+    assert out.count("same scores and verdicts as the first run: True") == 4, out
+    assert "nbgrader autograde" in out and "checks (course checker)" in out and "total (wall clock)" in out, out
+    assert "nbgrader record (notebooks as saved)" in out, out

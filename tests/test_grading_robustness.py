@@ -152,3 +152,39 @@ def test_roster_in_nbgrader_import_format(tmp_path):
     path.write_text("student,name\nalice,Alice\n", encoding="utf-8")
     with pytest.raises(ValueError, match="id,first_name,last_name,email"):
         read_roster(path)
+
+
+def test_the_run_summary_ends_with_where_the_time_went(tmp_path):
+    from coursetools.grading import TOTAL_PHASE, GradeReport
+
+    report = GradeReport(out_dir=tmp_path, rows=[{"student": "alice", "assignment": "03_self_attention",
+                                                  "score": 20.0, "max_score": 20.0, "notes": ""}] * 4, jobs=2,
+                         timings={"checks (course checker)": 10.0, "nbgrader generate_assignment (beside the checks)":
+                                  6.0, "feedback (nbgrader generate_feedback)": 5.0, TOTAL_PHASE: 18.0})
+    text = report.render()
+    table = text[text.index("where the time went"):].splitlines()
+    assert "4 submissions, --jobs 2, notebooks as saved" in table[0], table
+    rows = {ln[:54].strip(): ln[54:].split() for ln in table[2:]}
+    assert rows["checks (course checker)"] == ["10.0"] and rows["other"] == ["3.0"], rows  # "beside": not counted
+    assert rows[TOTAL_PHASE][0] == "18.0" and "(4.50 s per submission)" in table[-1], table
+    report.executed = True
+    assert "notebooks run in nbgrader (--execute)" in report.render()
+
+
+def test_course_grade_passes_execute_and_prints_the_phase_table(monkeypatch, tmp_path, capsys):
+    import coursetools.grading as grading
+    from coursetools.cli import main
+    from coursetools.grading import TOTAL_PHASE, GradeReport
+
+    seen = []
+
+    def fake(*args, **kwargs):
+        seen.append(kwargs["execute"])
+        return GradeReport(out_dir=tmp_path, timings={"checks (course checker)": 1.0, TOTAL_PHASE: 2.0},
+                           executed=kwargs["execute"])
+
+    monkeypatch.setattr(grading, "grade", fake)
+    assert main(["grade", str(tmp_path), "--quiet"]) == 0
+    assert main(["grade", str(tmp_path), "--quiet", "--execute"]) == 0
+    out = capsys.readouterr().out
+    assert seen == [False, True] and out.count("where the time went") == 2 and "--execute)" in out, out

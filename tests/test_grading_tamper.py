@@ -173,12 +173,14 @@ def tampered_class(tmp_path_factory, course_copy):
         # the checking workers run as the grading user, as when an ordinary user grades: as `nobody` (grading as
         # root) they could not write into the checker's copy, and the change would be made by nbgrader's kernel
         mp.setenv(NOBODY_ENV, "0")
-        runs = {"clean": grade(clean, out_dir=tmp / "clean-run", cell_timeout=60, course=course),
-                "jobs1": grade(submitted, out_dir=tmp / "jobs1", cell_timeout=60, course=course)}
+        # executed in nbgrader (the path with the most places to tamper; the default path, the notebooks as saved,
+        # is graded with a tamperer in test_grading_saved.py)
+        runs = {"clean": grade(clean, out_dir=tmp / "clean-run", cell_timeout=60, course=course, execute=True),
+                "jobs1": grade(submitted, out_dir=tmp / "jobs1", cell_timeout=60, course=course, execute=True)}
         mp.setenv("LLMCOURSE_ROOT", str(course.root))  # the CLI grades with the private copy's grading code
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(["grade", str(submitted), "--out", str(tmp / "jobs2"), "--timeout", "60", "--jobs", "2",
-                       "--quiet"])
+                       "--execute", "--quiet"])
     cli = {"rc": rc, "out": out.getvalue(), "err": err.getvalue()}
     return course, unit, tmp, runs, cli, checkout, planted
 

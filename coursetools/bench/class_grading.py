@@ -1,7 +1,8 @@
 """A class of submissions for one unit, graded with ``course grade --jobs 1`` and ``--jobs N`` (a benchmark-style
 script: it prints times and memory, asserts nothing).
 
-    python -m coursetools.bench.class_grading UNIT [--students 60] [--jobs 1 2] [--seed 0] [--timeout 600]
+    python -m coursetools.bench.class_grading UNIT [--students 60] [--jobs 1 2] [--paths saved executed]
+                                                   [--seed 0] [--timeout 600]
 
 The class is generated, seeded, from the unit's solution and its bug catalog (:func:`build_class`):
 
@@ -11,12 +12,16 @@ The class is generated, seeded, from the unit's solution and its bug catalog (:f
   solution's definition in the same answer cell, so it replaces it), the rest right;
 * **broken**: a notebook that is not valid JSON, or an answer cell with a syntax error.
 
-Each ``--jobs`` value grades the same class in a fresh work folder. Printed per run: total seconds, seconds per
+Each ``--paths`` value (``saved``: ``course grade``'s default, the notebooks as saved, nothing re-run;
+``executed``: ``course grade --execute``, every notebook run in nbgrader) and each ``--jobs`` value grades the same
+class in a fresh work folder. Printed per run: total seconds, seconds per
 submission, the peak resident memory of this process and everything below it (the checkers, their forkservers and
 workers, nbgrader and its kernels; sampled every 0.2 s), where the time went (``GradeReport.timings``), the busy
-CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), and
-whether the scores and verdicts equal those of the first run, and the time to write the class report
-(:mod:`coursetools.report`) again from the run's record. Before the runs it times one start of the course's Jupyter
+CPU time of the machine meanwhile (how many cores were busy on average; meaningful on an idle machine), the CPU
+time of the run's own processes (sampled with the memory: an estimate that other load inflates less),
+whether the scores and verdicts (each grade cell's verdict text in the graded notebook) equal those of the
+first run, and the time to write the class report (:mod:`coursetools.report`) again from the run's record. Before
+the runs (with ``executed``) it times one start of the course's Jupyter
 kernel running the notebook's first code cell (what nbgrader pays per submission before any answer runs).
 Timings depend on the machine and its load: report them with both.
 """
@@ -226,7 +231,9 @@ def build_class(unit, n: int, dest: Path, seed: int = 0, course=None, planted: d
     return out
 
 
-def _tree_rss_kb(pid: int) -> int:
+def _tree_rss_kb(pid: int, cpu: dict | None = None) -> int:
+    """Resident memory (KiB) of ``pid`` and its descendants; ``cpu``, if given, gets each one's CPU ticks so far
+    (user + system, ``/proc/<pid>/stat``), the largest seen per process."""
     from grader.supervise import descendants
 
     total = 0
@@ -237,22 +244,32 @@ def _tree_rss_kb(pid: int) -> int:
                     if line.startswith(b"VmRSS:"):
                         total += int(line.split()[1])
                         break
+            if cpu is not None:
+                with open(f"/proc/{p}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                cpu[p] = max(cpu.get(p, 0), int(fields[11]) + int(fields[12]))
         except (OSError, ValueError, IndexError):
             pass
     return total
 
 
 class PeakRSS:
-    """Peak resident memory (MiB) of this process and all its descendants, sampled in a thread."""
+    """Peak resident memory (MiB) of this process and all its descendants, sampled in a thread; also their CPU time.
+
+    ``cpu_seconds``: the CPU time of every process of the tree seen by a sample (a process's last ``every`` seconds
+    before it ended are missed), less inflated by other load than the wall time: on an idle machine with N cores the
+    run takes at least ``cpu_seconds / N`` seconds.
+    """
 
     def __init__(self, every: float = 0.2):
         self.every, self.peak_kb = every, 0
+        self._cpu: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self):
         while not self._stop.is_set():
-            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid()))
+            self.peak_kb = max(self.peak_kb, _tree_rss_kb(os.getpid(), self._cpu))
             self._stop.wait(self.every)
 
     def __enter__(self):
@@ -262,6 +279,10 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._cpu.values()) / os.sysconf("SC_CLK_TCK")
 
     @property
     def peak_mib(self) -> float:
@@ -320,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("unit", help="unit id, e.g. 03")
     p.add_argument("--students", type=int, default=60)
     p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--paths", nargs="+", choices=("saved", "executed"), default=["saved"],
+                   help="saved: the notebooks as saved (course grade's default); executed: course grade --execute")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell (course grade --timeout)")
     p.add_argument("--course", default=None, help="course root (default: this checkout)")
@@ -340,33 +363,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"class of {len(kinds)} submissions of unit {unit.id} ({unit.name}), seed {args.seed}: "
               + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
         print(f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
-        if not args.no_kernel_probe:
+        if not args.no_kernel_probe and "executed" in args.paths:
             print(f"one kernel start + the notebook's first cell: {kernel_start_seconds(unit, course):.1f} s",
                   flush=True)
-        for jobs in args.jobs:
-            work = Path(tmp) / f"work-jobs{jobs}"
+        for path, jobs in [(path, jobs) for path in args.paths for jobs in args.jobs]:
+            work = Path(tmp) / f"work-{path}-jobs{jobs}"
             cpu_before = _cpu_seconds()
             with PeakRSS() as mem:
                 started = time.perf_counter()
                 report = grade(submitted, out_dir=work, cell_timeout=args.timeout, course=course, jobs=jobs,
-                               progress=True)
+                               progress=True, execute=path == "executed")
                 wall = time.perf_counter() - started
-            cpu = _cpu_seconds() - cpu_before
+            cpu, own = _cpu_seconds() - cpu_before, mem.cpu_seconds
             got = _verdicts(work, report.rows)
             first = first or got
             same = got == first
             scores = [r["score"] for r in report.rows]
-            print(f"--jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak RSS "
-                  f"{mem.peak_mib:,.0f} MiB (process tree), mean score {sum(scores) / len(scores):.1f}/"
+            print(f"{path}, --jobs {jobs}: {wall:.1f} s total, {wall / len(report.rows):.2f} s per submission, peak "
+                  f"RSS {mem.peak_mib:,.0f} MiB (process tree), mean score {sum(scores) / len(scores):.1f}/"
                   f"{report.rows[0]['max_score']:g}, same scores and verdicts as the first run: {same}", flush=True)
-            for phase, seconds in report.timings.items():
-                print(f"    {phase:34} {seconds:7.1f} s", flush=True)
+            print(report.phase_table(), flush=True)
             print(f"    CPU busy during the run (machine-wide): {cpu:,.0f} core-seconds, {cpu / wall:.2f} of "
                   f"{os.cpu_count()} cores on average", flush=True)
+            print(f"    CPU time of the run's own processes (sampled every 0.2 s): {own:,.0f} core-seconds, "
+                  f"{own / len(report.rows):.2f} per submission; idle with {os.cpu_count()} cores the run would take "
+                  f"at least {own / os.cpu_count():,.0f} s", flush=True)
             started = time.perf_counter()
-            paths = write_report(work)  # the run wrote it already: this times it alone (`course report WORK`)
+            written = write_report(work)  # the run wrote it already: this times it alone (`course report WORK`)
             print(f"    class report again (course report): {time.perf_counter() - started:.1f} s, report.html "
-                  f"{paths['html'].stat().st_size / 1024:,.0f} KiB", flush=True)
+                  f"{written['html'].stat().st_size / 1024:,.0f} KiB", flush=True)
     return 0
 
 
