@@ -18,16 +18,18 @@
 # ```
 #
 # The grader reads only your `import`, `def` and `class` statements, so a function must not rely on
-# a variable defined elsewhere in the notebook (the cell that defines `GPT2_PATTERN` and `full_count` counts as
-# code too). Use only `torch`, `math`, `regex` and the standard library.
+# a variable defined elsewhere in the notebook (`GPT2_PATTERN` is imported in the first cell, `full_count` is a
+# function: both count). Use only `torch`, `math`, `regex` and the standard library.
 
 # %%
 from collections import Counter
 
+import regex
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import llmcourse
+from llmcourse.data import GPT2_PATTERN
 
 cfg = llmcourse.setup_notebook("01")
 verdict = llmcourse.load_text("the-verdict")
@@ -106,8 +108,8 @@ print("visible tests passed")
 #
 # GPT-2's tokenizer works on **bytes**: a text is cut into chunks by a regular expression (words with their
 # leading space, numbers, punctuation runs, whitespace runs), each chunk becomes its UTF-8 bytes, the ids 0–255,
-# and every merge creates a new id. Merges never cross a chunk boundary. `GPT2_PATTERN` below is GPT-2's pattern
-# (the `regex` package reads `\p{L}` as "a letter" and `\p{N}` as "a digit").
+# and every merge creates a new id. Merges never cross a chunk boundary. `GPT2_PATTERN`, imported in the first cell,
+# is GPT-2's pattern (the `regex` package reads `\p{L}` as "a letter" and `\p{N}` as "a digit").
 #
 # Training keeps the corpus as a list of **distinct chunks** and two maps, which it updates at every merge
 # instead of counting every pair again:
@@ -119,9 +121,7 @@ print("visible tests passed")
 # - `where[(a, b)]`: the set of the indexes `i` of the chunks holding the pair; only pairs that occur are keys.
 
 # %%
-import regex
-
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+print(GPT2_PATTERN)
 
 
 def full_count(words, counts):

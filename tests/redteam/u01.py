@@ -48,10 +48,10 @@ ANSWERS = [
            edited(U, "merge_step", (_STEP_CLEANUP, "")), bug="B01.step_zero_kept"),
     Answer("01.merge_step", "where never loses a chunk (stale entries)",
            edited(U, "merge_step", ("            where[p].discard(i)\n", "")), bug="B01.step_where_stale"),
-    Answer("01.merge_step", "overlapping occurrences merged ([7, 7, 7] -> [new, new, 7])",
+    Answer("01.merge_step", "the scan steps one id past a match (the right id of the pair stays)",
            edited(U, "merge_step", ("                new.append(new_id)\n                k += 2",
                                     "                new.append(new_id)\n                k += 1")),
-           bug="B01.overlap_merge"),
+           says=r"chunks after the merge"),
     Answer("01.merge_step", "walks every chunk and merges where the pair occurs (ignores where)",
            edited(U, "merge_step", ("for i in list(where.get(pair, ())):",
                                     "for i in range(len(words)):\n        if pair not in zip(words[i], words[i][1:]):\n"
