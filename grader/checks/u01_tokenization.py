@@ -550,7 +550,7 @@ def check_merge_step(t):
 TRAIN_SPECIAL_TEXT = ("the endoftext word <|endoftext|> stays text; endoftext again.<|endoftext|>"
                       "And another endoftext document, endoftext!<|endoftext|>") * 3
 TRAIN_OVERLAP = ("<|a|>", "<|a|>xx")
-TRAIN_OVERLAP_TEXT = "word <|a|>xxyy one <|a|>xxyy two<|a|> xxz <|a|>xxyy" * 2
+TRAIN_OVERLAP_TEXT = "banana <|a|>xxyy one <|a|>xxyy banana<|a|> xxz <|a|>xxyy" * 2
 ALT_PATTERN = r"[a-z]+|[^a-z]"
 
 
