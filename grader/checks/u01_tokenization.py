@@ -710,7 +710,8 @@ def _swapped_pair_file() -> tuple[str, int, int]:
 ENC_TEXTS = ["Hello, world! Attention is all you need.<|endoftext|>The next document 2024's.",
              "naïve café 🙂 東京  \n\n  spaces\tand tabs<|endoftext|><|endoftext|>",
              "नमस्ते — it's   fine, isn't it?  ", ""]
-TOY_MERGES = {(98, 99): 256, (97, 98): 257, (256, 100): 258, (97, 258): 259, (101, 101): 260, (260, 101): 261}
+TOY_MERGES = {(100, 32): 256, (98, 99): 257, (97, 98): 258, (257, 100): 259, (97, 259): 260, (101, 101): 261,
+              (261, 101): 262}
 TOY_TEXTS = ["abcd", "abcd abcd", "eeee eee ab", "abc<|a|>xxabcd<|a|>abcd"]
 TOY_SPECIALS = {"<|a|>": 1000, "<|a|>xx": 1001}
 
