@@ -975,10 +975,10 @@ def check_gpt_window_dataset(t):
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
-# byte_bpe_train: the naive trainer returns the same merges; split_chunks and its helpers are the special-token
-# decision (literal matching, the longest first) already made
-also_blocked(f"{U}.byte_bpe_train", "llmcourse.data.bytebpe:byte_bpe_train_naive", "llmcourse.data.bytebpe:_chunk_table",
-             "llmcourse.data.bytebpe:split_chunks", "llmcourse.data.bytebpe:_special_regex")
+# byte_bpe_train: split_chunks and its helpers are the special-token decision (literal matching, the longest first)
+# already made (the naive trainer needs no block: it never calls merge_step, which the check requires)
+also_blocked(f"{U}.byte_bpe_train", "llmcourse.data.bytebpe:_chunk_table", "llmcourse.data.bytebpe:split_chunks",
+             "llmcourse.data.bytebpe:_special_regex")
 # byte_bpe_encode: the chunk encoder and the splitter are the reference's own pieces
 also_blocked(f"{U}.byte_bpe_encode", "llmcourse.data.bytebpe:_encode_chunk", "llmcourse.data.bytebpe:split_chunks",
              "llmcourse.data.bytebpe:_special_regex")
