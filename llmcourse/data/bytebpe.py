@@ -34,7 +34,7 @@ from pathlib import Path
 
 __all__ = [
     "GPT2_PATTERN", "byte_bpe_decode", "byte_bpe_encode", "byte_bpe_train", "byte_bpe_train_naive", "count_pairs",
-    "gpt2_merges", "merge_ids", "merge_step", "read_ranks", "split_chunks",
+    "gpt2_merges", "merge_ids", "merge_step", "read_ranks", "split_chunks", "training_work",
 ]
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -187,6 +187,26 @@ def byte_bpe_train_naive(text: str, num_merges: int, special_tokens: Iterable[st
         words = [merge_ids(w, best, 256 + k) for w in words]
         merges.append(best)
     return merges
+
+
+def training_work(text: str, num_merges: int, special_tokens: Iterable[str] = (),
+                  pattern: str = GPT2_PATTERN) -> dict:
+    """How much of the corpus each merge of :func:`byte_bpe_train` touches (the lesson's work count).
+
+    Returns:
+        ``{"chunks": number of distinct chunks, "touched": [chunks holding the merged pair, one entry per merge]}``:
+        the incremental update reads ``touched[k]`` chunks at merge ``k``, a full recount reads all ``chunks``.
+    """
+    words, counts = _chunk_table(text, special_tokens, pattern)
+    pair_counts, where = count_pairs(words, counts)
+    touched = []
+    for k in range(num_merges):
+        if not pair_counts:
+            break
+        best = _best(pair_counts)
+        touched.append(len(where[best]))
+        merge_step(words, counts, pair_counts, where, best, 256 + k)
+    return {"chunks": len(words), "touched": touched}
 
 
 def read_ranks(path: str | os.PathLike) -> dict[bytes, int]:
