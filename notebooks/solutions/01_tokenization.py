@@ -126,12 +126,12 @@ print(GPT2_PATTERN)
 
 def full_count(words, counts):
     """pair_counts and where of a corpus, counted from scratch (a helper for the visible tests)."""
-    pair_counts, where = {}, {}
-    for i, w in enumerate(words):
-        for p in zip(w, w[1:]):
-            pair_counts[p] = pair_counts.get(p, 0) + counts[i]
-            where.setdefault(p, set()).add(i)
-    return pair_counts, where
+    totals, holders = Counter(), {}
+    for index, chunk in enumerate(words):
+        for two in zip(chunk, chunk[1:]):
+            totals[two] += counts[index]
+            holders[two] = holders.get(two, set()) | {index}
+    return dict(totals), holders
 
 
 # %% [markdown]
@@ -188,15 +188,14 @@ from grader import grade; grade("01.merge_step")  # noqa: E702
 ### END HIDDEN TESTS
 words = [[1, 2, 3], [7, 7, 7], [1, 2, 1, 2], [9]]
 counts = [5, 2, 3, 4]
-pair_counts, where = full_count(words, counts)
-assert pair_counts[(7, 7)] == 4 and pair_counts[(1, 2)] == 11 and where[(1, 2)] == {0, 2}, (pair_counts, where)
-merge_step(words, counts, pair_counts, where, (1, 2), 256)
+pc, wh = full_count(words, counts)
+assert pc[(7, 7)] == 4 and pc[(1, 2)] == 11 and wh[(1, 2)] == {0, 2}, (pc, wh)
+merge_step(words, counts, pc, wh, (1, 2), 256)
 assert words == [[256, 3], [7, 7, 7], [256, 256], [9]], f"chunks after merging (1, 2): {words}"
-assert (pair_counts, where) == full_count(words, counts), \
-    f"pair_counts/where must equal a full count of the new chunks; got {pair_counts}, {where}"
-merge_step(words, counts, pair_counts, where, (7, 7), 257)
+assert (pc, wh) == full_count(words, counts), f"pair_counts/where must equal a full count of the new chunks; got {pc}, {wh}"
+merge_step(words, counts, pc, wh, (7, 7), 257)
 assert words[1] == [257, 7], f"[7, 7, 7] merges left to right into [257, 7]; got {words[1]}"
-assert (pair_counts, where) == full_count(words, counts), (pair_counts, where)
+assert (pc, wh) == full_count(words, counts), (pc, wh)
 print("visible tests passed")
 
 # %% [markdown]
