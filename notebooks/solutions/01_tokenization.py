@@ -172,7 +172,6 @@ def merge_step(words, counts, pair_counts, where, pair, new_id):
         for p in zip(new, new[1:]):
             pair_counts[p] = pair_counts.get(p, 0) + counts[i]
             where.setdefault(p, set()).add(i)
-            changed.add(p)
         words[i] = new
     for p in changed:
         if pair_counts.get(p) == 0:
@@ -230,12 +229,10 @@ def byte_bpe_train(text, num_merges, special_tokens=(), pattern=GPT2_PATTERN):
     counts = list(chunk_counts.values())
     pair_counts, where = full_count(words, counts)
     merges = []
-    for k in range(num_merges):
-        if not pair_counts:
-            break
+    while pair_counts and len(merges) < num_merges:
         top = max(pair_counts.values())
         pair = min(p for p, c in pair_counts.items() if c == top)
-        merge_step(words, counts, pair_counts, where, pair, 256 + k)
+        merge_step(words, counts, pair_counts, where, pair, 256 + len(merges))
         merges.append(pair)
     return merges
     ### END SOLUTION

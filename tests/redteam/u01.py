@@ -59,9 +59,9 @@ ANSWERS = [
            bug="B01.step_full_recount"),
     # -- 01.byte_bpe_train -----------------------------------------------------------------------------------
     Answer("01.byte_bpe_train", "lazy: recounts every pair before each merge",
-           edited(U, "byte_bpe_train", ("        if not pair_counts:\n",
+           edited(U, "byte_bpe_train", ("        top = max(pair_counts.values())\n",
                                         "        pair_counts, where = full_count(words, counts)\n"
-                                        "        if not pair_counts:\n")),
+                                        "        top = max(pair_counts.values())\n")),
            bug="B01.train_recounts"),
     Answer("01.byte_bpe_train", "special tokens used as a regex unescaped (| is alternation)",
            edited(U, "byte_bpe_train", ("regex.escape(s) for s in by_length", "s for s in by_length")),
