@@ -551,7 +551,7 @@ TRAIN_SPECIAL_TEXT = ("the endoftext word <|endoftext|> stays text; endoftext ag
                       "And another endoftext document, endoftext!<|endoftext|>") * 3
 TRAIN_OVERLAP = ("<|a|>", "<|a|>xx")
 TRAIN_OVERLAP_TEXT = "banana <|a|>xxyy one <|a|>xxyy banana<|a|> xxz <|a|>xxyy" * 2
-ALT_PATTERN = r"[a-z]+|[^a-z]"
+ALT_PATTERN = r"\S+\s*"
 
 
 def _random_text(rng: random.Random) -> str:
@@ -684,27 +684,33 @@ def _merges_tensor(byte_ids_merges):
     return [int(b) for b in byte_ids], torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
 
 
+SMALL_RANKS = 2_000
+
+
 @functools.cache
-def _swapped_pair_file() -> tuple[str, int, int]:
-    """A copy of gpt2.tiktoken in which two neighbouring merged tokens trade ranks (both still built from
-    lower-ranked tokens, neither a part of another token), and the two ranks."""
+def _small_swapped_file() -> tuple[str, tuple[int, ...], tuple[tuple[int, int, int], ...], int, int]:
+    """A ranks file of GPT-2's first 2,000 tokens (the 256 bytes and 1,744 merges) in which two neighbouring merged
+    tokens trade ranks (both still built from lower-ranked tokens, neither a part of another token); its byte ids and
+    merges by the vocab.bpe oracle, and the two ranks."""
+    import tempfile
+
     from llmcourse.data import data_path
 
-    _, merges = _gpt2_bpe_oracle()
-    parts = {c: (a, b) for a, b, c in merges}
-    used = {x for a, b, _ in merges for x in (a, b)}
-    r = next(r for r in range(40_000, 50_254)
-             if max(parts[r + 1]) < r and r not in used and r + 1 not in used)
+    byte_ids, merges = _gpt2_bpe_oracle()
+    small = [(a, b, c) for a, b, c in merges if c < SMALL_RANKS]
+    parts = {c: (a, b) for a, b, c in small}
+    used = {x for a, b, _ in small for x in (a, b)}
+    r = next(r for r in range(1_000, SMALL_RANKS - 1) if max(parts[r + 1]) < r and r not in used and r + 1 not in used)
     lines = [ln.split() for ln in Path(data_path("gpt2-bpe", "gpt2.tiktoken")).read_text(encoding="utf-8").splitlines()
-             if ln.strip()]
+             if ln.strip() and int(ln.split()[1]) < SMALL_RANKS]
     by_rank = {int(rk): k for k, (_, rk) in enumerate(lines)}
     la, lb = by_rank[r], by_rank[r + 1]
     lines[la][1], lines[lb][1] = lines[lb][1], lines[la][1]
-    import tempfile
-
-    out = Path(tempfile.mkdtemp(prefix="llmcourse-u01-")) / "gpt2-swapped.tiktoken"
+    out = Path(tempfile.mkdtemp(prefix="llmcourse-u01-")) / "gpt2-small-swapped.tiktoken"
     out.write_text("".join(f"{tok} {rk}\n" for tok, rk in lines), encoding="utf-8")
-    return str(out), r, r + 1
+    swap = {r: r + 1, r + 1: r}
+    rows = tuple(sorted((a, b, swap.get(c, c)) for a, b, c in small))
+    return str(out), byte_ids, rows, r, r + 1
 
 
 ENC_TEXTS = ["Hello, world! Attention is all you need.<|endoftext|>The next document 2024's.",
@@ -764,29 +770,29 @@ def check_byte_bpe_encode(t):
     gpt2 = _gpt2_tiktoken()
     _check_encode(t, "GPT-2's merges and byte ids (the course's)", ENC_TEXTS + [_verdict()], merges, byte_ids, eot,
                   expected=[gpt2.encode(x, allowed_special="all") for x in ENC_TEXTS] + [list(_verdict_ids())])
-    # the recovery of GPT-2's merges from the ranks file, against the original merges file (vocab.bpe)
-    got = t.run(lambda impl: _merges_tensor(impl.gpt2_merges()))
-    exp_ids, exp_rows = _gpt2_bpe_oracle()
-    t.expect(got[0] == list(exp_ids), "gpt2_merges: byte_ids[b] must be the rank of the single byte bytes([b]); "
+    # the recovery of GPT-2's merges, against the original merges file (vocab.bpe): first on a small ranks file read
+    # from `path` (GPT-2's first 2,000 tokens, two of them trading ranks), then on the course's full copy (path=None)
+    path, small_ids, small_rows, ra, rb = _small_swapped_file()
+    _check_recovery(t, lambda impl: _merges_tensor(impl.gpt2_merges(path)), small_ids, small_rows,
+                    f"gpt2_merges(path) on a ranks file of GPT-2's first {SMALL_RANKS:,} tokens in which ids {ra} and "
+                    f"{rb} trade ranks (the file at path must be read)")
+    _check_recovery(t, lambda impl: _merges_tensor(impl.gpt2_merges()), *_gpt2_bpe_oracle(),
+                    "gpt2_merges() (the course's gpt2.tiktoken)")
+
+
+def _check_recovery(t, probe, exp_ids, exp_rows, what):
+    got = t.run(probe)
+    t.expect(got[0] == list(exp_ids), f"{what}: byte_ids[b] must be the rank of the single byte bytes([b]); "
              f"got {got[0][:8]}… for bytes 0-7, expected {list(exp_ids)[:8]}…")
     rows = got[1]
     expected = torch.tensor(exp_rows, dtype=torch.long)
     if rows.shape != expected.shape or not torch.equal(rows, expected):
-        bug = t.diagnose(lambda impl: _merges_tensor(impl.gpt2_merges())[1], rows)
+        bug = t.diagnose(lambda impl: probe(impl)[1], rows)
         exp_set = set(exp_rows)
         wrong = [tuple(r) for r in rows.tolist() if tuple(r) not in exp_set]
-        t.fail(f"gpt2_merges: {rows.shape[0]} merges recovered, {len(wrong)} of them not GPT-2's (GPT-2's merges file "
-               f"vocab.bpe says otherwise), e.g. {wrong[:2]} ([left, right, merged id]); GPT-2 has "
+        t.fail(f"{what}: {rows.shape[0]} merges recovered, {len(wrong)} of them not GPT-2's (GPT-2's merges file "
+               f"vocab.bpe says otherwise), e.g. {wrong[:2]} ([left, right, merged id]); expected "
                f"{expected.shape[0]} merges", bug=bug)
-    # path is read: two merged tokens trade ranks in a copy of the file
-    path, ra, rb = _swapped_pair_file()
-    swapped = t.run(lambda impl: [[int(a), int(b), int(c)] for (a, b), c in impl.gpt2_merges(path)[1].items()
-                                  if c in (ra, rb)])
-    orig = {c: [a, b] for a, b, c in exp_rows if c in (ra, rb)}
-    want = sorted([orig[ra] + [rb], orig[rb] + [ra]])
-    t.expect(sorted(swapped) == want,
-             f"gpt2_merges(path) must read the file at path: in a copy where the tokens of ids {ra} and {rb} trade "
-             f"ranks, their merges must be {want}; got {sorted(swapped)}")
 
 
 @functools.cache

@@ -22,6 +22,7 @@
 # function: both count). Use only `torch`, `math`, `regex` and the standard library.
 
 # %%
+import math
 from collections import Counter
 
 import regex
@@ -294,14 +295,7 @@ def gpt2_merges(path=None):
             continue
         parts = [bytes([b]) for b in token]
         while len(parts) > 2:
-            best = None
-            for k in range(len(parts) - 1):
-                r = ranks.get(parts[k] + parts[k + 1])
-                if r is not None and r < rank and (best is None or r < best[0]):
-                    best = (r, k)
-            if best is None:
-                break
-            k = best[1]
+            k = min(range(len(parts) - 1), key=lambda k: ranks.get(parts[k] + parts[k + 1], math.inf))
             parts[k:k + 2] = [parts[k] + parts[k + 1]]
         merges[(ranks[parts[0]], ranks[parts[1]])] = rank
     return byte_ids, merges
@@ -310,9 +304,6 @@ def gpt2_merges(path=None):
 
 def byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=GPT2_PATTERN):
     ### BEGIN SOLUTION
-    special_tokens = special_tokens or {}
-    if byte_ids is None:
-        byte_ids = list(range(256))
     pieces = [text]
     if special_tokens:
         by_length = sorted(special_tokens, key=len, reverse=True)
@@ -323,7 +314,9 @@ def byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=GP
             ids.append(special_tokens[piece])
             continue
         for chunk in regex.findall(pattern, piece):
-            seq = [byte_ids[b] for b in chunk.encode("utf-8")]
+            seq = list(chunk.encode("utf-8"))
+            if byte_ids is not None:
+                seq = [byte_ids[b] for b in seq]
             while len(seq) > 1:
                 found = [(merges[p], p) for p in zip(seq, seq[1:]) if p in merges]
                 if not found:

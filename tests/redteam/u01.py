@@ -11,14 +11,7 @@ _STEP_CLEANUP = ("    for p in changed:\n        if pair_counts.get(p) == 0:\n  
                  "        if p in where and not where[p]:\n            del where[p]\n")
 _RECOVER_LOOP = '''        parts = [bytes([b]) for b in token]
         while len(parts) > 2:
-            best = None
-            for k in range(len(parts) - 1):
-                r = ranks.get(parts[k] + parts[k + 1])
-                if r is not None and r < rank and (best is None or r < best[0]):
-                    best = (r, k)
-            if best is None:
-                break
-            k = best[1]
+            k = min(range(len(parts) - 1), key=lambda k: ranks.get(parts[k] + parts[k + 1], math.inf))
             parts[k:k + 2] = [parts[k] + parts[k + 1]]
 '''
 
@@ -104,8 +97,8 @@ ANSWERS = [
            edited(U, "byte_bpe_encode", ("new_id, (a, b) = min(found)", "new_id, (a, b) = found[0]")),
            bug="B01.encode_in_scan_order"),
     Answer("01.byte_bpe_encode", "byte_ids ignored (bytes used as ids)",
-           edited(U, "byte_bpe_encode", ("seq = [byte_ids[b] for b in chunk.encode(\"utf-8\")]",
-                                         "seq = list(chunk.encode(\"utf-8\"))")),
+           edited(U, "byte_bpe_encode", ("            if byte_ids is not None:\n                seq = [byte_ids[b] for b in seq]\n",
+                                         "")),
            bug="B01.byte_ids_ignored"),
     Answer("01.byte_bpe_encode", "special tokens encoded as text",
            edited(U, "byte_bpe_encode", ("    if special_tokens:\n", "    if False:\n")),
