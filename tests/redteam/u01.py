@@ -107,6 +107,9 @@ ANSWERS = [
            edited(U, "byte_bpe_encode", ("for chunk in regex.findall(pattern, piece):",
                                          "for chunk in [piece]:")),
            bug="B01.encode_no_pretokenization"),
+    Answer("01.byte_bpe_encode", "pattern argument ignored (GPT-2's pattern hard-coded)",
+           edited(U, "byte_bpe_encode", ("regex.findall(pattern, piece)", "regex.findall(GPT2_PATTERN, piece)")),
+           says=r"pattern"),
     # -- 01.GPTWindowDataset ---------------------------------------------------------------------------------
     Answer("01.GPTWindowDataset", "ids not forced to torch.long (an int32 input stays int32)",
            edited(U, "GPTWindowDataset", ("torch.as_tensor(token_ids, dtype=torch.long)", "torch.as_tensor(token_ids)")),
