@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 # name -> submodule that defines it (imported on first access)
 _EXPORTS = {
     "data": ["BPETokenizer", "CharTokenizer", "DataNotFoundError", "GPTWindowDataset", "bpe_encode_word", "bpe_train",
+             "byte_bpe_decode", "byte_bpe_encode", "byte_bpe_train", "gpt2_merges", "merge_step",
              "create_dataloader", "data_path", "gpt2_encoding", "load_gpt2_encoding", "load_text"],
     "manifest": ["course_root", "load_course"],
     "models": ["GPT2Config", "GPT2Model", "Llama3Config", "Llama3Model"],

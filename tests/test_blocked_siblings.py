@@ -41,21 +41,37 @@ SIBLINGS: dict[str, str] = {
         "    if step < 0:\n"
         "        raise ValueError('step must be >= 0')\n"
         "    return float(noam_curve(d_model, warmup, n_steps=max(step, 1))['lr'][-1])\n"),
-    "01.bpe_train/trace": (
-        "from llmcourse.data.tokenizers import bpe_trace\n"
+    "01.byte_bpe_train/split_chunks": (
+        "import collections\n"
+        "from llmcourse.data.bytebpe import split_chunks\n"
         "\n"
-        "def bpe_train(word_counts, num_merges, end_of_word='</w>'):\n"
-        "    return list(bpe_trace(word_counts, num_merges, end_of_word)[-1].merges)\n"),
-    "01.load_gpt2_encoding/gpt2_encoding": (
-        "import tiktoken\n"
-        "import tiktoken.load\n"
-        "import llmcourse\n"
+        "def byte_bpe_train(text, num_merges, special_tokens=(), pattern=GPT2_PATTERN):\n"
+        "    table = collections.Counter(split_chunks(text, special_tokens, pattern))\n"
+        "    words = [list(c.encode('utf-8')) for c in table]\n"
+        "    counts = list(table.values())\n"
+        "    pair_counts, where = full_count(words, counts)\n"
+        "    merges = []\n"
+        "    for k in range(num_merges):\n"
+        "        if not pair_counts:\n"
+        "            break\n"
+        "        top = max(pair_counts.values())\n"
+        "        pair = min(p for p, c in pair_counts.items() if c == top)\n"
+        "        merge_step(words, counts, pair_counts, where, pair, 256 + k)\n"
+        "        merges.append(pair)\n"
+        "    return merges\n"),
+    "01.byte_bpe_encode/encode_chunk": (
+        "from llmcourse.data.bytebpe import _encode_chunk, split_chunks\n"
         "\n"
-        "def load_gpt2_encoding(path=None):\n"
-        "    e = llmcourse.gpt2_encoding()\n"
-        "    ranks = e._mergeable_ranks if path is None else tiktoken.load.load_tiktoken_bpe(str(path))\n"
-        "    return tiktoken.Encoding(name='gpt2', pat_str=e._pat_str, mergeable_ranks=ranks,\n"
-        "                             special_tokens=e._special_tokens, explicit_n_vocab=50257)\n"),
+        "def byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=GPT2_PATTERN):\n"
+        "    specials = dict(special_tokens or {})\n"
+        "    table = list(range(256)) if byte_ids is None else list(byte_ids)\n"
+        "    out = []\n"
+        "    for piece in split_chunks(text, specials, pattern, keep_specials=True):\n"
+        "        if piece in specials:\n"
+        "            out.append(specials[piece])\n"
+        "        else:\n"
+        "            out.extend(_encode_chunk([table[b] for b in piece.encode('utf-8')], merges))\n"
+        "    return out\n"),
     "02.sinusoidal_pe/viz": (
         "from llmcourse.viz.positions import sinusoidal_pe_float64\n"
         "\n"
@@ -384,7 +400,8 @@ THROUGH_THE_REFERENCE: dict[str, str] = {
 # (average_gradients), or a forward that needs more of the learner's own code around it to answer (unit 12's cached
 # classes; ColumnParallelLinear, whose layers each sum ∂x, one backward all-reduce too many for the block)
 _DECLARED_WITHOUT_A_CASE = {
-    ("01.bpe_train", "_bpe_iter"), ("01.load_gpt2_encoding", "_read_ranks"), ("06.chrf", "_ngrams"),
+    ("01.byte_bpe_train", "_chunk_table"), ("01.byte_bpe_train", "_special_regex"),
+    ("01.byte_bpe_encode", "_special_regex"), ("06.chrf", "_ngrams"),
     ("03.scaled_dot_product_attention", "masked_attention"), ("03.CausalSelfAttention", "masked_attention"),
     ("11.Llama3Model", "CachedLlama3Model"), ("11.Llama3Model", "CachedLlama3Block"),
     ("13.SimpleMLA", "absorb_mla_weights"), ("17.compare_models", "_val_loss"),

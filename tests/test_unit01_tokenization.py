@@ -526,3 +526,97 @@ def test_bpe_stepper_live_controls():
     assert "<b>0</b>" in status.value
     editor.value = "old seven"
     assert "not an integer" in status.value
+
+
+# ============================================================================ byte-level BPE (llmcourse.data.bytebpe)
+# Oracles: tiktoken's GPT-2 ids, GPT-2's original merges file vocab.bpe (read here with GPT-2's byte-to-character
+# map), and a full recount written here.
+
+
+def _bytes_to_chars() -> dict[str, int]:
+    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in shown:
+            out[chr(b)] = b
+        else:
+            out[chr(256 + extra)] = b
+            extra += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpt2_bytebpe():
+    from llmcourse.data import bytebpe as B
+
+    return B.gpt2_merges()
+
+
+def test_gpt2_merges_equal_the_original_merges_file(gpt2_bytebpe):
+    from llmcourse.data import bytebpe as B
+
+    byte_ids, merges = gpt2_bytebpe
+    ranks = B.read_ranks(llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken"))
+    chars = _bytes_to_chars()
+    lines = llmcourse.data_path("gpt2-bpe", "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
+    expected = {}
+    for line in filter(None, lines):
+        a, b = (bytes(chars[c] for c in s) for s in line.split(" "))
+        expected[(ranks[a], ranks[b])] = ranks[a + b]
+    assert len(expected) == 50_000 and merges == expected
+    assert byte_ids == [ranks[bytes([b])] for b in range(256)] and sorted(byte_ids) == list(range(256))
+
+
+def test_byte_bpe_encode_equals_tiktoken(gpt2_bytebpe, verdict, shakespeare):
+    from llmcourse.data import bytebpe as B
+
+    byte_ids, merges = gpt2_bytebpe
+    gpt2 = llmcourse.gpt2_encoding()
+    eot = {"<|endoftext|>": 50256}
+    for text in [verdict, shakespeare[:100_000], "naïve café 🙂 東京\n\n  x<|endoftext|>y 2024's", ""]:
+        ids = B.byte_bpe_encode(text, merges, byte_ids, eot)
+        assert ids == gpt2.encode(text, allowed_special="all")
+        assert B.byte_bpe_decode(ids, merges, byte_ids, eot) == text
+
+
+def _recount(words, counts):
+    pc, wh = Counter(), {}
+    for i, w in enumerate(words):
+        for p in zip(w, w[1:]):
+            pc[p] += counts[i]
+            wh.setdefault(p, set()).add(i)
+    return dict(pc), wh
+
+
+def test_merge_step_equals_a_recount_and_touches_only_the_chunks_holding_the_pair():
+    from llmcourse.data import bytebpe as B
+
+    rng = random.Random(5)
+    for _ in range(20):
+        words = [[rng.randint(1, 3) for _ in range(rng.randint(1, 9))] for _ in range(25)]
+        counts = [rng.randint(1, 5) for _ in words]
+        pc, wh = B.count_pairs(words, counts)
+        assert (pc, wh) == _recount(words, counts)
+        for k in range(6):
+            if not pc:
+                break
+            pair = max(pc, key=lambda p: (pc[p], [-x for x in p]))
+            holders = set(wh[pair])
+            before = [list(w) for w in words]
+            B.merge_step(words, counts, pc, wh, pair, 100 + k)
+            assert (pc, wh) == _recount(words, counts)
+            assert all(words[i] == before[i] for i in range(len(words)) if i not in holders)
+            assert pair not in pc
+
+
+def test_byte_bpe_train_equals_the_naive_recount_and_respects_special_tokens(verdict):
+    from llmcourse.data import bytebpe as B
+
+    assert B.byte_bpe_train(verdict, 80) == B.byte_bpe_train_naive(verdict, 80)
+    text = "low <|endoftext|> lower<|endoftext|>lowest <|a|>xx <|a|>"
+    merges = B.byte_bpe_train(text, 40, ["<|endoftext|>", "<|a|>", "<|a|>xx"])
+    assert merges == B.byte_bpe_train_naive(text, 40, ["<|a|>xx", "<|endoftext|>", "<|a|>"])
+    assert ord("|") not in {x for m in merges for x in m}  # no chunk holds a special token's bytes
+    assert B.split_chunks("a<|x|>b c", ["<|x|>"], keep_specials=True) == ["a", "<|x|>", "b", " c"]
+    with pytest.raises(ValueError):
+        B.byte_bpe_train(text, -1)

@@ -2,145 +2,220 @@
 
 Each mutant is the reference with exactly one mistake. ``detect="mutant"`` entries are recognised by
 matching the learner's output on the failing input; ``detect="detector"`` entries by a property the
-check names explicitly (``y == x``). Some bugs touch two exercises (a BPE trainer and an encoder can
-both forget the end-of-word marker or merge overlapping pairs): they are registered for each.
+check names explicitly (``y == x``, a chunk read outside ``where[pair]``). Some bugs touch two exercises (a
+trainer and an encoder can both try overlapping special tokens in the wrong order): they are registered for each.
 The grader's self-tests run every mutant through its check and require the verdict to name it.
 """
 
 from __future__ import annotations
 
-import tiktoken
+from collections import Counter
 
+from llmcourse.data import bytebpe as _bb
 from llmcourse.data import tokenizers as _tok
 from llmcourse.data import windows as _win
 
 from ..core import bug_group
 
 U = "01"
-EOW = "</w>"
 
-# ---------------------------------------------------------------- helpers shared by the mutants
+# ---------------------------------------------------------------- byte-level BPE: merge_step
 
 
-def _merge_right_to_left(symbols, pair):
-    """Non-overlapping merge scanning from the right: ``[a, a, a]`` -> ``[a, aa]`` (the wrong direction)."""
-    left, right = pair
-    out, i = [], len(symbols) - 1
+def _merge_right_to_left(ids, pair, new_id):
+    """Non-overlapping merge scanning from the right: ``[7, 7, 7]`` -> ``[7, n]`` (the wrong direction)."""
+    out, i = [], len(ids) - 1
     while i >= 0:
-        if i >= 1 and symbols[i - 1] == left and symbols[i] == right:
-            out.append(left + right)
+        if i >= 1 and (ids[i - 1], ids[i]) == tuple(pair):
+            out.append(new_id)
             i -= 2
         else:
-            out.append(symbols[i])
+            out.append(ids[i])
             i -= 1
     return out[::-1]
 
 
-def _train(word_counts, num_merges, end_of_word=EOW, *, marker=True, weighted=True, tie="lexmin",
-           merge=_tok.merge_pair):
-    words = {w: list(w) + ([end_of_word] if marker else []) for w in word_counts}
-    merges = []
-    for _ in range(num_merges):
-        counts = {}
-        for w, symbols in words.items():
-            n = word_counts[w] if weighted else 1
-            for p in zip(symbols, symbols[1:]):
-                counts[p] = counts.get(p, 0) + n
-        if not counts:
-            break
-        top = max(counts.values())
-        tied = [p for p, c in counts.items() if c == top]
-        best = {"lexmin": min(tied), "lexmax": max(tied), "first_seen": tied[0]}[tie]
-        merges.append(best)
-        words = {w: merge(s, best) for w, s in words.items()}
-    return merges
+def _step(words, counts, pair_counts, where, pair, new_id, *, weighted=True, drop_zero=True, discard=True,
+          recount=False, merge=_bb.merge_ids):
+    if recount:  # merge every chunk that holds the pair, then count the corpus again
+        for i in range(len(words)):
+            if tuple(pair) in zip(words[i], words[i][1:]):
+                words[i] = merge(words[i], pair, new_id)
+        pc, wh = _bb.count_pairs(words, counts)
+        pair_counts.clear()
+        pair_counts.update(pc)
+        where.clear()
+        where.update(wh)
+        return
+    touched = set()
+    for i in sorted(where.get(tuple(pair), ())):
+        old = words[i]
+        new = merge(old, pair, new_id)
+        n = counts[i] if weighted else 1
+        for p in zip(old, old[1:]):
+            pair_counts[p] -= n
+            touched.add(p)
+            if discard:
+                where[p].discard(i)
+        for p in zip(new, new[1:]):
+            pair_counts[p] = pair_counts.get(p, 0) + n
+            where.setdefault(p, set()).add(i)
+        words[i] = new
+    for p in touched:
+        if drop_zero and pair_counts.get(p) == 0:
+            del pair_counts[p]
+        if drop_zero and p in where and not where[p]:
+            del where[p]
 
 
-def _train_stream(word_counts, num_merges, end_of_word=EOW):
-    """The whole corpus as one symbol stream (each word repeated count times): pairs span words."""
-    stream = []
-    for w, n in word_counts.items():
-        for _ in range(n):
-            stream += list(w) + [end_of_word]
-    merges = []
-    for _ in range(num_merges):
-        counts = {}
-        for p in zip(stream, stream[1:]):
-            counts[p] = counts.get(p, 0) + 1
-        if not counts:
-            break
-        top = max(counts.values())
-        best = min(p for p, c in counts.items() if c == top)
-        merges.append(best)
-        stream = _tok.merge_pair(stream, best)
-    return merges
+def _register_step(bug_id, hint, detect="mutant", **kw):
+    def merge_step(words, counts, pair_counts, where, pair, new_id):
+        return _step(words, counts, pair_counts, where, pair, new_id, **kw)
+
+    bug_group(bug_id, f"{U}.merge_step", hint, {"merge_step": merge_step}, detect)
 
 
-def _register_train(bug_id, hint, fn, detect="mutant"):
-    def bpe_train(word_counts, num_merges, end_of_word=EOW):
-        return fn(word_counts, num_merges, end_of_word)
-
-    bug_group(bug_id, f"{U}.bpe_train", hint, {"bpe_train": bpe_train}, detect)
-
-
-# ---------------------------------------------------------------- bpe_train
-
-H_NO_EOW = 'Append the end-of-word marker, so that "est" at a word end differs from "est" inside "esteem".'
 H_OVERLAP = "Merge non-overlapping occurrences, scanning left to right."
+_register_step("B01.step_full_recount", "A merge changes only the chunks that hold the pair: where[pair] says which; "
+               "update the counts from those chunks instead of counting the corpus again.", "detector", recount=True)
+_register_step("B01.step_unweighted", "A chunk that occurs n times contributes each of its pairs n times, in the "
+               "counts taken away as well as in those added.", weighted=False)
+_register_step("B01.step_zero_kept", "After the merge, is every key of pair_counts a pair that still occurs?",
+               drop_zero=False)
+_register_step("B01.step_where_stale", "After the merge, does where still list a chunk for a pair that chunk no longer "
+               "holds?", discard=False)
+_register_step("B01.overlap_merge", H_OVERLAP, merge=_merge_right_to_left)
 
-_register_train("B01.no_end_of_word", H_NO_EOW, lambda wc, n, e: _train(wc, n, e, marker=False))
-_register_train("B01.unweighted_counts", "Pair counts are weighted by how often the word occurs.",
-                lambda wc, n, e: _train(wc, n, e, weighted=False))
-_register_train("B01.tie_first_seen", "Use the documented tie-break: the lexicographically smallest pair.",
-                lambda wc, n, e: _train(wc, n, e, tie="first_seen"))
-_register_train("B01.tie_lexmax", "Smallest, not largest.", lambda wc, n, e: _train(wc, n, e, tie="lexmax"))
-_register_train("B01.cross_word_pairs", "Pairs never span two words.", _train_stream)
-_register_train("B01.overlap_merge", H_OVERLAP, lambda wc, n, e: _train(wc, n, e, merge=_merge_right_to_left))
+# ---------------------------------------------------------------- byte-level BPE: byte_bpe_train
 
-# ---------------------------------------------------------------- bpe_encode_word
+merge_step = _bb.merge_step  # the name the mutant trainers call (the check's spy replaces it while it watches)
 
 
-def _encode(word, merges, end_of_word=EOW, *, marker=True, merge=_tok.merge_pair, scan_order=False):
-    ranks = {}
-    for r, p in enumerate(merges):
-        ranks.setdefault(tuple(p), r)
-    symbols = list(word) + ([end_of_word] if marker else [])
-    while len(symbols) > 1:
-        pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
-        if not pairs:
+def _chunks(text, special_tokens, pattern, *, specials="longest", split="pattern"):
+    import regex
+
+    parts = [text]
+    toks = list(special_tokens)
+    if toks and specials != "ignored":
+        if specials == "longest":
+            toks = sorted(toks, key=len, reverse=True)
+        alt = "|".join(regex.escape(s) if specials != "unescaped" else s for s in toks)
+        parts = regex.split(alt, text)
+    if split == "whitespace":
+        return [c for p in parts for c in p.split()]
+    return [c for p in parts for c in regex.findall(pattern, p)]
+
+
+def _train(text, num_merges, special_tokens=(), pattern=_bb.GPT2_PATTERN, *, tie="min", recount=False, **kw):
+    table = Counter(_chunks(text, special_tokens, pattern, **kw))
+    words = [list(c.encode("utf-8")) for c in table]
+    counts = list(table.values())
+    pair_counts, where = _bb.count_pairs(words, counts)
+    merges = []
+    for k in range(num_merges):
+        if recount:
+            pair_counts, where = _bb.count_pairs(words, counts)
+        if not pair_counts:
             break
-        symbols = merge(symbols, pairs[0] if scan_order else min(pairs, key=ranks.__getitem__))
-    return symbols
+        top = max(pair_counts.values())
+        tied = [p for p, c in pair_counts.items() if c == top]
+        pair = {"min": min, "max": max, "first": lambda ps: ps[0]}[tie](tied)
+        merge_step(words, counts, pair_counts, where, pair, 256 + k)
+        merges.append(pair)
+    return merges
 
 
-def _register_encode(bug_id, hint, fn, detect="mutant"):
-    def bpe_encode_word(word, merges, end_of_word=EOW):
-        return fn(word, merges, end_of_word)
+def _register_train(bug_id, hint, detect="mutant", **kw):
+    def byte_bpe_train(text, num_merges, special_tokens=(), pattern=_bb.GPT2_PATTERN):
+        return _train(text, num_merges, special_tokens, pattern, **kw)
 
-    bug_group(bug_id, f"{U}.bpe_encode_word", hint, {"bpe_encode_word": bpe_encode_word}, detect)
-
-
-_register_encode("B01.overlap_merge", H_OVERLAP, lambda w, m, e: _encode(w, m, e, merge=_merge_right_to_left))
-_register_encode("B01.encode_in_scan_order", "Always apply the pair with the lowest rank first.",
-                 lambda w, m, e: _encode(w, m, e, scan_order=True))
-_register_encode("B01.no_end_of_word", H_NO_EOW, lambda w, m, e: _encode(w, m, e, marker=False))
+    bug_group(bug_id, f"{U}.byte_bpe_train", hint, {"byte_bpe_train": byte_bpe_train}, detect)
 
 
-def _encode_one_pass(word, merges, end_of_word=EOW):
-    """Each merge applied once, in list order: a pair created by a later merge is never looked at again."""
-    symbols = list(word) + [end_of_word]
-    for pair in merges:
-        symbols = _tok.merge_pair(symbols, tuple(pair))
-    return symbols
+H_SPECIAL_LONGEST = ("Two special tokens can overlap in the text: cut at the longer one first (try the tokens from "
+                     "the longest down).")
+_register_train("B01.train_recounts", "After the first count, the counts come from merge_step's updates: counting the "
+                "corpus again at every merge is the slow loop this exercise replaces.", "detector", recount=True)
+_register_train("B01.special_unescaped", "A special token is plain text to find, but `|`, `[`, `.` mean something in a "
+                "regular expression: compare what your split removes from 'a <|endoftext|> endoftext'.",
+                specials="unescaped")
+_register_train("B01.special_not_split", "Cut the text at the special tokens and drop them before the pattern runs: "
+                "no chunk may contain one.", specials="ignored")
+_register_train("B01.special_shortest_first", H_SPECIAL_LONGEST, specials="given")
+_register_train("B01.tie_lexmax", "Among tied pairs take the smallest, not the largest.", tie="max")
+_register_train("B01.tie_first_seen", "Use the documented tie-break, the smallest pair, not the order of the dict.",
+                tie="first")
+_register_train("B01.split_on_whitespace", "Cut the text with the pattern (regex.findall): it keeps the leading space "
+                "with the word and splits punctuation off.", split="whitespace")
+
+# ---------------------------------------------------------------- byte-level BPE: byte_bpe_encode
 
 
-_register_encode("B01.encode_one_pass",
-                 "Merging can create a pair whose rank is lower than merges already passed: check which pairs are "
-                 "present after each merge.", _encode_one_pass)
+def _encode(text, merges, byte_ids=None, special_tokens=None, pattern=_bb.GPT2_PATTERN, *, order="rank",
+            use_byte_ids=True, specials="longest", split="pattern"):
+    import regex
 
-H_MARKER = "Encode a word with end_of_word='_': does the marker you were given appear in the symbols?"
-_register_encode("B01.marker_hard_coded", H_MARKER, lambda w, m, e: _encode(w, m, EOW), detect="detector")
-_register_train("B01.marker_hard_coded", H_MARKER, lambda wc, n, e: _train(wc, n, EOW), detect="detector")
+    specials_map = dict(special_tokens or {})
+    table = list(range(256)) if byte_ids is None or not use_byte_ids else list(byte_ids)
+    pieces = [text]
+    toks = list(specials_map)
+    if toks and specials != "ignored":
+        if specials == "longest":
+            toks = sorted(toks, key=len, reverse=True)
+        pieces = regex.split("(" + "|".join(regex.escape(s) for s in toks) + ")", text)
+    out = []
+    for j, piece in enumerate(pieces):
+        if j % 2:
+            out.append(specials_map[piece])
+            continue
+        for chunk in (regex.findall(pattern, piece) if split == "pattern" else ([piece] if piece else [])):
+            ids = [table[b] for b in chunk.encode("utf-8")]
+            while True:
+                present = [p for p in zip(ids, ids[1:]) if p in merges]
+                if not present:
+                    break
+                pair = present[0] if order == "scan" else min(present, key=merges.__getitem__)
+                ids = _bb.merge_ids(ids, pair, merges[pair])
+            out.extend(ids)
+    return out
+
+
+def _register_encode(bug_id, hint, detect="mutant", **kw):
+    def byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=_bb.GPT2_PATTERN):
+        return _encode(text, merges, byte_ids, special_tokens, pattern, **kw)
+
+    bug_group(bug_id, f"{U}.byte_bpe_encode", hint, {"byte_bpe_encode": byte_bpe_encode}, detect)
+
+
+_register_encode("B01.encode_in_scan_order", "Always apply the pair with the lowest merged id first, wherever it is "
+                 "in the chunk.", order="scan")
+_register_encode("B01.byte_ids_ignored", "Byte b starts as the id byte_ids[b]: GPT-2 does not number its bytes "
+                 "0-255 in order.", use_byte_ids=False)
+_register_encode("B01.encode_special_as_text", "A special token in the text becomes its own id, never bytes.",
+                 specials="ignored")
+_register_encode("B01.special_shortest_first", H_SPECIAL_LONGEST, specials="given")
+_register_encode("B01.encode_no_pretokenization", "Cut the text into chunks with the pattern first: merges never "
+                 "cross a chunk boundary.", split="none")
+
+
+def _gpt2_merges_first_split(path=None):
+    """Each token split at the first position where both halves are tokens (not necessarily GPT-2's merge)."""
+    from llmcourse.data.resolve import data_path
+
+    ranks = _bb.read_ranks(data_path("gpt2-bpe", "gpt2.tiktoken") if path is None else path)
+    byte_ids = [ranks[bytes([b])] for b in range(256)]
+    merges = {}
+    for token, rank in ranks.items():
+        if len(token) > 1:
+            k = next(k for k in range(1, len(token)) if token[:k] in ranks and token[k:] in ranks)
+            merges[(ranks[token[:k]], ranks[token[k:]])] = rank
+    return byte_ids, merges
+
+
+bug_group("B01.recover_first_split", f"{U}.byte_bpe_encode",
+          "A token's bytes can often be cut into two known tokens in several ways; the pair it was merged from is "
+          "the one BPE itself reaches on those bytes with the merges learned before it.",
+          {"gpt2_merges": _gpt2_merges_first_split})
 
 # ---------------------------------------------------------------- CharTokenizer
 
@@ -155,24 +230,6 @@ class CharTokenizerUnsorted(_tok.CharTokenizer):
 
 bug_group("B01.char_vocab_unsorted", f"{U}.CharTokenizer", "Build the vocabulary from `sorted(set(text))`.",
           {"CharTokenizer": CharTokenizerUnsorted})
-
-# ---------------------------------------------------------------- load_gpt2_encoding
-
-
-def _load_without_special(path=None):
-    """The ranks are right, but <|endoftext|> is not registered as a special token."""
-    from tiktoken_ext.openai_public import r50k_pat_str
-
-    from llmcourse.data.gpt2_tokenizer import _read_ranks
-    from llmcourse.data.resolve import data_path
-
-    p = data_path("gpt2-bpe", "gpt2.tiktoken") if path is None else path
-    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=_read_ranks(p), special_tokens={})
-
-
-bug_group("B01.special_as_text", f"{U}.load_gpt2_encoding",
-          'Pass `allowed_special={"<|endoftext|>"}` to get id 50256 (and register the special token).',
-          {"load_gpt2_encoding": _load_without_special})
 
 # ---------------------------------------------------------------- GPTWindowDataset
 

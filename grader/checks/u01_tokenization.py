@@ -45,12 +45,13 @@ EOW = "</w>"
 
 
 def _ref():
+    from llmcourse.data import bytebpe as bb
     from llmcourse.data import tokenizers as tok
     from llmcourse.data import windows as win
 
     return {
-        "CharTokenizer": tok.CharTokenizer, "bpe_train": tok.bpe_train, "bpe_encode_word": tok.bpe_encode_word,
-        "load_gpt2_encoding": tok.load_gpt2_encoding, "GPTWindowDataset": win.GPTWindowDataset,
+        "CharTokenizer": tok.CharTokenizer, "merge_step": bb.merge_step, "byte_bpe_train": bb.byte_bpe_train,
+        "byte_bpe_encode": bb.byte_bpe_encode, "gpt2_merges": bb.gpt2_merges, "GPTWindowDataset": win.GPTWindowDataset,
         "create_dataloader": win.create_dataloader,
     }
 
@@ -246,327 +247,559 @@ def check_char_tokenizer(t):
              f"{err.text[:120]!r}")
 
 
-# ================================================================== 01.bpe_train
+# ================================================================== byte-level BPE: independent oracles (checker side)
 
-TOY = {"old": 7, "older": 3, "finest": 9, "lowest": 4}
-F011 = [("e", "s"), ("es", "t"), ("est", EOW), ("l", "d"), ("o", "ld"), ("f", "i"), ("fi", "n"), ("fin", "est" + EOW),
-        ("old", EOW), ("l", "o"), ("lo", "w"), ("low", "est" + EOW), ("e", "r"), ("er", EOW), ("old", "er" + EOW)]
+GPT2_PAT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-def _merges(x):
-    """Normalise a returned merge list to a list of tuples (or return it unchanged if it is not one)."""
-    if isinstance(x, (list, tuple)) and all(isinstance(m, (list, tuple)) and len(m) == 2 for m in x):
-        return [tuple(m) for m in x]
-    return x
+def _o_merge(ids, pair, new_id):
+    """Oracle: non-overlapping left-to-right replacement of ``pair`` by ``new_id``."""
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
 
 
-def _bpe_detectors(eow=EOW, toy=False):
-    """Name a bug from the shape of a wrong merge list (after no mutant matched exactly)."""
-
-    def detect(got):
-        if not isinstance(got, list) or not all(isinstance(m, tuple) and len(m) == 2 for m in got):
-            return None
-        distinct = len(set(got)) == len(got)
-        if eow != EOW and any(EOW in "".join(map(str, m)) for m in got):
-            return "B01.marker_hard_coded"
-        if len(got) >= 2 and distinct and all(eow not in "".join(map(str, m)) for m in got):
-            return "B01.no_end_of_word"
-        if any(isinstance(m[0], str) and m[0].endswith(eow) for m in got):
-            return "B01.cross_word_pairs"
-        if toy and got[:3] == F011[:3] and got[3:4] == [("o", "l")]:
-            return "B01.tie_first_seen"
-        if toy and got[:1] == [("t", EOW)]:
-            return "B01.tie_lexmax"
-        return None
-
-    return detect
+def _o_count(words, counts):
+    """Oracle: (pair_counts, where) of a corpus, counted from scratch."""
+    pc, wh = {}, {}
+    for i, w in enumerate(words):
+        for k in range(len(w) - 1):
+            p = (w[k], w[k + 1])
+            pc[p] = pc.get(p, 0) + counts[i]
+            wh.setdefault(p, set()).add(i)
+    return pc, wh
 
 
-def _replay(t, word_counts, merges, num_merges, probe, eow=EOW):
-    """Re-count the pairs before every learner merge: it must have had the top count and be the smallest
-    tied pair; training may stop early only when no pair is left."""
-    from llmcourse.data.tokenizers import merge_pair, pair_counts
+def _o_chunks(text, specials, pattern):
+    """Oracle: the chunks of ``text`` (special tokens cut out, the longest first; then ``pattern``)."""
+    import regex
 
-    seg = {w: list(w) + [eow] for w in word_counts}
-    for k, m in enumerate(merges):
-        counts = pair_counts(seg, word_counts)
-        if m not in counts:
-            t.fail(f"replaying your merges on {word_counts}: merge {k} {m} is not an adjacent pair of any word at "
-                   "that step", bug=t.diagnose(probe, merges) or _bpe_detectors(eow)(merges))
-        top = max(counts.values())
-        if counts[m] != top:
-            best = min(p for p, c in counts.items() if c == top)
-            t.fail(f"replaying your merges on {word_counts}: merge {k} {m} had count {counts[m]}, but {best} had "
-                   f"count {top}", bug=t.diagnose(probe, merges) or _bpe_detectors(eow)(merges))
-        tied = sorted(p for p, c in counts.items() if c == top)
-        if m != tied[0]:
-            bug = "B01.tie_lexmax" if m == tied[-1] else "B01.tie_first_seen"
-            t.fail(f"replaying your merges on {word_counts}: at merge {k} the pairs {tied} tie with count {top}; "
-                   f"the rule takes the lexicographically smallest, {tied[0]}, but you merged {m}", bug=bug)
-        seg = {w: merge_pair(s, m) for w, s in seg.items()}
-    if len(merges) < num_merges and pair_counts(seg, word_counts):
-        t.fail(f"with num_merges={num_merges} on {word_counts} you returned {len(merges)} merges although pairs "
-               "remain; stop early only when every word is a single symbol")
+    parts = [text]
+    for s in sorted(specials, key=len, reverse=True):
+        parts = [q for p in parts for q in p.split(s)]
+    return [c for p in parts for c in regex.findall(pattern, p)]
 
 
-def _random_corpus(rng: random.Random) -> tuple[dict[str, int], int]:
-    alphabet = rng.choice(["ab", "abc", "abcd", "aabbc", "lowerst", "xyz"])
-    n_words = rng.randint(2, 7)
-    words: dict[str, int] = {}
-    while len(words) < n_words:
-        w = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7)))
-        words[w] = words.get(w, 0) + rng.randint(1, 9)
-    return words, rng.randint(5, 25)
+def _o_train(text, num_merges, specials=(), pattern=GPT2_PAT):
+    """Oracle: byte-level BPE with a full recount at every step (ties: the smallest pair)."""
+    table = Counter(_o_chunks(text, specials, pattern))
+    words = [list(c.encode("utf-8")) for c in table]
+    counts = list(table.values())
+    merges = []
+    for k in range(num_merges):
+        pc, _ = _o_count(words, counts)
+        if not pc:
+            break
+        top = max(pc.values())
+        best = min(p for p, c in pc.items() if c == top)
+        merges.append(best)
+        words = [_o_merge(w, best, 256 + k) for w in words]
+    return merges
 
 
-@check(f"{U}.bpe_train", ["bpe_train"], _ref)
-def check_bpe_train(t):
-    detect, toy_detect = _bpe_detectors(), _bpe_detectors(toy=True)
-    # F01.1: all 15 merges of the toy corpus
-    probe = lambda impl: impl.bpe_train(dict(TOY), 100)  # noqa: E731
-    _compare(t, probe, F011, "merges of the toy corpus {'old': 7, 'older': 3, 'finest': 9, 'lowest': 4} "
-                   "with num_merges=100", norm=_merges, detect=toy_detect)
-    raw = t.run(probe)
-    t.expect(isinstance(raw, list) and all(isinstance(m, tuple) for m in raw),
-             f"bpe_train must return a list of (left, right) tuples; got {_tname(raw)} of "
-             f"{_tname(raw[0]) if raw else '?'}")
-    _compare(t, lambda impl: impl.bpe_train(dict(TOY), 4), F011[:4], "the toy corpus with num_merges=4",
-             norm=_merges, detect=toy_detect)
-    _compare(t, lambda impl: impl.bpe_train(dict(TOY), 0), [], "num_merges=0 must learn nothing", norm=_merges)
+def _o_encode(text, merges, byte_ids=None, specials=None, pattern=GPT2_PAT):
+    """Oracle encoder: specials (longest first) as their ids, chunks merged lowest merged id first."""
+    import regex
 
-    # overlapping pairs: merge left to right without overlaps
-    overlap = {"aaa": 5, "aaaaa": 2, "baaab": 3}
-    ref = t.reference.bpe_train(dict(overlap), 6)
-    _compare(t, lambda impl: impl.bpe_train(dict(overlap), 6), ref, f"merges of {overlap} with num_merges=6 "
-             "(runs of the same letter: merge non-overlapping pairs, scanning left to right)", norm=_merges,
-             detect=detect)
-
-    # the dict's insertion order must not matter
-    rng = random.Random(7)
-    for corpus in [TOY, {"ab": 2, "ba": 2, "cd": 2, "dc": 2, "abdc": 1}]:
-        items = list(corpus.items())
-        base = _merges(t.run(lambda impl, c=dict(items): impl.bpe_train(c, 20)))
-        for _ in range(3):
-            rng.shuffle(items)
-            again = _merges(t.run(lambda impl, c=dict(items): impl.bpe_train(c, 20)))
-            t.expect(again == base, f"the merges change when the same corpus is given in another order ({dict(items)}): "
-                     "ties are being broken by first occurrence, not by the documented rule",
-                     bug="B01.tie_first_seen")
-
-    # 20 random small corpora: replay (each merge maximal, ties by the rule), then the reference
-    rng = random.Random(2024)
-    for _ in range(20):
-        corpus, n = _random_corpus(rng)
-        probe = lambda impl, c=corpus, n=n: impl.bpe_train(dict(c), n)  # noqa: E731
-        merges = _merges(t.run(probe))
-        t.expect(isinstance(merges, list), f"bpe_train must return a list; got {_tname(merges)}")
-        _replay(t, corpus, merges, n, lambda impl, p=probe: _merges(p(impl)))
-        _compare(t, probe, t.reference.bpe_train(dict(corpus), n), f"merges of {corpus} with num_merges={n}",
-                 norm=_merges, detect=detect)
-
-    # a custom end-of-word marker
-    _compare(t, lambda impl: impl.bpe_train(dict(TOY), 3, end_of_word="_"), [("e", "s"), ("es", "t"), ("est", "_")],
-             "the toy corpus with end_of_word='_' and num_merges=3", norm=_merges, detect=_bpe_detectors("_"))
-
-
-# ================================================================== 01.bpe_encode_word
-
-F012 = [  # (word, number of F01.1 merges, expected symbols)
-    ("lowest", 2, ["l", "o", "w", "est", EOW]),
-    ("lowest", 3, ["l", "o", "w", "est" + EOW]),
-    ("lowest", 12, ["lowest" + EOW]),
-    ("newest", 15, ["n", "e", "w", "est" + EOW]),
-    ("finer", 15, ["fin", "er" + EOW]),
-    ("bold", 15, ["b", "old" + EOW]),
-    ("older", 12, ["old", "e", "r", EOW]),
-]
-
-
-def _symbols(x):
-    return list(x) if isinstance(x, (list, tuple)) and not _is_raised(x) else x
-
-
-def _encode_detect(word, eow=EOW):
-    def detect(got):
-        if isinstance(got, list) and all(isinstance(s, str) for s in got):
-            if eow != EOW and "".join(got) == word + EOW:
-                return "B01.marker_hard_coded"
-            if "".join(got) == word:
-                return "B01.no_end_of_word"
-            if "".join(got) != word + eow:
-                return "B01.overlap_merge"
-        return None
-
-    return detect
+    specials = specials or {}
+    table = list(range(256)) if byte_ids is None else byte_ids
+    out = []
+    if specials:
+        alt = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
+        pieces = regex.split(f"({alt})", text)
+    else:
+        pieces = [text]
+    for j, piece in enumerate(pieces):
+        if j % 2:
+            out.append(specials[piece])
+            continue
+        for chunk in regex.findall(pattern, piece):
+            ids = [table[b] for b in chunk.encode("utf-8")]
+            while True:
+                ranked = [(merges[p], p) for p in zip(ids, ids[1:]) if p in merges]
+                if not ranked:
+                    break
+                new_id, p = min(ranked)
+                ids = _o_merge(ids, p, new_id)
+            out.extend(ids)
+    return out
 
 
 @functools.cache
-def _verdict_merges() -> tuple[tuple[str, str], ...]:
-    from llmcourse.data.tokenizers import bpe_train
+def _gpt2_bpe_oracle() -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
+    """GPT-2's byte ids and merges from the *original* release files: ``vocab.bpe`` (the merges as text, in GPT-2's
+    byte-to-printable-character map) and ``gpt2.tiktoken`` (the ranks); independent of any recovery."""
+    import base64
 
-    return tuple(bpe_train(dict(Counter(_verdict().split())), 100))
+    from llmcourse.data import data_path
 
-
-@check(f"{U}.bpe_encode_word", ["bpe_encode_word"], _ref)
-def check_bpe_encode_word(t):
-    for word, k, expected in F012:
-        _compare(t, lambda impl, w=word, k=k: impl.bpe_encode_word(w, list(F011[:k])), expected,
-                 f"bpe_encode_word({word!r}) with the first {k} merges of the toy corpus", norm=_symbols,
-                 detect=_encode_detect(word))
-    for word, expected in [("aaa", ["aa", "a", EOW]), ("aaaa", ["aa", "aa", EOW])]:
-        _compare(t, lambda impl, w=word: impl.bpe_encode_word(w, [("a", "a")]), expected,
-                 f"bpe_encode_word({word!r}, [('a', 'a')]) (non-overlapping, left to right)", norm=_symbols,
-                 detect=_encode_detect(word))
-    _compare(t, lambda impl: impl.bpe_encode_word("abc", [("b", "c"), ("a", "b")]), ["a", "bc", EOW],
-             "bpe_encode_word('abc', [('b', 'c'), ('a', 'b')]): the pair with the lowest rank (b, c) goes first",
-             norm=_symbols, detect=_encode_detect("abc"))
-    # a merge can create a pair ranked below merges already applied: the lowest-ranked pair among the *current*
-    # symbols goes next, so ('a', 'bc') (rank 0) applies once ('b', 'c') (rank 1) has made 'bc'
-    _compare(t, lambda impl: impl.bpe_encode_word("abc", [("a", "bc"), ("b", "c")]), ["abc", EOW],
-             "bpe_encode_word('abc', [('a', 'bc'), ('b', 'c')]): once ('b', 'c') has made 'bc', the pair ('a', 'bc') "
-             "of rank 0 is present", norm=_symbols, detect=_encode_detect("abc"))
-    _compare(t, lambda impl: impl.bpe_encode_word("lowest", list(F011), end_of_word="_"), ["low", "est", "_"],
-             "bpe_encode_word('lowest', the toy corpus's merges, end_of_word='_'): use the marker given as argument",
-             norm=_symbols, detect=_encode_detect("lowest", "_"))
-
-    # 200 random words: 100 with the toy merges, 100 with merges trained on the-verdict
-    rng = random.Random(11)
-    toy_words = ["".join(rng.choice("oldfinestwrab") for _ in range(rng.randint(1, 9))) for _ in range(100)]
-    vocab = sorted(set(_verdict().split()))
-    verdict_words = [rng.choice(vocab) if rng.random() < 0.7 else
-                     "".join(rng.choice("etaoinshrdlu,.") for _ in range(rng.randint(1, 10))) for _ in range(100)]
-    for words, merges, label in [(toy_words, list(F011), "the toy merges"),
-                                 (verdict_words, list(_verdict_merges()), "100 merges trained on the-verdict")]:
-        expected = [t.reference.bpe_encode_word(w, merges) for w in words]
-        probe = lambda impl, ws=words, m=merges: [_symbols(impl.bpe_encode_word(w, list(m))) for w in ws]  # noqa: E731
-        got = t.run(probe)
-        if got != expected:
-            k = next(i for i, (g, e) in enumerate(zip(got, expected)) if g != e)
-            bug = t.diagnose(probe, got) or _encode_detect(words[k])(got[k])
-            t.fail(f"bpe_encode_word({words[k]!r}) with {label}: expected {expected[k]}, got {got[k]}", bug=bug)
+    ranks = {}
+    for line in Path(data_path("gpt2-bpe", "gpt2.tiktoken")).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            tok, r = line.split()
+            ranks[base64.b64decode(tok)] = int(r)
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    merges = []
+    for line in Path(data_path("gpt2-bpe", "vocab.bpe")).read_text(encoding="utf-8").splitlines()[1:]:
+        if not line.strip():
+            continue
+        a, b = line.split(" ")
+        ba, bb = bytes(chars[c] for c in a), bytes(chars[c] for c in b)
+        merges.append((ranks[ba], ranks[bb], ranks[ba + bb]))
+    byte_ids = tuple(ranks[bytes([b])] for b in range(256))
+    return byte_ids, tuple(sorted(merges))
 
 
-# ================================================================== 01.load_gpt2_encoding
-
-F013 = [
-    ("Hello, world! Attention is all you need.<|endoftext|>", [15496, 11, 995, 0, 47406, 318, 477, 345, 761, 13, 50256]),
-    ("hello world", [31373, 995]),
-    ("Building", [25954]),
-    ("Your journey starts with one step", [7120, 7002, 4940, 351, 530, 2239]),
-    (" Akwirw ier", [9084, 86, 343, 86, 220, 959]),
-]
-SPECIAL = {"<|endoftext|>"}
+# ---------------------------------------------------------------- read recording (runs inside probes)
 
 
-def _encode_with(enc, text, **kw):
-    encode = getattr(enc, "encode", None)
-    if encode is None:
-        return _raised_value("AttributeError", f"the returned object ({type(enc).__name__}) has no encode method")
-    out = _try(encode, text, **kw)
-    return list(out) if isinstance(out, (list, tuple)) and not _is_raised(out) else out
+class _Log:
+    """Which chunks (and counts) were read while ``on``."""
+
+    def __init__(self):
+        self.on = True
+        self.chunks: set[int] = set()
+        self.counts: set[int] = set()
 
 
-def _is_course_encoding(enc) -> bool:
-    """Whether ``enc`` is the course's own cached ``llmcourse.gpt2_encoding()`` (runs inside a probe)."""
-    import llmcourse
+class _Chunk(list):
+    """A chunk that records in ``log.chunks`` every read of its contents (iteration, indexing, search, copy)."""
 
-    fn = llmcourse.gpt2_encoding
-    info = getattr(fn, "cache_info", None)
-    if info is not None and info().currsize == 0:  # never built in this process: cannot be it
-        return False
-    return enc is fn()
+    def _seen(self):
+        if self._log.on:
+            self._log.chunks.add(self._i)
+
+    def __iter__(self):
+        self._seen()
+        return super().__iter__()
+
+    def __getitem__(self, k):
+        self._seen()
+        return super().__getitem__(k)
+
+    def __reversed__(self):
+        self._seen()
+        return super().__reversed__()
+
+    def __contains__(self, x):
+        self._seen()
+        return super().__contains__(x)
+
+    def __eq__(self, other):
+        self._seen()
+        return super().__eq__(other)
+
+    __hash__ = None
+
+    def __add__(self, other):
+        self._seen()
+        return list(super().__iter__()) + list(other)
+
+    def __repr__(self):
+        self._seen()
+        return super().__repr__()
+
+    def index(self, *a):
+        self._seen()
+        return super().index(*a)
+
+    def count(self, x):
+        self._seen()
+        return super().count(x)
+
+    def copy(self):
+        self._seen()
+        return list(super().__iter__())
 
 
-def _encoding_facts(texts, hindi, special, verdict, unicode_texts):
-    """A probe: load the learner's encoding once and report what the check needs about it."""
+def _chunk(ids, log, i):
+    c = _Chunk(ids)
+    c._log, c._i = log, i
+    return c
+
+
+class _Counts(list):
+    """``counts`` recording which indexes are read."""
+
+    def __getitem__(self, k):
+        if self._log.on:
+            if isinstance(k, int):
+                self._log.counts.add(k % max(len(self), 1))
+            else:
+                self._log.counts.update(range(len(self))[k])
+        return super().__getitem__(k)
+
+    def __iter__(self):
+        if self._log.on:
+            self._log.counts.update(range(len(self)))
+        return super().__iter__()
+
+
+def _plain_list(x):
+    return [int(v) for v in list.__iter__(x)] if isinstance(x, list) else [int(v) for v in x]
+
+
+# ================================================================== 01.merge_step
+
+
+def _step_cases() -> list[tuple]:
+    """Inputs of merge_step: (words, counts, pair, new_id), each given the oracle's counts; several merges deep."""
+    cases = [([[1, 2, 3], [7, 7, 7], [1, 2, 1, 2], [9]], [5, 2, 3, 4], (1, 2), 256),
+             ([[1, 2, 3], [7, 7, 7], [1, 2, 1, 2], [9]], [5, 2, 3, 4], (7, 7), 700),
+             ([[4, 4, 4, 4, 4], [4, 4], [5, 4, 4, 5]], [1, 6, 2], (4, 4), 999),
+             ([[3, 1, 2, 1, 2, 3], [2, 1], [1, 2]], [2, 1, 7], (2, 1), 1234),
+             ([[1, 2, 3]], [3], (8, 9), 300)]  # a pair that occurs nowhere: nothing changes
+    rng = random.Random(101)
+    for _ in range(4):
+        words = [[rng.randint(1, 4) for _ in range(rng.randint(1, 8))] for _ in range(30)]
+        counts = [rng.randint(1, 9) for _ in words]
+        for step in range(3):  # a few merges deep, each taken from the oracle's state
+            pc, _ = _o_count(words, counts)
+            top = max(pc.values())
+            pair = min(p for p, c in pc.items() if c == top)
+            new_id = 400 + 10 * step + rng.randint(0, 5)
+            cases.append(([list(w) for w in words], list(counts), pair, new_id))
+            words = [_o_merge(w, pair, new_id) for w in words]
+    return cases
+
+
+def _step_expected(words, counts, pair, new_id):
+    new_words = [_o_merge(w, pair, new_id) for w in words]
+    pc, wh = _o_count(new_words, counts)
+    return new_words, sorted([a, b, c] for (a, b), c in pc.items()), sorted([a, b, sorted(s)] for (a, b), s in wh.items())
+
+
+def _step_probe(cases):
+    def probe(impl):
+        out = []
+        for words0, counts0, pair, new_id in cases:
+            pc, wh = {}, {}
+            for i, w in enumerate(words0):
+                for k in range(len(w) - 1):
+                    p = (w[k], w[k + 1])
+                    pc[p] = pc.get(p, 0) + counts0[i]
+                    wh.setdefault(p, set()).add(i)
+            log = _Log()
+            words = [_chunk(w, log, i) for i, w in enumerate(words0)]
+            counts = _Counts(counts0)
+            counts._log = log
+            allowed = sorted(wh.get(pair, ()))
+            raised = _try(impl.merge_step, words, counts, pc, wh, pair, new_id)
+            log.on = False
+            if _is_raised(raised):
+                out.append(raised)
+                continue
+            state = ([_plain_list(w) for w in words],
+                     sorted([int(a), int(b), int(c)] for (a, b), c in pc.items()),
+                     sorted([int(a), int(b), sorted(int(i) for i in s)] for (a, b), s in wh.items()))
+            out.append((state, sorted(log.chunks), sorted(log.counts), allowed))
+        return out
+    return probe
+
+
+@check(f"{U}.merge_step", ["merge_step"], _ref)
+def check_merge_step(t):
+    cases = _step_cases()
+    probe = _step_probe(cases)
+    got = _run(t, probe)
+    t.expect(isinstance(got, list) and len(got) == len(cases), "merge_step: the probe did not come back whole")
+    for k, ((words, counts, pair, new_id), result) in enumerate(zip(cases, got)):
+        where_from = f"merge_step(words={words}, counts={counts}, pair={pair}, new_id={new_id})"
+        if isinstance(result, Raised):
+            t.fail(f"{where_from} raised {result.kind}: {result.text}")
+        state, read, read_counts, allowed = result
+        exp_words, exp_pc, exp_wh = _step_expected(words, counts, pair, new_id)
+        if state != (exp_words, exp_pc, exp_wh):
+            bug = t.diagnose(lambda impl, k=k: [(r[0] if not _is_raised(r) else r) for r in probe(impl)][k],
+                             list(state))
+            if state[0] != exp_words:
+                t.fail(f"{where_from}: the chunks after the merge are {state[0]}, expected {exp_words} (every "
+                       "non-overlapping occurrence, left to right)", bug=bug)
+            if state[1] != exp_pc:
+                diff = _first_diff(state[1], exp_pc)
+                t.fail(f"{where_from}: pair_counts afterwards ([a, b, count], sorted) differ from a full count of "
+                       f"the new chunks: {diff}", bug=bug)
+            t.fail(f"{where_from}: where afterwards ([a, b, chunk indexes], sorted) differs from a full count of the "
+                   f"new chunks: {_first_diff(state[2], exp_wh)}", bug=bug)
+        extra = sorted(set(read) - set(allowed))
+        extra_counts = sorted(set(read_counts) - set(allowed))
+        t.expect(not extra and not extra_counts,
+                 f"{where_from}: the result is right, but merge_step read chunk(s) {extra or extra_counts} "
+                 f"({len(set(read) | set(read_counts))} of {len(words)} in all) that do not hold the pair: only "
+                 f"where[pair] = {allowed} may be read. The work of a merge must grow with the chunks that hold "
+                 "the pair, not with the corpus (a full recount reads every chunk).",
+                 bug="B01.step_full_recount")
+
+
+# ================================================================== 01.byte_bpe_train
+
+TRAIN_SPECIAL_TEXT = ("the endoftext word <|endoftext|> stays text; endoftext again.<|endoftext|>"
+                      "And another endoftext document, endoftext!<|endoftext|>") * 3
+TRAIN_OVERLAP = ("<|a|>", "<|a|>xx")
+TRAIN_OVERLAP_TEXT = "banana <|a|>xxyy one <|a|>xxyy banana<|a|> xxz <|a|>xxyy" * 2
+ALT_PATTERN = r"\S+\s*"
+
+
+def _random_text(rng: random.Random) -> str:
+    words = ["".join(rng.choice("abcde") for _ in range(rng.randint(1, 5))) for _ in range(8)]
+    return "".join(rng.choice(words) + rng.choice([" ", " ", ", ", "\n"]) for _ in range(rng.randint(10, 40)))
+
+
+def _replay_train(text, merges, num_merges, specials=(), pattern=GPT2_PAT):
+    """Oracle replay of learner merges: None when each merge had the top count (ties: the smallest pair)."""
+    table = Counter(_o_chunks(text, specials, pattern))
+    words = [list(c.encode("utf-8")) for c in table]
+    counts = list(table.values())
+    for k, m in enumerate(merges):
+        pc, _ = _o_count(words, counts)
+        if not pc:
+            return f"merge {k} {m}: no pair was left after {k} merges"
+        top = max(pc.values())
+        best = min(p for p, c in pc.items() if c == top)
+        if not (isinstance(m, (list, tuple)) and len(m) == 2 and tuple(m) == best):
+            have = pc.get(tuple(m), 0) if isinstance(m, (list, tuple)) and len(m) == 2 else 0
+            return (f"merge {k} is {m} (count {have}), but {best} had the top count {top}"
+                    + (" and is the smallest of the tied pairs" if have == top else ""))
+        words = [_o_merge(w, best, 256 + k) for w in words]
+    if len(merges) < num_merges:
+        pc, _ = _o_count(words, counts)
+        if pc:
+            return f"only {len(merges)} merges returned though {num_merges} were asked for and pairs were left"
+    return None
+
+
+def _train_probe(text, num_merges, specials=(), pattern=None):
+    """Runs the learner's trainer with the course's merge_step, recording the chunks read between merges."""
 
     def probe(impl):
-        enc = impl.load_gpt2_encoding()
-        return {
-            "is_course": _is_course_encoding(enc),
-            "n_vocab": _try(lambda: getattr(enc, "n_vocab", None)),
-            "eot_token": _try(lambda: getattr(enc, "eot_token", None)),
-            "encoded": [_encode_with(enc, s) for s in texts],
-            "hindi": _encode_with(enc, hindi),
-            "special": _encode_with(enc, special),
-            "verdict": _encode_with(enc, verdict),
-            "round_trips": [_try(lambda s=s: enc.decode(_encode_with(enc, s))) for s in unicode_texts],
-        }
+        from llmcourse.data import bytebpe as course
+
+        fn = impl.byte_bpe_train
+        raw = getattr(fn, "__wrapped__", fn)
+        g = getattr(raw, "__globals__", {})
+        step = course.__dict__["merge_step"]
+        log = _Log()
+        log.on = False
+        calls = []
+
+        def spy(words, counts, pair_counts, where, pair, new_id):
+            log.on = False
+            calls.append((tuple(int(v) for v in pair), int(new_id)))
+            result = step(words, counts, pair_counts, where, pair, new_id)
+            for i in range(len(words)):
+                if type(words[i]) is not _Chunk:
+                    words[i] = _chunk(words[i], log, i)
+            log.on = True
+            return result
+
+        had = "merge_step" in g
+        old = g.get("merge_step")
+        g["merge_step"] = spy
+        try:
+            args = (text, num_merges) + ((tuple(specials),) if specials or pattern else ())
+            kwargs = {"pattern": pattern} if pattern else {}
+            merges = _try(fn, *args, **kwargs)
+        finally:
+            log.on = False
+            if had:
+                g["merge_step"] = old
+            else:
+                g.pop("merge_step", None)
+        if _is_raised(merges):
+            return merges
+        if not isinstance(merges, (list, tuple)):
+            return (RAISED, "TypeError", f"byte_bpe_train returned {type(merges).__name__}, not a list of pairs")
+        plain_merges = [tuple(int(v) for v in m) if isinstance(m, (list, tuple)) else repr(m) for m in merges]
+        return plain_merges, calls, len(log.chunks)
 
     return probe
 
 
-UNICODE_TEXTS = ["naïve café — Grüße aus Köln", "東京タワー 🗼🙂", "tab\tand\nnewline  double  space", "x" * 50]
+@functools.cache
+def _train_expected(text, num_merges, specials=(), pattern=GPT2_PAT):
+    return _o_train(text, num_merges, specials, pattern)
+
+
+def _check_train_case(t, what, text, num_merges, specials=(), pattern=None):
+    probe = _train_probe(text, num_merges, specials, pattern)
+    got = _run(t, probe)
+    if isinstance(got, Raised):
+        t.fail(f"{what}: byte_bpe_train raised {got.kind}: {got.text}")
+    merges, calls, reads = got
+    merges = [tuple(m) if isinstance(m, (list, tuple)) else m for m in merges]
+    calls = [(tuple(c[0]), c[1]) for c in calls]
+    expected = _train_expected(text, num_merges, tuple(specials), pattern or GPT2_PAT)
+    if merges != expected:
+        problem = _replay_train(text, merges, num_merges, tuple(specials), pattern or GPT2_PAT)
+        bug = t.diagnose(lambda impl: (probe(impl) or [None])[0], merges)
+        t.fail(f"{what}: {problem or _first_diff(merges, expected)}", bug=bug)
+    t.expect(len(calls) == len(merges) and [c[0] for c in calls] == merges,
+             f"{what}: byte_bpe_train must call merge_step once for each merge, with the pair it chose; it made "
+             f"{len(calls)} call(s) for {len(merges)} merges", bug="B01.train_recounts")
+    t.expect([c[1] for c in calls] == [256 + k for k in range(len(calls))],
+             f"{what}: merge k must create the id 256 + k; merge_step was given the ids {[c[1] for c in calls][:6]}…")
+    t.expect(reads == 0,
+             f"{what}: the merges are right, but between two merges byte_bpe_train read {reads} chunk(s) of the corpus: "
+             "after the first count, the counts must come from merge_step's updates alone (a recount reads every "
+             "chunk at every merge)", bug="B01.train_recounts")
+
+
+@check(f"{U}.byte_bpe_train", ["byte_bpe_train"], _ref)
+def check_byte_bpe_train(t):
+    _check_train_case(t, "the toy text 'low lower lowest, low lowest!'", "low lower lowest, low lowest!", 6)
+    _check_train_case(t, "60 merges on the-verdict", _verdict(), 60)
+    _check_train_case(t, "special_tokens=['<|endoftext|>'] on a text that also holds the plain word 'endoftext'",
+                      TRAIN_SPECIAL_TEXT, 30, ("<|endoftext|>",))
+    _check_train_case(t, f"special_tokens={list(TRAIN_OVERLAP)} (they overlap: the longer one counts)",
+                      TRAIN_OVERLAP_TEXT, 20, TRAIN_OVERLAP)
+    _check_train_case(t, f"pattern={ALT_PATTERN!r} (not GPT-2's)", "it's 2024: low, lower, lowest!! ok " * 3, 15,
+                      (), ALT_PATTERN)
+    rng = random.Random(7)
+    for k in range(8):
+        text = _random_text(rng)
+        _check_train_case(t, f"random text {k} ({text[:30]!r}…)", text, rng.randint(5, 25))
+    _check_train_case(t, "more merges than pairs", "abab abab", 50)
+
+
+# ================================================================== 01.byte_bpe_encode
+
+
+def _merges_tensor(byte_ids_merges):
+    byte_ids, merges = byte_ids_merges
+    rows = sorted((int(a), int(b), int(c)) for (a, b), c in dict(merges).items())
+    return [int(b) for b in byte_ids], torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
+
+
+SMALL_RANKS = 2_000
 
 
 @functools.cache
-def _swapped_ranks(path: str) -> tuple[str, list[int]]:
-    """A copy of GPT-2's ranks file in which the tokens 'hello' and ' world' trade ranks (written once per process,
-    in a temporary directory), and the ids of 'hello world' under it, read from the copy."""
-    import base64
+def _small_swapped_file() -> tuple[str, tuple[int, ...], tuple[tuple[int, int, int], ...], int, int]:
+    """A ranks file of GPT-2's first 2,000 tokens (the 256 bytes and 1,744 merges) in which two neighbouring merged
+    tokens trade ranks (both still built from lower-ranked tokens, neither a part of another token); its byte ids and
+    merges by the vocab.bpe oracle, and the two ranks."""
     import tempfile
 
-    lines = [ln.split() for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    index = {base64.b64decode(tok): k for k, (tok, _) in enumerate(lines)}
-    a, b = index[b"hello"], index[b" world"]
-    lines[a][1], lines[b][1] = lines[b][1], lines[a][1]
-    folder = Path(tempfile.mkdtemp(prefix="llmcourse-u01-"))
-    out = folder / "gpt2-swapped.tiktoken"
-    out.write_text("".join(f"{tok} {rank}\n" for tok, rank in lines), encoding="utf-8")
-    return str(out), [int(lines[a][1]), int(lines[b][1])]
-
-
-@check(f"{U}.load_gpt2_encoding", ["load_gpt2_encoding"], _ref)
-def check_load_gpt2_encoding(t):
-    texts = [s for s, _ in F013[1:]]
-    facts = _run(t, _encoding_facts(texts, "नमस्ते", "<|endoftext|>", _verdict(), UNICODE_TEXTS))
-    t.expect(not facts["is_course"],
-             "load_gpt2_encoding() returned the course's own llmcourse.gpt2_encoding(); build the Encoding yourself "
-             "from the ranks file")
-    text, ids = F013[0]
-    _compare(t, lambda impl: _encode_with(impl.load_gpt2_encoding(), text, allowed_special=SPECIAL), ids,
-             f"encode({text!r}, allowed_special={{'<|endoftext|>'}})")
-    t.expect(facts["n_vocab"] == 50257,
-             f"n_vocab must be 50257 = 256 bytes + 50,000 merges + 1 special token; got {facts['n_vocab']!r}")
-    t.expect(facts["eot_token"] == 50256, f"eot_token (<|endoftext|>) must be 50256; got {facts['eot_token']!r}")
-    for (s, expected), got in zip(F013[1:], facts["encoded"]):
-        t.expect(got == expected, f"encode({s!r}): expected {expected}, got {got}")
-    hindi = facts["hindi"]
-    t.expect(isinstance(hindi, list) and len(hindi) == 12,
-             f"'नमस्ते' (6 code points, 18 UTF-8 bytes) must encode to 12 GPT-2 ids; got {hindi}")
-
-    # special tokens are refused as text unless allowed
-    plain = facts["special"]
-    t.expect(isinstance(plain, Raised) and plain.kind == "ValueError",
-             "encode('<|endoftext|>') without allowed_special must raise ValueError (tiktoken's rule for special "
-             f"tokens); got {plain}")
-
-    # round trips: the-verdict exactly, and arbitrary Unicode (byte-level BPE never fails)
-    ids = _verdict_ids()
-    got = facts["verdict"]
-    t.expect(got == list(ids), f"the-verdict must encode to the course's {len(ids)} GPT-2 ids: "
-             f"{_first_diff(got, list(ids))}")
-    # decoding gets the ids only now that encoding has been checked (a probe never carries an answer ahead)
-    verdict_ids = list(ids)
-    back = _run(t, lambda impl: _try(lambda: impl.load_gpt2_encoding().decode(verdict_ids)))
-    t.expect(back == _verdict(), "decode(the-verdict's ids) must reproduce the text exactly")
-    for s, round_trip in zip(UNICODE_TEXTS, facts["round_trips"]):
-        t.expect(round_trip == s, f"decode(encode({s!r})) gave {round_trip!r}")
-
-    # an explicit path (str or Path) gives the same encoding
     from llmcourse.data import data_path
 
-    path = data_path("gpt2-bpe", "gpt2.tiktoken")
-    for arg in (str(path), path):
-        got = _run(t, lambda impl, a=arg: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
-        t.expect(got == [31373, 995], f"load_gpt2_encoding({type(arg).__name__} path).encode('hello world') must be "
-                 f"[31373, 995]; got {got}")
-    # the file named by `path` is the one read: a copy in which 'hello' and ' world' trade ranks
-    swapped, swapped_ids = _swapped_ranks(str(path))
-    got = _run(t, lambda impl, a=swapped: _encode_with(impl.load_gpt2_encoding(a), "hello world"))
-    t.expect(got == swapped_ids, "load_gpt2_encoding(path) with a copy of the ranks file in which the tokens 'hello' "
-             f"and ' world' trade ranks must encode 'hello world' as {swapped_ids}; got {got}: the file named by "
-             "`path` was not the one read")
+    byte_ids, merges = _gpt2_bpe_oracle()
+    small = [(a, b, c) for a, b, c in merges if c < SMALL_RANKS]
+    parts = {c: (a, b) for a, b, c in small}
+    used = {x for a, b, _ in small for x in (a, b)}
+    r = next(r for r in range(1_000, SMALL_RANKS - 1) if max(parts[r + 1]) < r and r not in used and r + 1 not in used)
+    lines = [ln.split() for ln in Path(data_path("gpt2-bpe", "gpt2.tiktoken")).read_text(encoding="utf-8").splitlines()
+             if ln.strip() and int(ln.split()[1]) < SMALL_RANKS]
+    by_rank = {int(rk): k for k, (_, rk) in enumerate(lines)}
+    la, lb = by_rank[r], by_rank[r + 1]
+    lines[la][1], lines[lb][1] = lines[lb][1], lines[la][1]
+    out = Path(tempfile.mkdtemp(prefix="llmcourse-u01-")) / "gpt2-small-swapped.tiktoken"
+    out.write_text("".join(f"{tok} {rk}\n" for tok, rk in lines), encoding="utf-8")
+    swap = {r: r + 1, r + 1: r}
+    rows = tuple(sorted((a, b, swap.get(c, c)) for a, b, c in small))
+    return str(out), byte_ids, rows, r, r + 1
+
+
+ENC_TEXTS = ["Hello, world! Attention is all you need.<|endoftext|>The next document 2024's.",
+             "naïve café 🙂 東京  \n\n  spaces\tand tabs<|endoftext|><|endoftext|>",
+             "नमस्ते — it's   fine, isn't it?  ", ""]
+TOY_MERGES = {(100, 32): 256, (98, 99): 257, (97, 98): 258, (257, 100): 259, (97, 259): 260, (101, 101): 261,
+              (261, 101): 262}
+TOY_TEXTS = ["abcd", "abcd abcd", "eeee eee ab", "abc<|a|>xxabcd<|a|>abcd"]
+TOY_SPECIALS = {"<|a|>": 1000, "<|a|>xx": 1001}
+
+
+def _encode_probe(texts, merges, byte_ids=None, specials=None, pattern=None):
+    def probe(impl):
+        out = []
+        for text in texts:
+            kwargs = {}
+            if specials is not None:
+                kwargs["special_tokens"] = dict(specials)
+            if pattern is not None:
+                kwargs["pattern"] = pattern
+            ids = _try(impl.byte_bpe_encode, text, dict(merges), None if byte_ids is None else list(byte_ids), **kwargs)
+            out.append(ids if _is_raised(ids) else [int(i) for i in ids])
+        return out
+    return probe
+
+
+def _check_encode(t, what, texts, merges, byte_ids=None, specials=None, pattern=None, expected=None):
+    if expected is None:
+        expected = [_o_encode(x, merges, byte_ids, specials, pattern or GPT2_PAT) for x in texts]
+    probe = _encode_probe(texts, merges, byte_ids, specials, pattern)
+    raw = t.run(probe)
+    got = _back(raw)
+    for x, g, e in zip(texts, got, expected):
+        if g != e:
+            bug = t.diagnose(probe, raw)
+            t.fail(f"{what}, text {x[:40]!r}: {_first_diff(g, e) if not isinstance(g, Raised) else g}", bug=bug)
+
+
+@functools.cache
+def _course_gpt2():
+    byte_ids, rows = _gpt2_bpe_oracle()
+    return byte_ids, {(a, b): c for a, b, c in rows}
+
+
+@check(f"{U}.byte_bpe_encode", ["byte_bpe_encode", "gpt2_merges"], _ref)
+def check_byte_bpe_encode(t):
+    # the encoder, on inputs the course builds (one mistake in gpt2_merges costs nothing here)
+    _check_encode(t, "merges whose rank order differs from scan order", TOY_TEXTS[:3], TOY_MERGES)
+    perm = list(range(255, -1, -1))
+    perm_merges = {(perm[ord("a")], perm[ord("b")]): 256, (256, perm[ord("c")]): 257}
+    _check_encode(t, "byte_ids = the bytes in reverse order", ["abc abcab", "cab"], perm_merges, perm)
+    _check_encode(t, f"special_tokens={TOY_SPECIALS} (overlapping: the longer one counts)", TOY_TEXTS[3:], TOY_MERGES,
+                  None, TOY_SPECIALS)
+    _check_encode(t, f"pattern={ALT_PATTERN!r}", ["abcd abcd, 12 abcd"], TOY_MERGES, None, None, ALT_PATTERN)
+    byte_ids, merges = _course_gpt2()
+    eot = {"<|endoftext|>": 50256}
+    gpt2 = _gpt2_tiktoken()
+    _check_encode(t, "GPT-2's merges and byte ids (the course's)", ENC_TEXTS + [_verdict()], merges, byte_ids, eot,
+                  expected=[gpt2.encode(x, allowed_special="all") for x in ENC_TEXTS] + [list(_verdict_ids())])
+    # the recovery of GPT-2's merges, against the original merges file (vocab.bpe): first on a small ranks file read
+    # from `path` (GPT-2's first 2,000 tokens, two of them trading ranks), then on the course's full copy (path=None)
+    path, small_ids, small_rows, ra, rb = _small_swapped_file()
+    _check_recovery(t, lambda impl: _merges_tensor(impl.gpt2_merges(path)), small_ids, small_rows,
+                    f"gpt2_merges(path) on a ranks file of GPT-2's first {SMALL_RANKS:,} tokens in which ids {ra} and "
+                    f"{rb} trade ranks (the file at path must be read)")
+    _check_recovery(t, lambda impl: _merges_tensor(impl.gpt2_merges()), *_gpt2_bpe_oracle(),
+                    "gpt2_merges() (the course's gpt2.tiktoken)")
+
+
+def _check_recovery(t, probe, exp_ids, exp_rows, what):
+    got = t.run(probe)
+    t.expect(got[0] == list(exp_ids), f"{what}: byte_ids[b] must be the rank of the single byte bytes([b]); "
+             f"got {got[0][:8]}… for bytes 0-7, expected {list(exp_ids)[:8]}…")
+    rows = got[1]
+    expected = torch.tensor(exp_rows, dtype=torch.long)
+    if rows.shape != expected.shape or not torch.equal(rows, expected):
+        bug = t.diagnose(lambda impl: probe(impl)[1], rows)
+        exp_set = set(exp_rows)
+        wrong = [tuple(r) for r in rows.tolist() if tuple(r) not in exp_set]
+        t.fail(f"{what}: {rows.shape[0]} merges recovered, {len(wrong)} of them not GPT-2's (GPT-2's merges file "
+               f"vocab.bpe says otherwise), e.g. {wrong[:2]} ([left, right, merged id]); expected "
+               f"{expected.shape[0]} merges", bug=bug)
+
+
+@functools.cache
+def _gpt2_tiktoken():
+    from llmcourse.data import gpt2_encoding
+
+    return gpt2_encoding()
 
 
 # ================================================================== 01.GPTWindowDataset
@@ -748,12 +981,14 @@ def check_gpt_window_dataset(t):
 # ================================================================== siblings
 # Library objects that give these exercises' answers without going through the reference: blocked in
 # the worker like the reference (grader.runner.also_blocked; tests/test_blocked_siblings.py).
-# bpe_train: bpe_trace runs the same merge loop (its last state's merges are bpe_train's)
-also_blocked(f"{U}.bpe_train", "llmcourse.data.tokenizers:bpe_trace", "llmcourse.data.tokenizers:_bpe_iter")
-# load_gpt2_encoding: llmcourse.gpt2_encoding() builds the same tiktoken.Encoding from the same ranks file
-also_blocked(f"{U}.load_gpt2_encoding",
-             "llmcourse.data.gpt2_tokenizer:gpt2_encoding",
-             "llmcourse.data.gpt2_tokenizer:_read_ranks")
+# byte_bpe_train: split_chunks and its helpers are the special-token decision (literal matching, the longest first)
+# already made (the naive trainer needs no block: it never calls merge_step, which the check requires)
+also_blocked(f"{U}.byte_bpe_train", "llmcourse.data.bytebpe:_chunk_table", "llmcourse.data.bytebpe:split_chunks",
+             "llmcourse.data.bytebpe:_special_regex")
+# byte_bpe_encode: the chunk encoder and the splitter are the reference's own pieces
+also_blocked(f"{U}.byte_bpe_encode", "llmcourse.data.bytebpe:_encode_chunk", "llmcourse.data.bytebpe:split_chunks",
+             "llmcourse.data.bytebpe:_special_regex")
+# merge_step: count_pairs is not the incremental update (a learner calling it reads every chunk), nothing else merges
 
 
 # ================================================================== the grader's strength, declared (grader/strength.py)
@@ -764,22 +999,27 @@ defining_property(
     probe="tokenizers built from tinyshakespeare and from unsorted characters; ids compared with the fixture; round "
           "trips; the error's type and message read")
 defining_property(
-    f"{U}.bpe_train",
-    "each merge is the adjacent pair with the highest count weighted by word frequency at its step (ties: the smallest "
-    "pair), pairs never spanning two words, all occurrences merged left to right",
-    probe="the learner's merges replayed with an independent recount on 20 random corpora and the toy fixture; "
-          "invariance to the dict's order; a non-default end_of_word")
+    f"{U}.merge_step",
+    "a merge updates the pair counts and the chunk index incrementally: only the chunks holding the pair are read and "
+    "rewritten, and afterwards both maps equal a full recount (weighted by chunk counts, zero counts removed)",
+    probe="chunks and counts handed over as recording lists (every read of a chunk's contents or count logged); the "
+          "state after each of 17 merges (hand-made overlaps, random corpora several merges deep, an absent pair, "
+          "non-default new ids) compared with an independent recount; reads outside where[pair] refused")
 defining_property(
-    f"{U}.bpe_encode_word",
-    "encoding repeatedly merges the lowest-ranked pair among the current symbols until no adjacent pair is a merge",
-    probe="hand-made merge lists whose rank order differs from scan order and from list order; 200 words against the "
-          "reference; a non-default end_of_word")
+    f"{U}.byte_bpe_train",
+    "training counts once and then takes every merge from the incrementally updated counts (the highest count, ties "
+    "to the smallest pair), on chunks cut at the literal special tokens (the longest first) and by the given pattern",
+    probe="the learner's loop run with the course's merge_step behind a spy that counts calls and records every chunk "
+          "read between merges; merges replayed by an independent full-recount oracle on the-verdict, random texts, a "
+          "text holding the special token and its plain word, overlapping special tokens and a non-default pattern")
 defining_property(
-    f"{U}.load_gpt2_encoding",
-    "the Encoding is built from the ranks file named by path, with GPT-2's pre-tokenisation pattern and special token, "
-    "so its ids are GPT-2's",
-    probe="ids on fixtures and on the-verdict; a copy of the ranks file in which two tokens trade ranks; special-token "
-          "handling; Unicode round trips; identity with the course's own object refused")
+    f"{U}.byte_bpe_encode",
+    "GPT-2's merges are recovered from the ranks file alone (each token split into the pair it was merged from), and "
+    "encoding merges the lowest merged id first inside each chunk, so the ids equal tiktoken's GPT-2 ids",
+    probe="the recovered merges compared with GPT-2's original merges file vocab.bpe and read from a copy of the ranks "
+          "file with two tokens trading ranks; encodings compared with tiktoken on the-verdict and Unicode texts and "
+          "with an independent encoder on toy merges (rank order != scan order), permuted byte ids, overlapping "
+          "special tokens and a non-default pattern")
 defining_property(
     f"{U}.GPTWindowDataset",
     "window i is ids[i*stride : i*stride + L + 1] split into x and its one-token shift y, the dataset holds exactly "
@@ -796,3 +1036,17 @@ decision(f"{U}.GPTWindowDataset",
          "what ties the loader's order to `seed` alone",
          forms=[r"generator\s*=\s*(torch\.Generator|g\b|gen\b)", r"Generator\(\)\.manual_seed\(\s*seed"],
          wrong=("B01.loader_global_seed",))
+decision(f"{U}.merge_step",
+         "how a merged chunk's pair counts and index entries change (the rule of the incremental update)",
+         forms=[r"(take|subtract|remove)s? (away )?(every|all|each) (of (its|the chunk's) )?old pairs?",
+                r"old pairs.{0,60}new pairs", r"(minus|subtract)\w* .{0,30}counts\[i\]"],
+         wrong=("B01.step_unweighted", "B01.step_where_stale", "B01.step_full_recount"))
+decision(f"{U}.byte_bpe_train",
+         "how the special tokens are found in the text (as literal strings, though `|` is a regex metacharacter)",
+         forms=[r"re(gex)?\.escape", r"metacharacter", r"literal(ly)? (string|match)"],
+         wrong=("B01.special_unescaped", "B01.special_not_split"))
+decision(f"{U}.byte_bpe_encode",
+         "which two tokens a GPT-2 token was merged from (its bytes re-merged with the ranks below its own)",
+         forms=[r"ranks? (below|lower than|smaller than|under) (its|the token'?s?) own",
+                r"(re-?run|run|replay) (bpe|the merges) on (the|each|its) token", r"first split (into|in) two"],
+         wrong=("B01.recover_first_split",))

@@ -1,5 +1,13 @@
 """The data layer: registered datasets, file resolution, tokenizers and windowed datasets."""
 
+from .bytebpe import (
+    GPT2_PATTERN,
+    byte_bpe_decode,
+    byte_bpe_encode,
+    byte_bpe_train,
+    gpt2_merges,
+    merge_step,
+)
 from .corpus import Corpus, char_corpus, get_batch, load_document_dataset, tinystories_corpus
 from .gpt2_tokenizer import EOT_ID, EOT_TOKEN, gpt2_encoding, tiktoken_cache_dir
 from .registry import DATASETS, DataFile, Dataset, get_dataset
@@ -44,6 +52,7 @@ __all__ = [
     # unit 01: tokenizers and windowed datasets
     "END_OF_WORD", "BPETokenizer", "CharTokenizer", "GPTWindowDataset", "WordTokenizer", "bpe_encode_word",
     "bpe_trace", "bpe_train", "create_dataloader", "encode_with_specials", "load_gpt2_encoding",
+    "GPT2_PATTERN", "byte_bpe_decode", "byte_bpe_encode", "byte_bpe_train", "gpt2_merges", "merge_step",
     # unit 07: UCI sentiment sentences, compact GPT-2 vocabulary, classifier batches
     "SPECIALS", "SentimentBatches", "SentimentExample", "build_compact_vocab", "encode_batch", "load_sentiment",
     "parse_labelled_lines", "stratified_split",

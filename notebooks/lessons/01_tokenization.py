@@ -239,8 +239,9 @@ show_bpe_stepper(toy)
 # scan left to right and merge **non-overlapping** occurrences, giving `aa a`.
 
 #
-# Training stops early when every word has become a single symbol (no pair is left to count). Writing the
-# trainer is exercise 2; here we use the course's finished version, `bpe_train(word_counts, num_merges)`,
+# Training stops early when every word has become a single symbol (no pair is left to count). The exercises
+# write the byte-level version of this trainer (section 9); here we use the course's finished character version,
+# `bpe_train(word_counts, num_merges)`,
 # which returns the merges in the order learned, and `bpe_trace`, which also keeps the segmentation of
 # every word after each step. `merge_pair` is the replacement step on its own.
 
@@ -306,8 +307,8 @@ for step, want, forward, backward in replay(most_frequent_pair_buggy)[:3]:
 # %% [markdown]
 # `max` returns the *first* maximal key in the dict's iteration order, so ties go to whichever pair was
 # counted first, and that depends on the order of the words. The course's rule does not: the highest
-# count wins, and among tied pairs the smallest `(left, right)` tuple. Exercise 2's `bpe_train` must
-# follow it; its check trains on corpora full of ties, in several word orders.
+# count wins, and among tied pairs the smallest `(left, right)` tuple. The byte-level trainer of exercise 3
+# follows the same rule on pairs of ids; its check trains on texts full of ties.
 
 # %% [markdown]
 # ## 6. Encoding a word with the merges
@@ -315,8 +316,8 @@ for step, want, forward, backward in replay(most_frequent_pair_buggy)[:3]:
 # To encode a new word, start again from its characters plus `</w>` and apply merges **in rank order**:
 # among the adjacent pairs of the current symbols, take the one with the lowest rank, merge it, and
 # repeat until no adjacent pair is in the table. Words never seen in training still work, because
-# characters that no merge covers simply stay single symbols. Writing the encoder is exercise 3; the
-# course's version is `bpe_encode_word(word, merges)`.
+# characters that no merge covers simply stay single symbols. Exercise 4's byte-level encoder follows the same
+# rank rule on ids; the course's character version is `bpe_encode_word(word, merges)`.
 
 # %%
 encode_word = bpe_encode_word
@@ -367,8 +368,9 @@ for word in ["the", "picture", "Gisburn", "transformer", "unpaintable"]:
 # Two more details: GPT-2 first splits text with a regular expression into words, numbers, punctuation
 # and whitespace runs (so merges never cross those boundaries, much like our `</w>`), and a leading space
 # is part of the word (`' world'` is one token). The merges are stored as a **ranks file**, one
-# `base64(token bytes) rank` per line. The course bundles it, and `load_gpt2_encoding` (exercise 4)
-# builds a `tiktoken.Encoding` from it without the network:
+# `base64(token bytes) rank` per line. The course bundles it, and `load_gpt2_encoding` builds a
+# `tiktoken.Encoding` from it without the network. (The file lists each token's bytes, not which two tokens
+# each merge joined: exercise 4 recovers those pairs and encodes with them, to tiktoken's ids.)
 
 # %%
 enc = load_gpt2_encoding()
@@ -591,6 +593,49 @@ for text in ["the picture", " 東京🙂", "Crème brûlée\n"]:
                for sym in bpe_encode_word(byte_symbols(piece), byte_merges, end_of_word=None)]
     print(f"{text!r:18} -> {len(symbols):2} tokens {symbols}")
     assert symbols_to_text(symbols) == text
+
+# %% [markdown]
+# ### Byte-level BPE on integer ids, and the cost of counting
+#
+# Showing bytes as characters was a detour so that our string trainer could run. Real byte-level tokenizers work on
+# **integer ids**: a chunk is its list of bytes, the ids 0–255, and merge `k` creates the new id `256 + k`.
+# Special tokens such as `<|endoftext|>` are cut out of the text before the pattern runs, so no merge ever
+# learns their bytes.
+#
+# The loop above also counts every pair of the whole corpus again at every merge. Yet a merge changes only the
+# chunks that hold the merged pair; every other chunk's pairs, and so most counts, stay as they were. Keeping,
+# for each pair, its count *and* the set of chunks that hold it lets a merge visit those chunks alone and update
+# the counts from them. Exercises 2 and 3 build exactly this. Here are the course's versions, first the work
+# each merge does on the-verdict (exact counts, from `training_work`):
+
+# %%
+from llmcourse.data import bytebpe
+
+work = bytebpe.training_work(verdict, cfg["bpe_merges"])
+visits_incremental = sum(work["touched"])
+visits_naive = work["chunks"] * len(work["touched"])
+print(f"{work['chunks']:,} distinct chunks; {len(work['touched'])} merges")
+print(f"chunks visited: full recount {visits_naive:,}, incremental {visits_incremental:,} "
+      f"({visits_naive / visits_incremental:.0f}x fewer); the busiest merge visits {max(work['touched']):,} chunks")
+assert visits_incremental < visits_naive and max(work["touched"]) <= work["chunks"]
+
+# %% [markdown]
+# Both loops learn the same merges (the cell checks it); the incremental one does far less work. The timing
+# below measures the two on this machine, now: on a shared or busy CPU the ratio moves several-fold, so read it
+# as an order of magnitude, not as a number to plan with. The visit counts above are exact and do not move.
+
+# %% tags=["nbval-ignore-output"]
+n_merges = cfg["bpe_merges"]
+assert llmcourse.byte_bpe_train(verdict, n_merges) == bytebpe.byte_bpe_train_naive(verdict, n_merges)
+seconds = {"incremental": [], "full recount": []}
+for _ in range(2):  # interleaved, best of two
+    for label, trainer in [("incremental", llmcourse.byte_bpe_train), ("full recount", bytebpe.byte_bpe_train_naive)]:
+        t0 = time.perf_counter()
+        trainer(verdict, n_merges)
+        seconds[label].append(time.perf_counter() - t0)
+best = {label: min(ts) for label, ts in seconds.items()}
+print(f"{n_merges} merges on the-verdict: " + ", ".join(f"{k} {v:.3f} s" for k, v in best.items())
+      + f"; full recount / incremental = {best['full recount'] / best['incremental']:.1f}x (this machine, now)")
 
 # %% [markdown]
 # ### Spot the bug: printing tokens as they arrive
@@ -847,7 +892,10 @@ assert len(loader) == len(ds4) // 8
 #
 # * Byte-level BPE splits text with a regular expression (leading spaces kept), uses the 256 bytes as its
 #   alphabet and never meets an unknown symbol; its pitfalls are digits, leading spaces, case variants and
-#   glitch tokens. WordPiece (BERT) and Unigram (SentencePiece) are the other two common algorithms.
+#   glitch tokens.
+# * Real byte-level tokenizers merge integer ids (bytes 0–255, then one new id per merge) and cut special tokens
+#   out before training. A merge changes only the chunks that hold its pair, so training keeps each pair's count
+#   and the chunks holding it and updates both from those chunks, instead of recounting the corpus every merge. WordPiece (BERT) and Unigram (SentencePiece) are the other two common algorithms.
 #
 # Next: the exercises (`exercises/01_tokenization/01_tokenization.ipynb`). From unit 02 on the course
 # imports these pieces from `llmcourse` (`llmcourse.gpt2_encoding()`, `llmcourse.create_dataloader`).

@@ -5,11 +5,11 @@
 # `raise NotImplementedError()`), and a **test cell** with quick visible checks. Run the test cell
 # after each exercise; it prints `visible tests passed` when the basics hold.
 #
-# The grader runs more checks than you see here: the worked examples of the lesson, 20 random small
-# corpora, a replay of your merges (each one must have had the highest count at its step), the same
-# corpus given in a different order, 200 random words, GPT-2's ids on real text and every item of
-# several window datasets. When something fails it tells you what was expected, what came back and,
-# if your mistake is a known one, its name and a hint.
+# The grader runs more checks than you see here: the worked examples, random corpora of chunks (recording
+# which chunks your code reads), a replay of your merges (each one must have had the highest count at its
+# step), texts with special tokens, GPT-2's ids on real text and every item of several window datasets.
+# When something fails it tells you what was expected, what came back and, if your mistake is a known one,
+# its name and a hint.
 #
 # **Check your work** at any time: save the notebook, then run in a terminal
 #
@@ -18,17 +18,19 @@
 # ```
 #
 # The grader reads only your `import`, `def` and `class` statements, so a function must not rely on
-# a variable defined elsewhere in the notebook. Use only `torch`, `math`, the standard library and,
-# in exercise 4, `tiktoken`.
+# a variable defined elsewhere in the notebook (`GPT2_PATTERN` is imported in the first cell, `full_count` is a
+# function: both count). Use only `torch`, `math`, `regex` and the standard library.
 
 # %%
+import math
 from collections import Counter
 
-import tiktoken
+import regex
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 import llmcourse
+from llmcourse.data import GPT2_PATTERN
 
 cfg = llmcourse.setup_notebook("01")
 verdict = llmcourse.load_text("the-verdict")
@@ -103,161 +105,253 @@ except ValueError as err:
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 2 — `bpe_train` (6 points)
+# ## Byte-level BPE on integer ids (exercises 2–4)
+#
+# GPT-2's tokenizer works on **bytes**: a text is cut into chunks by a regular expression (words with their
+# leading space, numbers, punctuation runs, whitespace runs), each chunk becomes its UTF-8 bytes, the ids 0–255,
+# and every merge creates a new id. Merges never cross a chunk boundary. `GPT2_PATTERN`, imported in the first cell,
+# is GPT-2's pattern (the `regex` package reads `\p{L}` as "a letter" and `\p{N}` as "a digit").
+#
+# Training keeps the corpus as a list of **distinct chunks** and two maps, which it updates at every merge
+# instead of counting every pair again:
+#
+# - `words[i]`: chunk `i` as a list of ids; `counts[i]`: how many times chunk `i` occurs in the text;
+# - `pair_counts[(a, b)]`: how often ids `a`, `b` stand side by side in the corpus: every adjacent position of
+#   every chunk, weighted by the chunk's count (so `[7, 7, 7]` holds `(7, 7)` twice); only pairs with a positive
+#   count are keys;
+# - `where[(a, b)]`: the set of the indexes `i` of the chunks holding the pair; only pairs that occur are keys.
+
+# %%
+print(GPT2_PATTERN)
+
+
+def full_count(words, counts):
+    """pair_counts and where of a corpus, counted from scratch (a helper for the visible tests)."""
+    totals, holders = Counter(), {}
+    for index, chunk in enumerate(words):
+        for two in zip(chunk, chunk[1:]):
+            totals[two] += counts[index]
+            holders[two] = holders.get(two, set()) | {index}
+    return dict(totals), holders
+
+
+# %% [markdown]
+# ## Exercise 2 — `merge_step` (4 points)
 #
 # ```python
-# bpe_train(word_counts: dict[str, int], num_merges: int, end_of_word: str = "</w>") -> list[tuple[str, str]]
+# merge_step(words, counts, pair_counts, where, pair, new_id) -> None
 # ```
 #
-# The rules (exactly these; the grader replays them):
-#
-# 1. Each word starts as `list(word) + [end_of_word]`, e.g. `"old"` → `["o", "l", "d", "</w>"]`.
-# 2. At each step, count every adjacent symbol pair over all words, **weighted by the word's count**.
-#    Pairs never span two words.
-# 3. Choose the pair with the highest count; **break ties by the lexicographically smallest pair**,
-#    comparing `(left, right)` as Python string tuples (`min(tied_pairs)`). Do not rely on dict order.
-# 4. Replace every non-overlapping occurrence of that pair by the merged symbol, scanning each word
-#    left to right, and append the pair to the result.
-# 5. Stop after `num_merges` merges, or earlier when no pair is left.
-#
-# Return the merges in the order they were learned.
+# - In every chunk that holds `pair`, replace each non-overlapping occurrence of it, scanning left to right, by
+#   the single id `new_id` (`[7, 7, 7]` with the pair `(7, 7)` becomes `[new_id, 7]`). Store the result in
+#   `words[i]`.
+# - Update `pair_counts` and `where` **in place** so that afterwards they are exactly what a full count of the
+#   new `words` would give (`full_count` above), without doing one: **read only the chunks listed in
+#   `where[pair]`** (and their `counts`). The grader hands you a corpus that records which chunks your function
+#   reads; touching any other chunk, e.g. to recount, fails.
+# - A `pair` that is not a key of `where` changes nothing. Return `None`.
 
-# %% tags=["solution:01.bpe_train"]
-def bpe_train(word_counts, num_merges, end_of_word="</w>"):
+# %% tags=["solution:01.merge_step"]
+def merge_step(words, counts, pair_counts, where, pair, new_id):
     ### BEGIN SOLUTION
-    words = {w: list(w) + [end_of_word] for w in word_counts}
+    a, b = pair
+    changed = set()
+    for i in list(where.get(pair, ())):
+        old = words[i]
+        new, k = [], 0
+        while k < len(old):
+            if k + 1 < len(old) and old[k] == a and old[k + 1] == b:
+                new.append(new_id)
+                k += 2
+            else:
+                new.append(old[k])
+                k += 1
+        for p in zip(old, old[1:]):
+            pair_counts[p] -= counts[i]
+            changed.add(p)
+            where[p].discard(i)
+        for p in zip(new, new[1:]):
+            pair_counts[p] = pair_counts.get(p, 0) + counts[i]
+            where.setdefault(p, set()).add(i)
+        words[i] = new
+    for p in changed:
+        if pair_counts.get(p) == 0:
+            del pair_counts[p]
+        if p in where and not where[p]:
+            del where[p]
+    ### END SOLUTION
+
+
+# %% tags=["tests:01.merge_step"]
+### BEGIN HIDDEN TESTS
+from grader import grade; grade("01.merge_step")  # noqa: E702
+### END HIDDEN TESTS
+words = [[1, 2, 3], [7, 7, 7], [1, 2, 1, 2], [9]]
+counts = [5, 2, 3, 4]
+pc, wh = full_count(words, counts)
+assert pc[(7, 7)] == 4 and pc[(1, 2)] == 11 and wh[(1, 2)] == {0, 2}, (pc, wh)
+merge_step(words, counts, pc, wh, (1, 2), 256)
+assert words == [[256, 3], [7, 7, 7], [256, 256], [9]], f"chunks after merging (1, 2): {words}"
+assert (pc, wh) == full_count(words, counts), f"pair_counts/where must equal a full count of the new chunks; got {pc}, {wh}"
+merge_step(words, counts, pc, wh, (7, 7), 257)
+assert words[1] == [257, 7], f"[7, 7, 7] merges left to right into [257, 7]; got {words[1]}"
+assert (pc, wh) == full_count(words, counts), (pc, wh)
+print("visible tests passed")
+
+# %% [markdown]
+# ## Exercise 3 — `byte_bpe_train` (4 points)
+#
+# ```python
+# byte_bpe_train(text, num_merges, special_tokens=(), pattern=GPT2_PATTERN) -> list[tuple[int, int]]
+# ```
+#
+# 1. **Special tokens** (strings such as `"<|endoftext|>"`) are not text: cut the text at every occurrence of
+#    each of them, exactly as written, and drop them, so that no chunk contains a special token or a piece of one.
+#    Where two special tokens overlap in the text, the longer one counts.
+# 2. Cut each remaining part into chunks with `regex.findall(pattern, part)`. Each **distinct** chunk becomes one
+#    entry of `words` (its UTF-8 bytes as ids 0–255), with its number of occurrences in `counts`.
+# 3. Count the pairs once (`full_count`), then for `k = 0, 1, …`: take the pair with the highest count, ties
+#    going to the **smallest pair** (`min` over the tied `(a, b)` tuples of ints); call
+#    `merge_step(words, counts, pair_counts, where, pair, 256 + k)`; append the pair to the result.
+# 4. Stop after `num_merges` merges, or earlier when no pair is left. Return the merges in order.
+#
+# Between two merges your loop reads the counts, never the chunks: the grader runs it with the course's
+# `merge_step` (so a mistake in exercise 2 costs nothing here) and watches the chunks between calls.
+
+# %% tags=["solution:01.byte_bpe_train"]
+def byte_bpe_train(text, num_merges, special_tokens=(), pattern=GPT2_PATTERN):
+    ### BEGIN SOLUTION
+    parts = [text]
+    if special_tokens:
+        by_length = sorted(special_tokens, key=len, reverse=True)
+        parts = regex.split("|".join(regex.escape(s) for s in by_length), text)
+    chunk_counts = Counter(c for part in parts for c in regex.findall(pattern, part))
+    words = [list(c.encode("utf-8")) for c in chunk_counts]
+    counts = list(chunk_counts.values())
+    pair_counts, where = full_count(words, counts)
     merges = []
-    for _ in range(num_merges):
-        counts = Counter()
-        for w, symbols in words.items():
-            for pair in zip(symbols, symbols[1:]):
-                counts[pair] += word_counts[w]
-        if not counts:
-            break
-        top = max(counts.values())
-        best = min(p for p, c in counts.items() if c == top)
-        merges.append(best)
-        for w, symbols in words.items():
-            out, i = [], 0
-            while i < len(symbols):
-                if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                    out.append(symbols[i] + symbols[i + 1])
-                    i += 2
-                else:
-                    out.append(symbols[i])
-                    i += 1
-            words[w] = out
+    while pair_counts and len(merges) < num_merges:
+        top = max(pair_counts.values())
+        pair = min(p for p, c in pair_counts.items() if c == top)
+        merge_step(words, counts, pair_counts, where, pair, 256 + len(merges))
+        merges.append(pair)
     return merges
     ### END SOLUTION
 
 
-# %% tags=["tests:01.bpe_train"]
+# %% tags=["tests:01.byte_bpe_train"]
 ### BEGIN HIDDEN TESTS
-from grader import grade; grade("01.bpe_train")  # noqa: E702
+from grader import grade; grade("01.byte_bpe_train")  # noqa: E702
 ### END HIDDEN TESTS
-toy = {"old": 7, "older": 3, "finest": 9, "lowest": 4}
-merges = bpe_train(toy, 100)
-assert isinstance(merges, list) and all(isinstance(m, tuple) and len(m) == 2 for m in merges), \
-    "return a list of (left, right) tuples"
-assert merges[:3] == [("e", "s"), ("es", "t"), ("est", "</w>")], f"first three merges: {merges[:3]}"
-assert merges[3] == ("l", "d"), (f"merge 4 is {merges[3]}: ('l', 'd') and ('o', 'l') tie at 10, and the rule takes "
-                                 "the lexicographically smallest pair")
-assert len(merges) == 15, f"the toy corpus needs 15 merges until every word is one symbol, got {len(merges)}"
-assert bpe_train(dict(reversed(list(toy.items()))), 100) == merges, "the dict's order must not change the merges"
+toy_text = "low lower lowest, low lowest!"
+toy_merges = byte_bpe_train(toy_text, 6)
+assert isinstance(toy_merges, list) and all(isinstance(m, tuple) and len(m) == 2 for m in toy_merges), toy_merges
+assert toy_merges[:3] == [(108, 111), (256, 119), (32, 257)], f"first merges 'l'+'o', 'lo'+'w', ' '+'low': {toy_merges}"
+assert byte_bpe_train("aaaa<|endoftext|>aaaa", 5, special_tokens=["<|endoftext|>"]) == [(97, 97), (256, 256)], \
+    "the special token is cut out: only 'aaaa' (twice) is left to merge"
+verdict_merges = byte_bpe_train(verdict, 20)
+assert len(verdict_merges) == 20 and verdict_merges[0] == (32, 116), f"the-verdict's first merge is ' '+'t'"
 print("visible tests passed")
 
 # %% [markdown]
-# ## Exercise 3 — `bpe_encode_word` (3 points)
+# ## Exercise 4 — `gpt2_merges` and `byte_bpe_encode` (4 points)
 #
 # ```python
-# bpe_encode_word(word: str, merges: list[tuple[str, str]], end_of_word: str = "</w>") -> list[str]
+# gpt2_merges(path=None) -> tuple[list[int], dict[tuple[int, int], int]]    # (byte_ids, merges)
+# byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=GPT2_PATTERN) -> list[int]
 # ```
 #
-# Start from `list(word) + [end_of_word]`. Repeatedly find, among the adjacent pairs of the current
-# symbols, the one with the **lowest rank** (its index in `merges`), and merge all of its
-# non-overlapping occurrences left to right. Stop when no adjacent pair is in `merges`. Words never
-# seen in training work too: symbols that no merge covers simply stay apart.
+# **Encoding.** `merges[(a, b)]` is the id of the token merged from ids `a` and `b`; merged ids grow in the order
+# the merges were learned (a list from `byte_bpe_train` becomes `{p: 256 + k for k, p in enumerate(merges)}`).
+# Cut the text like the trainer, but keep each special token (`special_tokens`: `{text: id}`) as its id. Turn each
+# chunk's bytes into ids with `byte_ids` (`byte_ids[b]` is the id of byte `b`; `None` means `b` itself), then
+# repeatedly take the adjacent pair with the **lowest merged id** and merge all its non-overlapping occurrences
+# left to right, until no adjacent pair is in `merges`.
+#
+# **GPT-2's merges.** The ranks file `gpt2.tiktoken` (`path=None`: `llmcourse.data_path("gpt2-bpe",
+# "gpt2.tiktoken")`) has one `base64(token bytes) rank` per line; a token's rank is its id. It holds the 256 single
+# bytes (not numbered in byte order: `byte_ids[b]` is the rank of `bytes([b])`) and 50,000 merged tokens, but not
+# *which two tokens* each was merged from. Recover that pair for every token, so that
+# `byte_bpe_encode(text, merges, byte_ids, {"<|endoftext|>": 50256})` gives GPT-2's ids, exactly those of
+# `tiktoken`. Read the file yourself (`base64` is in the standard library); do not use `tiktoken` here.
 
-# %% tags=["solution:01.bpe_encode_word"]
-def bpe_encode_word(word, merges, end_of_word="</w>"):
+# %% tags=["solution:01.byte_bpe_encode"]
+def gpt2_merges(path=None):
     ### BEGIN SOLUTION
-    ranks = {}
-    for r, pair in enumerate(merges):
-        ranks.setdefault(tuple(pair), r)
-    symbols = list(word) + [end_of_word]
-    while len(symbols) > 1:
-        pairs = [p for p in zip(symbols, symbols[1:]) if p in ranks]
-        if not pairs:
-            break
-        best = min(pairs, key=lambda p: ranks[p])
-        out, i = [], 0
-        while i < len(symbols):
-            if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == best:
-                out.append(symbols[i] + symbols[i + 1])
-                i += 2
-            else:
-                out.append(symbols[i])
-                i += 1
-        symbols = out
-    return symbols
-    ### END SOLUTION
-
-
-# %% tags=["tests:01.bpe_encode_word"]
-### BEGIN HIDDEN TESTS
-from grader import grade; grade("01.bpe_encode_word")  # noqa: E702
-### END HIDDEN TESTS
-toy_merges = [("e", "s"), ("es", "t"), ("est", "</w>"), ("l", "d"), ("o", "ld"), ("f", "i"), ("fi", "n"),
-              ("fin", "est</w>"), ("old", "</w>"), ("l", "o"), ("lo", "w"), ("low", "est</w>"), ("e", "r"),
-              ("er", "</w>"), ("old", "er</w>")]
-assert bpe_encode_word("lowest", toy_merges[:2]) == ["l", "o", "w", "est", "</w>"], bpe_encode_word("lowest", toy_merges[:2])
-assert bpe_encode_word("newest", toy_merges) == ["n", "e", "w", "est</w>"], "an unseen word still gets subwords"
-assert bpe_encode_word("aaa", [("a", "a")]) == ["aa", "a", "</w>"], "merge non-overlapping pairs, left to right"
-for w in ["bold", "finer", "lowlands"]:
-    assert "".join(bpe_encode_word(w, toy_merges)) == w + "</w>", "the symbols must spell the word plus the marker"
-print("visible tests passed")
-
-# %% [markdown]
-# ## Exercise 4 — `load_gpt2_encoding` (3 points)
-#
-# ```python
-# load_gpt2_encoding(path: str | None = None) -> tiktoken.Encoding
-# ```
-#
-# Build GPT-2's tokenizer **without the network**, from the ranks file `gpt2.tiktoken` (one
-# `base64(token) rank` per line: the 256 single bytes and 50,000 merges).
-#
-# - `path=None` means the course's copy, `llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")`.
-# - The result is a `tiktoken.Encoding` named `"gpt2"` that encodes and decodes exactly like
-#   `tiktoken.get_encoding("gpt2")`: the same ranks, GPT-2's pre-tokenisation pattern, the special token
-#   `"<|endoftext|>"` with id 50256, and `n_vocab == 50257`.
-# - Build the `Encoding` yourself (returning `llmcourse.gpt2_encoding()` does not count). tiktoken's own
-#   modules (`tiktoken.load`, `tiktoken_ext.openai_public`) hold the pieces it is made of.
-
-# %% tags=["solution:01.load_gpt2_encoding"]
-def load_gpt2_encoding(path=None):
-    ### BEGIN SOLUTION
-    from tiktoken.load import load_tiktoken_bpe
-    from tiktoken_ext.openai_public import r50k_pat_str
+    import base64
 
     if path is None:
         path = llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")
-    ranks = load_tiktoken_bpe(str(path))
-    return tiktoken.Encoding(name="gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+    ranks = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+    byte_ids = [ranks[bytes([b])] for b in range(256)]
+    merges = {}
+    for token, rank in ranks.items():
+        if len(token) == 1:
+            continue
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            k = min(range(len(parts) - 1), key=lambda k: ranks.get(parts[k] + parts[k + 1], math.inf))
+            parts[k:k + 2] = [parts[k] + parts[k + 1]]
+        merges[(ranks[parts[0]], ranks[parts[1]])] = rank
+    return byte_ids, merges
     ### END SOLUTION
 
 
-# %% tags=["tests:01.load_gpt2_encoding"]
+def byte_bpe_encode(text, merges, byte_ids=None, special_tokens=None, pattern=GPT2_PATTERN):
+    ### BEGIN SOLUTION
+    pieces = [text]
+    if special_tokens:
+        by_length = sorted(special_tokens, key=len, reverse=True)
+        pieces = regex.split("(" + "|".join(regex.escape(s) for s in by_length) + ")", text)
+    ids = []
+    for j, piece in enumerate(pieces):
+        if j % 2 == 1:
+            ids.append(special_tokens[piece])
+            continue
+        for chunk in regex.findall(pattern, piece):
+            seq = list(chunk.encode("utf-8"))
+            if byte_ids is not None:
+                seq = [byte_ids[b] for b in seq]
+            while len(seq) > 1:
+                found = [(merges[p], p) for p in zip(seq, seq[1:]) if p in merges]
+                if not found:
+                    break
+                new_id, (a, b) = min(found)
+                out, k = [], 0
+                while k < len(seq):
+                    if k + 1 < len(seq) and seq[k] == a and seq[k + 1] == b:
+                        out.append(new_id)
+                        k += 2
+                    else:
+                        out.append(seq[k])
+                        k += 1
+                seq = out
+            ids.extend(seq)
+    return ids
+    ### END SOLUTION
+
+
+# %% tags=["tests:01.byte_bpe_encode"]
 ### BEGIN HIDDEN TESTS
-from grader import grade; grade("01.load_gpt2_encoding")  # noqa: E702
+from grader import grade; grade("01.byte_bpe_encode")  # noqa: E702
 ### END HIDDEN TESTS
-enc = load_gpt2_encoding()
-assert enc.n_vocab == 50257 and enc.eot_token == 50256, f"n_vocab={enc.n_vocab}, eot_token={enc.eot_token}"
-assert enc.encode("hello world") == [31373, 995], enc.encode("hello world")
-assert enc.encode("Hi<|endoftext|>", allowed_special={"<|endoftext|>"})[-1] == 50256, "<|endoftext|> must be id 50256"
-text = "naïve café 🙂"
-assert enc.decode(enc.encode(text)) == text, "byte-level BPE round-trips any Unicode text"
+toy_table = {p: 256 + k for k, p in enumerate(toy_merges)}
+assert byte_bpe_encode(" lower", toy_table) == [259, 114], f"' lower' is ' lowe' + 'r': {byte_bpe_encode(' lower', toy_table)}"
+assert byte_bpe_encode(" lowest", toy_table) == [261], f"' lowest' is one token: {byte_bpe_encode(' lowest', toy_table)}"
+gpt2_byte_ids, gpt2_table = gpt2_merges()
+assert len(gpt2_byte_ids) == 256 and len(gpt2_table) == 50_000, (len(gpt2_byte_ids), len(gpt2_table))
+assert gpt2_byte_ids[ord("!")] == 0 and gpt2_byte_ids[ord(" ")] == 220, "byte_ids[b] is the rank of bytes([b])"
+eot = {"<|endoftext|>": 50256}
+assert byte_bpe_encode("hello world", gpt2_table, gpt2_byte_ids) == [31373, 995]
+assert byte_bpe_encode("Hi<|endoftext|>", gpt2_table, gpt2_byte_ids, eot) == [17250, 50256]
+verdict_ids = byte_bpe_encode(verdict, gpt2_table, gpt2_byte_ids, eot)
+assert verdict_ids[:10] == [40, 367, 2885, 1464, 1807, 3619, 402, 271, 10899, 2138], verdict_ids[:10]
+assert len(verdict_ids) == 5145, f"GPT-2 cuts the-verdict into 5,145 tokens; got {len(verdict_ids):,}"
 print("visible tests passed")
 
 # %% [markdown]
@@ -336,5 +430,5 @@ print("visible tests passed")
 #
 # Save the notebook (Ctrl+S) and run the check cell below, `llmcourse.check()`, for the full report.
 # From unit 02 on, the course imports the finished versions from `llmcourse`
-# (`llmcourse.CharTokenizer`, `llmcourse.bpe_train`, `llmcourse.load_gpt2_encoding`,
-# `llmcourse.create_dataloader`).
+# (`llmcourse.CharTokenizer`, `llmcourse.byte_bpe_train`, `llmcourse.gpt2_merges`, `llmcourse.byte_bpe_encode`,
+# `llmcourse.create_dataloader`; `llmcourse.gpt2_encoding()` is GPT-2's tokenizer as a `tiktoken.Encoding`).

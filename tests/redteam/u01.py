@@ -1,285 +1,128 @@
-"""Unit 01's red-team answers (see tests/redteam/__init__.py)."""
+"""Unit 01's red-team answers (see tests/redteam/__init__.py), written as edits of the reference solution."""
 
 from tests.redteam import Answer
+from tests.redteam.edits import edited
 
-_DS_OK_INIT = '''
-class GPTWindowDataset(Dataset):
-    def __init__(self, token_ids, context_length, stride):
-        self.ids = torch.as_tensor(token_ids, dtype=torch.long)
-        self.L, self.stride = context_length, stride
-        self.n = (len(self.ids) - context_length - 1) // stride + 1
-        if len(self.ids) < context_length + 1:
-            raise ValueError("too few tokens for one window")
+U = "01"
 
-    def __len__(self):
-        return self.n
+_CHARS_ENCODE_CHECK = ("        for c in s:\n            if c not in self.stoi:\n"
+                       "                raise ValueError(f\"character {c!r} is not in the vocabulary\")\n")
+_STEP_CLEANUP = ("    for p in changed:\n        if pair_counts.get(p) == 0:\n            del pair_counts[p]\n"
+                 "        if p in where and not where[p]:\n            del where[p]\n")
+_RECOVER_LOOP = '''        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            k = min(range(len(parts) - 1), key=lambda k: ranks.get(parts[k] + parts[k + 1], math.inf))
+            parts[k:k + 2] = [parts[k] + parts[k + 1]]
 '''
 
 ANSWERS = [
     # -- 01.CharTokenizer ------------------------------------------------------------------------------------
-    Answer("01.CharTokenizer", "__init__ sorts the given chars (ids are no longer positions in chars)", '''
-class CharTokenizer:
-    def __init__(self, chars):
-        self.chars = sorted(chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def from_text(cls, text):
-        return cls(set(text))
-
-    @property
-    def vocab_size(self):
-        return len(self.chars)
-
-    def encode(self, s):
-        for c in s:
-            if c not in self.stoi:
-                raise ValueError(f"unknown character {c!r}")
-        return [self.stoi[c] for c in s]
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-''', says=r"position|chars|id"),
-    Answer("01.CharTokenizer", "unknown characters raise KeyError from the dict lookup", '''
-class CharTokenizer:
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def from_text(cls, text):
-        return cls(sorted(set(text)))
-
-    @property
-    def vocab_size(self):
-        return len(self.chars)
-
-    def encode(self, s):
-        return [self.stoi[c] for c in s]
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-''', says=r"ValueError"),
-    Answer("01.CharTokenizer", "vocabulary in order of first appearance", '''
-class CharTokenizer:
-    def __init__(self, chars):
-        self.chars = list(chars)
-        self.stoi = {c: i for i, c in enumerate(self.chars)}
-
-    @classmethod
-    def from_text(cls, text):
-        return cls(dict.fromkeys(text))
-
-    @property
-    def vocab_size(self):
-        return len(self.chars)
-
-    def encode(self, s):
-        for c in s:
-            if c not in self.stoi:
-                raise ValueError(f"unknown character {c!r}")
-        return [self.stoi[c] for c in s]
-
-    def decode(self, ids):
-        return "".join(self.chars[i] for i in ids)
-''', bug="B01.char_vocab_unsorted"),
-    # -- 01.bpe_train ----------------------------------------------------------------------------------------
-    Answer("01.bpe_train", "pairs counted once per distinct word (count ignored)", '''
-def bpe_train(word_counts, num_merges, end_of_word="</w>"):
-    words = {w: list(w) + [end_of_word] for w in word_counts}
-    merges = []
-    for _ in range(num_merges):
-        counts = Counter()
-        for syms in words.values():
-            for a, b in zip(syms, syms[1:]):
-                counts[(a, b)] += 1
-        if not counts:
-            break
-        best = max(counts.values())
-        pair = min(p for p, c in counts.items() if c == best)
-        merges.append(pair)
-        for w, syms in words.items():
-            out, i = [], 0
-            while i < len(syms):
-                if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                    out.append(syms[i] + syms[i + 1])
-                    i += 2
-                else:
-                    out.append(syms[i])
-                    i += 1
-            words[w] = out
-    return merges
-''', bug="B01.unweighted_counts"),
-    Answer("01.bpe_train", "merge by str.replace on space-joined symbols (matches across symbol boundaries)", '''
-def bpe_train(word_counts, num_merges, end_of_word="</w>"):
-    words = {" ".join(list(w) + [end_of_word]): c for w, c in word_counts.items()}
-    merges = []
-    for _ in range(num_merges):
-        counts = Counter()
-        for w, c in words.items():
-            syms = w.split(" ")
-            for a, b in zip(syms, syms[1:]):
-                counts[(a, b)] += c
-        if not counts:
-            break
-        best = max(counts.values())
-        pair = min(p for p, c in counts.items() if c == best)
-        merges.append(pair)
-        words = {w.replace(" ".join(pair), "".join(pair)): c for w, c in words.items()}
-    return merges
-''', says=r"not an adjacent pair|had count"),
-    Answer("01.bpe_train", "ties broken by the first pair counted (Counter.most_common)", '''
-def bpe_train(word_counts, num_merges, end_of_word="</w>"):
-    words = {w: list(w) + [end_of_word] for w in sorted(word_counts)}
-    merges = []
-    for _ in range(num_merges):
-        counts = Counter()
-        for w, syms in words.items():
-            for a, b in zip(syms, syms[1:]):
-                counts[(a, b)] += word_counts[w]
-        if not counts:
-            break
-        pair = counts.most_common(1)[0][0]
-        merges.append(pair)
-        for w, syms in words.items():
-            out, i = [], 0
-            while i < len(syms):
-                if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                    out.append(syms[i] + syms[i + 1])
-                    i += 2
-                else:
-                    out.append(syms[i])
-                    i += 1
-            words[w] = out
-    return merges
-''', bug="B01.tie_first_seen"),
-    Answer("01.bpe_train", "end-of-word marker hard-coded", '''
-def bpe_train(word_counts, num_merges, end_of_word="</w>"):
-    words = {w: list(w) + ["</w>"] for w in word_counts}
-    merges = []
-    for _ in range(num_merges):
-        counts = Counter()
-        for w, syms in words.items():
-            for a, b in zip(syms, syms[1:]):
-                counts[(a, b)] += word_counts[w]
-        if not counts:
-            break
-        best = max(counts.values())
-        pair = min(p for p, c in counts.items() if c == best)
-        merges.append(pair)
-        for w, syms in words.items():
-            out, i = [], 0
-            while i < len(syms):
-                if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                    out.append(syms[i] + syms[i + 1])
-                    i += 2
-                else:
-                    out.append(syms[i])
-                    i += 1
-            words[w] = out
-    return merges
-''', bug="B01.marker_hard_coded"),
-    # -- 01.bpe_encode_word ----------------------------------------------------------------------------------
-    Answer("01.bpe_encode_word", "merges applied once each, in list order (one pass)", '''
-def bpe_encode_word(word, merges, end_of_word="</w>"):
-    syms = list(word) + [end_of_word]
-    for pair in merges:
-        out, i = [], 0
-        while i < len(syms):
-            if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                out.append(syms[i] + syms[i + 1])
-                i += 2
-            else:
-                out.append(syms[i])
-                i += 1
-        syms = out
-    return syms
-''', bug="B01.encode_one_pass"),
-    Answer("01.bpe_encode_word", "end-of-word marker hard-coded", '''
-def bpe_encode_word(word, merges, end_of_word="</w>"):
-    rank = {p: r for r, p in enumerate(merges)}
-    syms = list(word) + ["</w>"]
-    while True:
-        pairs = [(rank[p], p) for p in zip(syms, syms[1:]) if p in rank]
-        if not pairs:
-            return syms
-        _, pair = min(pairs)
-        out, i = [], 0
-        while i < len(syms):
-            if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                out.append(syms[i] + syms[i + 1])
-                i += 2
-            else:
-                out.append(syms[i])
-                i += 1
-        syms = out
-''', bug="B01.marker_hard_coded"),
-    Answer("01.bpe_encode_word", "the first mergeable pair in the word, not the lowest rank", '''
-def bpe_encode_word(word, merges, end_of_word="</w>"):
-    known = set(merges)
-    syms = list(word) + [end_of_word]
-    while True:
-        pair = next((p for p in zip(syms, syms[1:]) if p in known), None)
-        if pair is None:
-            return syms
-        out, i = [], 0
-        while i < len(syms):
-            if i + 1 < len(syms) and (syms[i], syms[i + 1]) == pair:
-                out.append(syms[i] + syms[i + 1])
-                i += 2
-            else:
-                out.append(syms[i])
-                i += 1
-        syms = out
-''', bug="B01.encode_in_scan_order"),
-    # -- 01.load_gpt2_encoding -------------------------------------------------------------------------------
-    Answer("01.load_gpt2_encoding", "path ignored (always the course's copy)", '''
-def load_gpt2_encoding(path=None):
-    import tiktoken.load
-    ranks = tiktoken.load.load_tiktoken_bpe(str(llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")))
-    pat = r"""'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"""
-    return tiktoken.Encoding(name="gpt2", pat_str=pat, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256})
-''', says=r"path"),
-    Answer("01.load_gpt2_encoding", "a simplified pre-tokenisation pattern (words and spaces)", '''
-def load_gpt2_encoding(path=None):
-    import tiktoken.load
-    if path is None:
-        path = llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken")
-    ranks = tiktoken.load.load_tiktoken_bpe(str(path))
-    return tiktoken.Encoding(name="gpt2", pat_str=r""" ?\\w+| ?[^\\w\\s]+|\\s+""", mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256})
-''', says=r"the-verdict must encode|encode\("),
+    Answer("01.CharTokenizer", "__init__ sorts the given chars (ids are no longer positions in chars)",
+           edited(U, "CharTokenizer", ("self.chars = list(chars)", "self.chars = sorted(chars)")),
+           says=r"position|chars|id"),
+    Answer("01.CharTokenizer", "unknown characters raise KeyError from the dict lookup",
+           edited(U, "CharTokenizer", (_CHARS_ENCODE_CHECK, "")), says=r"ValueError"),
+    Answer("01.CharTokenizer", "vocabulary in order of first appearance",
+           edited(U, "CharTokenizer", ("cls(sorted(set(text)))", "cls(dict.fromkeys(text))")),
+           bug="B01.char_vocab_unsorted"),
+    # -- 01.merge_step ---------------------------------------------------------------------------------------
+    Answer("01.merge_step", "lazy: merge, then recount every pair of the corpus from scratch",
+           edited(U, "merge_step", (_STEP_CLEANUP,
+                                    "    pair_counts.clear()\n    where.clear()\n"
+                                    "    for j, w in enumerate(words):\n        for p in zip(w, w[1:]):\n"
+                                    "            pair_counts[p] = pair_counts.get(p, 0) + counts[j]\n"
+                                    "            where.setdefault(p, set()).add(j)\n")),
+           bug="B01.step_full_recount"),
+    Answer("01.merge_step", "each chunk's pairs counted once, not times the chunk's count",
+           edited(U, "merge_step", ("pair_counts[p] -= counts[i]", "pair_counts[p] -= 1"),
+                  ("pair_counts.get(p, 0) + counts[i]", "pair_counts.get(p, 0) + 1")),
+           bug="B01.step_unweighted"),
+    Answer("01.merge_step", "pairs whose count fell to 0 stay in pair_counts and where",
+           edited(U, "merge_step", (_STEP_CLEANUP, "")), bug="B01.step_zero_kept"),
+    Answer("01.merge_step", "where never loses a chunk (stale entries)",
+           edited(U, "merge_step", ("            where[p].discard(i)\n", "")), bug="B01.step_where_stale"),
+    Answer("01.merge_step", "the scan steps one id past a match (the right id of the pair stays)",
+           edited(U, "merge_step", ("                new.append(new_id)\n                k += 2",
+                                    "                new.append(new_id)\n                k += 1")),
+           says=r"chunks after the merge"),
+    Answer("01.merge_step", "walks every chunk and merges where the pair occurs (ignores where)",
+           edited(U, "merge_step", ("for i in list(where.get(pair, ())):",
+                                    "for i in range(len(words)):\n        if pair not in zip(words[i], words[i][1:]):\n"
+                                    "            continue")),
+           bug="B01.step_full_recount"),
+    # -- 01.byte_bpe_train -----------------------------------------------------------------------------------
+    Answer("01.byte_bpe_train", "lazy: recounts every pair before each merge",
+           edited(U, "byte_bpe_train", ("        top = max(pair_counts.values())\n",
+                                        "        pair_counts, where = full_count(words, counts)\n"
+                                        "        top = max(pair_counts.values())\n")),
+           bug="B01.train_recounts"),
+    Answer("01.byte_bpe_train", "special tokens used as a regex unescaped (| is alternation)",
+           edited(U, "byte_bpe_train", ("regex.escape(s) for s in by_length", "s for s in by_length")),
+           bug="B01.special_unescaped"),
+    Answer("01.byte_bpe_train", "special tokens not cut out (trained as text)",
+           edited(U, "byte_bpe_train", ("    if special_tokens:\n", "    if False:\n")),
+           bug="B01.special_not_split"),
+    Answer("01.byte_bpe_train", "special tokens tried in the given order, not the longest first",
+           edited(U, "byte_bpe_train", ("sorted(special_tokens, key=len, reverse=True)", "list(special_tokens)")),
+           bug="B01.special_shortest_first"),
+    Answer("01.byte_bpe_train", "ties broken by the largest pair",
+           edited(U, "byte_bpe_train", ("pair = min(p for p", "pair = max(p for p")), bug="B01.tie_lexmax"),
+    Answer("01.byte_bpe_train", "ties broken by dict order (the first pair with the top count)",
+           edited(U, "byte_bpe_train", ("pair = min(p for p, c in pair_counts.items() if c == top)",
+                                        "pair = next(p for p, c in pair_counts.items() if c == top)")),
+           bug="B01.tie_first_seen"),
+    Answer("01.byte_bpe_train", "chunks cut at whitespace (str.split) instead of the pattern",
+           edited(U, "byte_bpe_train", ("regex.findall(pattern, part)", "part.split()")),
+           bug="B01.split_on_whitespace"),
+    Answer("01.byte_bpe_train", "pattern argument ignored (GPT-2's pattern hard-coded)",
+           edited(U, "byte_bpe_train", ("regex.findall(pattern, part)", "regex.findall(GPT2_PATTERN, part)")),
+           says=r"pattern"),
+    # -- 01.byte_bpe_encode ----------------------------------------------------------------------------------
+    Answer("01.byte_bpe_encode", "a token's pair taken as the first split into two known tokens",
+           edited(U, "gpt2_merges", (_RECOVER_LOOP,
+                                     "        k = next(k for k in range(1, len(token)) "
+                                     "if token[:k] in ranks and token[k:] in ranks)\n"
+                                     "        parts = [token[:k], token[k:]]\n")),
+           bug="B01.recover_first_split"),
+    Answer("01.byte_bpe_encode", "a token's pair taken as the split whose halves have the lowest ranks",
+           edited(U, "gpt2_merges", (_RECOVER_LOOP,
+                                     "        k = min((k for k in range(1, len(token)) "
+                                     "if token[:k] in ranks and token[k:] in ranks),\n"
+                                     "                key=lambda k: max(ranks[token[:k]], ranks[token[k:]]))\n"
+                                     "        parts = [token[:k], token[k:]]\n")),
+           says=r"GPT-2|tiktoken|merge|ids"),
+    Answer("01.byte_bpe_encode", "path ignored (always the course's copy)",
+           edited(U, "gpt2_merges", ("    if path is None:\n", "    if True:\n")), says=r"path"),
+    Answer("01.byte_bpe_encode", "merges applied in scan order (the first mergeable pair)",
+           edited(U, "byte_bpe_encode", ("new_id, (a, b) = min(found)", "new_id, (a, b) = found[0]")),
+           bug="B01.encode_in_scan_order"),
+    Answer("01.byte_bpe_encode", "byte_ids ignored (bytes used as ids)",
+           edited(U, "byte_bpe_encode", ("            if byte_ids is not None:\n                seq = [byte_ids[b] for b in seq]\n",
+                                         "")),
+           bug="B01.byte_ids_ignored"),
+    Answer("01.byte_bpe_encode", "special tokens encoded as text",
+           edited(U, "byte_bpe_encode", ("    if special_tokens:\n", "    if False:\n")),
+           bug="B01.encode_special_as_text"),
+    Answer("01.byte_bpe_encode", "no pre-tokenisation: the whole text is one chunk",
+           edited(U, "byte_bpe_encode", ("for chunk in regex.findall(pattern, piece):",
+                                         "for chunk in [piece]:")),
+           bug="B01.encode_no_pretokenization"),
+    Answer("01.byte_bpe_encode", "pattern argument ignored (GPT-2's pattern hard-coded)",
+           edited(U, "byte_bpe_encode", ("regex.findall(pattern, piece)", "regex.findall(GPT2_PATTERN, piece)")),
+           says=r"pattern"),
     # -- 01.GPTWindowDataset ---------------------------------------------------------------------------------
-    Answer("01.GPTWindowDataset", "ids not forced to torch.long (an int32 input stays int32)", '''
-class GPTWindowDataset(Dataset):
-    def __init__(self, token_ids, context_length, stride):
-        self.ids = torch.as_tensor(token_ids)
-        self.L, self.stride = context_length, stride
-        if len(self.ids) < context_length + 1:
-            raise ValueError("too few tokens for one window")
-
-    def __len__(self):
-        return (len(self.ids) - self.L - 1) // self.stride + 1
-
-    def __getitem__(self, i):
-        s = i * self.stride
-        return self.ids[s:s + self.L], self.ids[s + 1:s + self.L + 1]
-''', says=r"long|int64|dtype", origin="issue 37"),
-    Answer("01.GPTWindowDataset", "stride ignored in __getitem__ (window i starts at i)", _DS_OK_INIT + '''
-    def __getitem__(self, i):
-        return self.ids[i:i + self.L], self.ids[i + 1:i + self.L + 1]
-''', bug="B01.stride_ignored"),
-    Answer("01.GPTWindowDataset", "create_dataloader seeds the global RNG instead of a generator", '''
-def create_dataloader(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True, seed=0):
-    torch.manual_seed(seed)
-    ds = GPTWindowDataset(token_ids, context_length, stride)
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=0)
-''', bug="B01.loader_global_seed"),
-    Answer("01.GPTWindowDataset", "drop_last ignored (always True)", '''
-def create_dataloader(token_ids, batch_size, context_length, stride, shuffle=True, drop_last=True, seed=0):
-    ds = GPTWindowDataset(token_ids, context_length, stride)
-    g = torch.Generator().manual_seed(seed)
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=True, generator=g)
-''', says=r"drop_last"),
+    Answer("01.GPTWindowDataset", "ids not forced to torch.long (an int32 input stays int32)",
+           edited(U, "GPTWindowDataset", ("torch.as_tensor(token_ids, dtype=torch.long)", "torch.as_tensor(token_ids)")),
+           says=r"long|int64|dtype", origin="issue 37"),
+    Answer("01.GPTWindowDataset", "stride ignored (window i starts at i)",
+           edited(U, "GPTWindowDataset", ("range(0, len(self.ids) - context_length, stride)",
+                                          "range(0, len(self.ids) - context_length)")),
+           bug="B01.stride_ignored"),
+    Answer("01.GPTWindowDataset", "create_dataloader seeds the global RNG instead of a generator",
+           edited(U, "create_dataloader", ("num_workers=0,\n                      generator=torch.Generator().manual_seed(seed))",
+                                           "num_workers=0)"),
+                  ("    dataset = GPTWindowDataset(", "    torch.manual_seed(seed)\n    dataset = GPTWindowDataset(")),
+           bug="B01.loader_global_seed"),
+    Answer("01.GPTWindowDataset", "drop_last ignored (always True)",
+           edited(U, "create_dataloader", ("drop_last=drop_last", "drop_last=True")), says=r"drop_last"),
 ]
