@@ -770,9 +770,15 @@ def check_llama3_model(t):
              "the logits before position 12: the model looks ahead")
     err = t.raised(lambda impl: impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 33, dtype=torch.long)))
     t.expect(err == "ValueError", f"T = 33 > context_length = 32 must raise ValueError; got {err}")
-    full = t.run(lambda impl: tuple(impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 32, dtype=torch.long))
-                                    .shape))
-    t.expect(full == (1, 32, 65), f"a sequence of exactly context_length = 32 tokens must work; got shape {full}")
+    def full_window(impl):
+        return tuple(impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 32, dtype=torch.long)).shape)
+
+    failed = t.raised_error(full_window)
+    t.expect(failed is None, f"a sequence of exactly context_length = 32 tokens must work (only T > context_length is "
+             f"refused); it raised {failed and failed[0]}: {failed and failed[1]}")
+    full = t.run(full_window)
+    t.expect(full == (1, 32, 65), f"a sequence of exactly context_length = 32 tokens must give logits (1, 32, 65); got "
+             f"shape {full}")
     # head_dim and rms_norm_eps at values of their own: 4 heads of 16 on a 32-wide model (D/H = 8), eps 1e-3
     odd = dict(STRUCT, head_dim=16, rms_norm_eps=1e-3)
     ref_model = ref["Llama3Model"](ref["Llama3Config"](**odd)).eval()
