@@ -857,7 +857,7 @@ plt.show()
 # and each recipe's milliseconds per step, which only an idle machine can measure
 # (`python -m coursetools.bench.time_to_quality speed`; its docstring gives the whole procedure). The next
 # cell reads what is stored: the curves, and, once a machine's speed is stored too, the loss each recipe
-# stands at after 1, 2, 3, 5 and 10 minutes. A budget whose runs are not stored yet is printed as such.
+# stands at after each budget of minutes it lists. A budget whose runs are not stored yet is printed as such.
 
 # %%
 import json  # noqa: E402
@@ -881,7 +881,7 @@ if ttq_speed is None:
           "maps to steps yet: no recipe is said to be ahead")
 else:
     print(f"ms/step on {ttq_speed['machine']} ({ttq_speed['threads']} threads): {ttq_speed['ms_per_step']}")
-    for row in report_rows(ttq_curves, ttq_speed, [1, 2, 3, 5, 10]):
+    for row in report_rows(ttq_curves, ttq_speed, [1, 2, 3, 5, 10]):   # budgets in minutes
         if row["ahead"] is None:
             print(f"{row['minutes']:>3} min: not computed yet ({'; '.join(row['missing'])})")
         else:
