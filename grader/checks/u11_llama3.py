@@ -323,6 +323,12 @@ def check_rmsnorm(t):
     t.expect(diff <= 1e-2, f"bfloat16 input (values up to ~30): max abs difference {diff:.3g} from transformers' "
              f"LlamaRMSNorm (> 1e-2)", bug="B11.rms_low_precision")
 
+    def side(impl):
+        n = impl.RMSNorm(48)
+        return state_change(n, lambda: n(x), eval_mode=True)
+
+    _expect_no_side_effects(t, side, "RMSNorm(48)(x) in eval mode")
+
     # backpropagation: the gradient reaches the input and the gain, and equals the reference's
     def build_norm(impl):
         n = impl.RMSNorm(48)
@@ -331,12 +337,6 @@ def check_rmsnorm(t):
         return n
 
     check_gradients(t, gradient_probe(build_norm, [x]), "RMSNorm(48), a random projection of the output")
-
-    def side(impl):
-        n = impl.RMSNorm(48)
-        return state_change(n, lambda: n(x), eval_mode=True)
-
-    _expect_no_side_effects(t, side, "RMSNorm(48)(x) in eval mode")
 
 
 # ================================================================== 11.SwiGLUFeedForward
@@ -366,6 +366,13 @@ def check_swiglu(t):
               "SwiGLUFeedForward with F.silu unavailable (write silu(z) = z·sigmoid(z))",
               *oracle_tolerance("mlp.y", o["y"]))
 
+    def side(impl):
+        m = impl.SwiGLUFeedForward(32, 88)
+        return state_change(m, lambda: m(o["x"]), eval_mode=True)
+
+    _expect_no_side_effects(t, side, "SwiGLUFeedForward(32, 88)(x) in eval mode")
+
+    # backpropagation: the gradient reaches the input and the three projections
     def build_mlp(impl):
         m = impl.SwiGLUFeedForward(32, 88)
         unwrap(m).load_state_dict(o["state"])
@@ -373,12 +380,6 @@ def check_swiglu(t):
 
     check_gradients(t, gradient_probe(build_mlp, [o["x"]]), "SwiGLUFeedForward(32, 88), a random projection of the "
                     "output")
-
-    def side(impl):
-        m = impl.SwiGLUFeedForward(32, 88)
-        return state_change(m, lambda: m(o["x"]), eval_mode=True)
-
-    _expect_no_side_effects(t, side, "SwiGLUFeedForward(32, 88)(x) in eval mode")
 
 
 # ================================================================== 11.rope
@@ -625,6 +626,13 @@ def check_gqa(t):
               "(scores scaled by 1/√16)", atol=float32_atol(y3 @ st3["o_proj.weight"].T, 48 + 16 + 7 + 7 + 64),
               rtol=1e-5)
 
+    def side(impl):
+        m = impl.GroupedQueryAttention(64, 8, 2, 8)
+        return state_change(m, lambda: m(x, cos, sin, mask), eval_mode=True)
+
+    _expect_no_side_effects(t, side, "GroupedQueryAttention(64, 8, 2, 8)(x, cos, sin, mask) in eval mode")
+
+    # backpropagation: gradients w.r.t. x, cos, sin and every projection
     def build_gqa(impl):
         m = impl.GroupedQueryAttention(64, 8, 2, 8)
         unwrap(m).load_state_dict(st)
@@ -632,12 +640,6 @@ def check_gqa(t):
 
     check_gradients(t, gradient_probe(build_gqa, [x, cos, sin, mask]), "GroupedQueryAttention(64, 8, 2, 8), a random "
                     "projection of the output (gradients w.r.t. x, cos, sin and every projection)")
-
-    def side(impl):
-        m = impl.GroupedQueryAttention(64, 8, 2, 8)
-        return state_change(m, lambda: m(x, cos, sin, mask), eval_mode=True)
-
-    _expect_no_side_effects(t, side, "GroupedQueryAttention(64, 8, 2, 8)(x, cos, sin, mask) in eval mode")
 
 
 # ================================================================== 11.Llama3Model
@@ -816,6 +818,12 @@ def check_llama3_model(t):
               "for the projections and the rope tables alike) vs the course's model with the same weights",
               atol=float32_atol(want5, model_reduction(floor, idx5.shape[1])), rtol=1e-5, pick=lambda r: r["logits"])
 
+    def side(impl):
+        m = impl.Llama3Model(impl.Llama3Config(**tiny))
+        return state_change(m, lambda: m(a), eval_mode=True)
+
+    _expect_no_side_effects(t, side, "Llama3Model(llama3-tiny)(idx) in eval mode")
+
     # backpropagation: a loss on the logits reaches every parameter (nothing on the way is detached); the head is
     # untied so that the embedding's gradient can only come through the layers
     def build_for_grad(impl):
@@ -825,12 +833,6 @@ def check_llama3_model(t):
     check_gradients(t, gradient_probe(build_for_grad, [torch.randint(0, STRUCT["vocab_size"], (2, 9),
                                                                      generator=_gen(18))]),
                     "Llama3Model(vocab 50, D 32, L 2, H 4, KV 2, untied head), a random projection of the logits")
-
-    def side(impl):
-        m = impl.Llama3Model(impl.Llama3Config(**tiny))
-        return state_change(m, lambda: m(a), eval_mode=True)
-
-    _expect_no_side_effects(t, side, "Llama3Model(llama3-tiny)(idx) in eval mode")
 
 
 # ================================================================== siblings
