@@ -460,6 +460,22 @@ def test_time_to_quality_composes_step_curves_with_ms_per_step():
             NANOGPT.warmup_steps, NANOGPT.betas) == (12, 64, 2000, 1e-3, 1e-4, 100, (0.9, 0.99))
 
 
+def test_time_to_quality_report_maps_budgets_to_stored_steps():
+    from coursetools.bench.time_to_quality import report_rows
+
+    nano = {"recipe": "nanoGPT", "steps": 2000, "complete": True, "step": [0, 1000, 2000], "val_loss": [4.0, 2.0, 1.9]}
+    # at 30 ms/step the course gets 2,000 steps in 1 min and 4,000 in 2; the 1-minute run was stored with 1,900 steps
+    course = {"recipe": "course", "steps": 1900, "complete": True, "step": [0, 1900], "val_loss": [4.0, 1.8]}
+    curves = {"runs": {"nanoGPT": nano, "course 1900": course}}
+    rows = report_rows(curves, {"ms_per_step": {"nanoGPT": 60.0, "course": 30.0}}, [0.5, 1, 2, 5])
+    assert [r["nanoGPT_steps"] for r in rows] == [500, 1000, 2000, 2000]          # a finished run stays put
+    assert [r["nanoGPT"] for r in rows] == pytest.approx([3.0, 2.0, 1.9, 1.9])   # linear between evaluations
+    assert [r["course_steps"] for r in rows] == [1000, 2000, 4000, 10000]
+    assert [r["course_run"] for r in rows] == [None, 1900, None, None]           # 1,900 >= 90 % of 2,000 and fits
+    assert [r["ahead"] for r in rows] == [None, "course", None, None]
+    assert rows[2]["missing"] == ["curves --course-steps 4000"]
+
+
 def test_laptop_run_is_the_budget_recipe():
     from llmcourse.runtime import profile
 

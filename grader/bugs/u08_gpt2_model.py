@@ -32,6 +32,10 @@ def _model_variant(variant: str):
                 self.lm_head.weight = nn.Parameter(torch.randn_like(self.tok_emb.weight) * 0.02)
             elif variant == "tied_by_copy" and cfg.tie_weights:
                 self.lm_head.weight = nn.Parameter(self.tok_emb.weight.detach().clone())
+            elif variant == "init_not_called":  # PyTorch's default initialisations, as if __init__ never called it
+                for module in self.modules():
+                    if isinstance(module, (nn.Linear, nn.Embedding)):
+                        module.reset_parameters()
             elif variant == "no_qkv_bias":
                 for block in self.blocks:
                     for name in ("W_query", "W_key", "W_value"):
@@ -120,6 +124,8 @@ for _bug, _variant, _hint, _detect in [
     ("B08.tied_by_copy", "tied_by_copy",
      "Tying shares one Parameter object; a copy drifts apart during training.", "detector"),
     ("B08.no_qkv_bias", "no_qkv_bias", "GPT-2's attention projections have biases.", "detector"),
+    ("B08.init_not_called", "init_not_called", "A model must start from GPT-2's initialisation as soon as it is "
+     "built: the constructor runs init_weights.", "detector"),
 ]:
     bug_group(_bug, f"{U}.GPT2Model", _hint, {"GPT2Model": _model_variant(_variant)}, _detect)
 

@@ -226,7 +226,7 @@ def _batched_variant(variant: str):
                     idx = torch.cat([idx, nxt], dim=1)
                     mask = torch.cat([mask, torch.full_like(mask[:, :1], variant != "mask_not_extended")], dim=1)
                     positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
-                    if eos_id is not None and bool(done.all()):
+                    if eos_id is not None and bool(done.all()) and variant != "no_early_stop":
                         break
         finally:
             model.train(was_training)
@@ -245,6 +245,8 @@ for _bug, _variant, _hint, _detect in [
      "True column at every step.", "mutant"),
     ("B09.batch_pad_position_negative", "pad_position_negative", "Padding slots need a valid position too (any row "
      "of the position table: their outputs are never used); counting real tokens gives them −1.", "mutant"),
+    ("B09.batch_no_early_stop", "no_early_stop", "The batch is done when every row has produced eos_id: the result "
+     "ends at that step, not at max_new_tokens.", "detector"),
     ("B09.batch_one_by_one", "one_by_one", "Batch the prompts: one model call per step for all rows, which is the "
      "point of padding.", "detector"),
     ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),

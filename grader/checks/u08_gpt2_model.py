@@ -22,7 +22,9 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   * logits = ``GPT2LMHeadModel`` on two configs (weights mapped here); float32
   * every config field used: ``qkv_bias=False``, ``layer_norm_eps=0.5``, ``tie_weights=False`` vs the reference
   * causal (later tokens leave earlier logits unchanged); T = C works; T > C -> ValueError
-  * ``init_weights``: N(0, 0.02²), residual projections 0.02/√(2L), biases 0, norms 1/0
+  * ``init_weights``: N(0, 0.02²), residual projections 0.02/√(2L), biases 0, norms 1/0; called by ``__init__``
+    (a fresh model has these statistics)
+  * backpropagation: a random projection of the logits reaches every parameter (``grader.gradcheck``)
   * train mode (by properties, p = 0.25): each sublayer's output dropped before the residual add, survivors
     × 1/(1−p), zero fraction ≈ p; the attention built with cfg.dropout; embeddings dropped (input of blocks[0])
   * side effects: a forward in eval mode and in train mode leaves every parameter and buffer unchanged
@@ -31,7 +33,8 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   * ``count_parameters``: a shared tensor once, plain modules, models on the meta device
 ``08.load_hf_gpt2``
   * loaded logits = ``GPT2LMHeadModel`` (two configs, every tensor random); in place, same model returned,
-    head still tied; old ``.attn.bias``/``.attn.masked_bias`` buffers ignored; shape mismatch -> ValueError
+    head still tied; old ``.attn.bias``/``.attn.masked_bias`` buffers ignored; shape mismatch -> ValueError (another
+    config, a truncated c_fc, a c_attn with extra columns)
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import torch
 from torch import nn
 
 from ..core import check, forbid, module_facts, run_learner, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 from ..oracles import float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
 from ..strength import decision, defining_property
@@ -346,20 +350,49 @@ def check_gpt2_model(t):
         return {k: v.detach().clone() for k, v in unwrap(m).state_dict().items()}
 
     st = t.run(init_probe)
-    resid = 0.02 / math.sqrt(2 * tiny.n_layers)
+    for problem in _init_problems(st, tiny.n_layers):
+        t.expect(False, f"init_weights: {problem}")
+    # the constructor calls init_weights: a model straight out of GPT2Model(cfg) has the same statistics
+    def fresh_probe(impl):
+        torch.manual_seed(2)
+        return {k: v.detach().clone() for k, v in unwrap(impl.GPT2Model(tiny)).state_dict().items()}
+
+    fresh = _init_problems(t.run(fresh_probe), tiny.n_layers)
+    if fresh:
+        t.fail(f"GPT2Model(gpt2-char-tiny) straight after construction, before any explicit init_weights() call: "
+               f"{fresh[0]}{f' (and {len(fresh) - 1} more)' if len(fresh) > 1 else ''}; these are PyTorch's default "
+               "initialisations, so __init__ never ran init_weights", bug="B08.init_not_called")
+
+    # backpropagation: a loss on the logits reaches every parameter (nothing on the way is detached)
+    def build_for_grad(impl):
+        torch.manual_seed(6)
+        return unwrap(impl.GPT2Model(cfg)).eval()
+
+    check_gradients(t, gradient_probe(build_for_grad, [torch.randint(0, 50, (2, 9), generator=torch.Generator()
+                                                                     .manual_seed(14))]),
+                    f"GPT2Model({_describe(cfg)}, V=50, C=16), a random projection of the logits")
+
+    _check_train_mode_dropout(t)
+
+
+def _init_problems(st: dict, n_layers: int) -> list[str]:
+    """What in the state ``st`` of a gpt2-char-tiny model breaks the init_weights rule (empty when nothing)."""
+    resid = 0.02 / math.sqrt(2 * n_layers)
+    problems = []
     for key, v in st.items():
         if key.endswith("norm1.weight") or key.endswith("norm2.weight") or key == "final_norm.weight":
-            t.expect(bool((v == 1).all()), f"init_weights: {key} must be all ones")
+            if not bool((v == 1).all()):
+                problems.append(f"{key} must be all ones")
         elif key.endswith(".bias"):
-            t.expect(bool((v == 0).all()), f"init_weights: {key} must be all zeros")
+            if not bool((v == 0).all()):
+                problems.append(f"{key} must be all zeros")
         else:
             target = resid if key.endswith("attn.out_proj.weight") or key.endswith("ffn.fc2.weight") else 0.02
             std = float(v.std())
-            t.expect(abs(std - target) <= 0.1 * target and abs(float(v.mean())) < 0.2 * target,
-                     f"init_weights: {key} must be drawn from N(0, {target:.5f}²); its std is {std:.5f}"
-                     + (" (the residual projections use 0.02/√(2·n_layers))" if target == resid else ""))
-
-    _check_train_mode_dropout(t)
+            if not (abs(std - target) <= 0.1 * target and abs(float(v.mean())) < 0.2 * target):
+                problems.append(f"{key} must be drawn from N(0, {target:.5f}²); its std is {std:.5f}"
+                                + (" (the residual projections use 0.02/√(2·n_layers))" if target == resid else ""))
+    return problems
 
 
 # ------------------------------------------------------------------ 08.GPT2Model: train-mode dropout, side effects
@@ -664,6 +697,12 @@ def check_load_hf_gpt2(t):
     err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=other))
     t.expect(err == "ValueError", f"loading a d_model=48 checkpoint into a d_model=64 model must raise ValueError; "
              f"got {err}")
+    wide = dict(hf_sd)  # a fused c_attn with 4 extra columns: slicing three D-wide parts out of it would succeed
+    wide["transformer.h.0.attn.c_attn.weight"] = torch.cat([wide["transformer.h.0.attn.c_attn.weight"],
+                                                           torch.zeros(cfg.d_model, 4)], dim=1)
+    err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=wide))
+    t.expect(err == "ValueError", f"a c_attn weight of shape (64, 196) instead of (64, 192) must raise ValueError "
+             f"(slicing query, key and value out of it would silently load a wrong checkpoint); got {err}")
     bad = dict(hf_sd)
     bad["transformer.h.1.mlp.c_fc.weight"] = bad["transformer.h.1.mlp.c_fc.weight"][:, :-4].contiguous()
     err = t.raised(functools.partial(_load_probe, cfg=cfg, hf_sd=bad))

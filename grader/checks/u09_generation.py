@@ -20,7 +20,8 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   masked entries -inf (never 0); input not modified
 ``09.top_p_filter``: worked example at several p; exact thresholds (4 and 8 equal tokens); another vocabulary
   order; stable order of ties; random batches against an independent keep rule; kept mass ≥ p and ≥ 1 token;
-  input already holding -inf; p=None / p ≥ 1 unchanged; input not modified
+  input already holding -inf; p=None / p ≥ 1 unchanged (also rows whose float32 mass reaches 1 before the
+  last token); input not modified
 ``09.sample_next_token``: shape (B, 1) long; temperature 0 = argmax (filters ignored); draw frequencies of every
   setting (temperature, top_k, top_p and their order) vs the filtered probabilities; one multinomial call with the
   generator (seeded draws reproducible)
@@ -31,7 +32,8 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   buffers unchanged after generating from train and from eval mode
 ``09.generate_batched``: greedy rows equal each prompt generated alone (4 lengths; equal lengths; a batch of one; a
   prompt filling the window exactly); one model call per step on all rows (a forward pre-hook counts them); pad_id does not matter (pad_id=7); max_new_tokens=0; ValueError past
-  context_length; eos_id (rows finish at different steps, frozen, early stop); sampling: the generator passed on
+  context_length; eos_id (rows finish at different steps, frozen; early stop on a stand-in model whose
+  rows finish after 2, 5, 1 and 7 of 30 steps); sampling: the generator passed on
   (seeded runs equal), every token in the top 3 of its own prompt run alone, top_k=1 = greedy; eval mode inside,
   the caller's mode restored, weights unchanged. The choices it forces (where the padding goes, what the model is
   told about it, which position each token gets) are not named by the task; the mutants are named
@@ -265,6 +267,12 @@ def check_top_p_filter(t):
     wide = T([0.0, -30.0, -40.0, -60.0, 2.0])
     t.compare(lambda impl: impl.top_p_filter(wide.clone(), 1.0), wide.clone(), "top_p_filter(logits, p=1.0) must return the "
               "logits unchanged (every token kept, including a tail whose mass rounds away in float32)", atol=0, rtol=0)
+    # rows where the float32 mass before the last token already sums to 1.0 (three tokens of probability 1/3, or
+    # 0.58 + 0.21 + 0.21): a nucleus computed at p = 1 drops that token, the contract keeps it (p >= 1: no filter)
+    rounded = T([[0.0, 0.0, 0.0, -40.0], [1.0, 0.0, 0.0, -30.0]])
+    t.compare(lambda impl: impl.top_p_filter(rounded.clone(), 1.0), rounded.clone(), "top_p_filter(logits (2, 4), "
+              "p=1.0) on rows whose float32 cumulative mass reaches 1.0 before the last token must return the logits "
+              "unchanged (p >= 1 keeps every token: no nucleus is computed)", atol=0, rtol=0)
     # p = 0: the most likely token alone survives (one behaviour, stated and graded; transformers keeps
     # min_tokens_to_keep=1 likewise), in every row of a batch
     rows = torch.randn(3, 7, generator=torch.Generator().manual_seed(17))
@@ -472,6 +480,14 @@ class _Counter(torch.nn.Module):
 
     def forward(self, idx):
         return 5.0 * torch.nn.functional.one_hot((idx + 1) % self.vocab, self.vocab).float()
+
+
+class _CounterBatched(_Counter):
+    """:class:`_Counter` with the keyword arguments ``generate_batched`` passes (ignored: the rule reads each
+    position's own token, so padding and positions cannot change it)."""
+
+    def forward(self, idx, attention_mask=None, position_ids=None):
+        return super().forward(idx)
 
 
 def _greedy_counter(idx: torch.Tensor, n: int, vocab: int = 10) -> torch.Tensor:
@@ -795,6 +811,27 @@ def check_generate_batched(t):
     _expect_equal(t, eos_probe, out, _one_by_one_ref(tuple(map(tuple, prompts)), n, C, eos_id=eos),
                   f"greedy batched generation with eos_id={eos} (a row that produced it keeps emitting it; stop when "
                   "every row has)")
+
+    # early stop, always exercised: a stand-in model whose rows reach eos_id=9 after 2, 5, 1 and 7 steps; every
+    # row has finished after 7 new tokens, so the result has 7 columns, not max_new_tokens=30
+    c_prompts = [[7], [0, 4], [8], [3, 2]]
+    c_rows = []
+    for p in c_prompts:
+        row = [(p[-1] + 1 + i) % 10 for i in range(30)]
+        c_rows.append(row[:row.index(9)] + [9] * (30 - row.index(9)))
+    c_expected = T(c_rows)[:, :7]
+
+    def counter_probe(impl):
+        return impl.generate_batched(_CounterBatched(10), [list(p) for p in c_prompts], 30, 32, eos_id=9)
+
+    c_out = t.run(counter_probe)
+    if isinstance(c_out, torch.Tensor) and c_out.dim() == 2 and c_out.shape[1] > 7 and bool((c_out[:, 6:] == 9).all()):
+        t.fail(f"4 prompts whose rows produce eos_id=9 after 2, 5, 1 and 7 steps: every row had finished after 7 new "
+               f"tokens, but generation went on to {c_out.shape[1]} (max_new_tokens=30): stop as soon as all rows are "
+               "finished", bug="B09.batch_no_early_stop")
+    _expect_equal(t, counter_probe, c_out, c_expected, "greedy batched generation of 4 prompts whose rows produce "
+                  "eos_id=9 after 2, 5, 1 and 7 steps (max_new_tokens=30): finished rows keep eos_id, and the result "
+                  "ends after 7 new tokens, when every row has finished")
 
     # sampling: the generator decides; every token among the top 3 of the prompt run alone; top_k=1 is greedy
     def sampled(impl):

@@ -19,31 +19,35 @@ Contract clauses and the probes that cover them (what is not listed is not grade
   - ``eps`` argument: a non-default ``eps=1e-2`` against torch's rms_norm;
   - no centring / scale invariance: a row plus 5 must change, a row times 3 must not;
   - statistics in float32 for bfloat16: a bfloat16 module on bfloat16 input vs LlamaRMSNorm;
-  - no side effects: an eval forward leaves the parameter unchanged.
+  - no side effects: an eval forward leaves the parameter unchanged; gradients reach the input and the gain.
 11.SwiGLUFeedForward
   - keys and shapes, no biases: ``module_facts``; ``down(silu(gate(x))·up(x))``: LlamaMLP with the same weights;
-  - SiLU written by hand: the same probe with ``F.silu`` unavailable; no side effects (eval forward).
+  - SiLU written by hand: the same probe with ``F.silu`` unavailable; no side effects (eval forward); gradients
+    reach the input and the three projections.
 11.rope
   - ``rope_inv_freq``: default θ (HF default), θ = 500,000 and 10,000, head_dim 16 and 64, dtype and shape;
   - Llama 3 smoothing: the worked example (factor 32, low 1, high 4, original 8,192) and a second dict with every
     key at another value (factor 8, low 2, high 8, original 1,024, head_dim 64), both vs HF's llama3 rope type;
-    the wrong blends between the limits are named mutants;
-  - ``rope_cos_sin``: arbitrary positions, ``cat(f, f)`` layout;
+    the wrong blends between the limits are named mutants; a pair exactly at the long limit (continuity);
+  - ``rope_cos_sin``: arbitrary positions, ``cat(f, f)`` layout; differentiable in ``inv_freq``;
   - ``apply_rope``: the pair layout that reproduces HF's ``apply_rotary_pos_emb`` (the interleaved alternative is
-    named), position 0 is the identity, relative-position identity, norm preservation;
+    named), position 0 is the identity, relative-position identity, norm preservation; the gradient w.r.t. x;
   - ``interleaved_to_half_split_perm``: F11.3, dtype/shape, and equal scores after permuting an interleaved projection.
 11.GroupedQueryAttention
   - ``repeat_kv``: equals repeat_interleave; the head map (the tiled alternative is named); ``n_rep = 1``;
   - keys/shapes with ``head_dim`` given and defaulted, and with ``head_dim ≠ d_model/n_heads`` (48, 4 heads of 16);
   - outputs vs SDPA(enable_gqa) and LlamaAttention (eager); ``head_dim ≠ D/H`` vs SDPA; KV = H is MHA;
-  - the ``mask`` argument: causality; no side effects (eval forward leaves parameters unchanged).
+  - the ``mask`` argument: causality; no side effects (eval forward leaves parameters unchanged); gradients
+    w.r.t. x, cos, sin and every projection.
 11.Llama3Model
   - config fields and defaults, the three presets, ``KeyError`` for another name;
   - keys, shapes, exactly three non-persistent model-level buffers, position 0 unrotated, tying;
   - ``tie_word_embeddings=False``, ``rope_scaling`` and ``rope_theta``: the two HF parity configs;
   - ``head_dim`` and ``rms_norm_eps`` at non-default values: a model with head_dim 16 ≠ D/H = 8 and eps 1e-3 vs the
     course's model with the same weights;
-  - parameter counts of the presets on the meta device; causality; ``ValueError`` past the context;
+  - ``head_dim=None`` with ``d_model`` not a multiple of ``n_heads`` (floor division);
+  - parameter counts of the presets on the meta device; causality; ``T = context_length`` works, ``ValueError`` past
+    it; gradients reach every parameter;
   - no side effects: an eval forward leaves parameters and buffers unchanged.
 """
 
@@ -56,9 +60,12 @@ import torch
 import torch.nn.functional as F
 
 from ..core import CheckFailure, check, forbid, module_facts, run_learner, state_change, unwrap
+from ..gradcheck import check_gradients, gradient_probe
 from ..oracles import F32_EPS, float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
 from ..strength import decision, defining_property
+from ._gradients import check_gradients as check_input_gradients
+from ._gradients import input_gradients
 
 U = "11"
 ORACLE_ASSET = "oracles/u11_hf_llama.pt"
@@ -72,9 +79,9 @@ F112_INTERLEAVED = [-1.1426, 1.9221, 2.9599, 4.0298]
 F115 = {"llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824, "llama3-tiny": 795_904}
 PRESET_FIELDS = {
     "llama3.2-1b": dict(vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, intermediate_size=8192,
-                        rope_theta=500000.0, head_dim=64),
+                        context_length=131072, rope_theta=500000.0, head_dim=64),
     "llama3.2-3b": dict(vocab_size=128256, d_model=3072, n_layers=28, n_heads=24, n_kv_heads=8, intermediate_size=8192,
-                        rope_theta=500000.0, head_dim=128),
+                        context_length=131072, rope_theta=500000.0, head_dim=128),
     "llama3-tiny": dict(vocab_size=65, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, intermediate_size=384,
                         context_length=256, rope_theta=10000.0),
 }
@@ -322,6 +329,15 @@ def check_rmsnorm(t):
 
     _expect_no_side_effects(t, side, "RMSNorm(48)(x) in eval mode")
 
+    # backpropagation: the gradient reaches the input and the gain, and equals the reference's
+    def build_norm(impl):
+        n = impl.RMSNorm(48)
+        with torch.no_grad():
+            unwrap(n).weight.copy_(w)
+        return n
+
+    check_gradients(t, gradient_probe(build_norm, [x]), "RMSNorm(48), a random projection of the output")
+
 
 # ================================================================== 11.SwiGLUFeedForward
 
@@ -356,6 +372,15 @@ def check_swiglu(t):
 
     _expect_no_side_effects(t, side, "SwiGLUFeedForward(32, 88)(x) in eval mode")
 
+    # backpropagation: the gradient reaches the input and the three projections
+    def build_mlp(impl):
+        m = impl.SwiGLUFeedForward(32, 88)
+        unwrap(m).load_state_dict(o["state"])
+        return m
+
+    check_gradients(t, gradient_probe(build_mlp, [o["x"]]), "SwiGLUFeedForward(32, 88), a random projection of the "
+                    "output")
+
 
 # ================================================================== 11.rope
 
@@ -380,6 +405,14 @@ def check_rope(t):
     t.compare(lambda impl: impl.rope_inv_freq(64, 10000.0, dict(SCALING_B)), o["inv_freq"]["llama3_b"],
               f"rope_inv_freq(64, 10000, {SCALING_B}) (band limits at wavelengths 128 and 512, several pairs between "
               "them) vs transformers' llama3 rope type", atol=1e-7, rtol=1e-5)
+    # a pair exactly at the long limit (wavelength == orig / low_freq_factor): the blend is continuous there, so the
+    # frequency is theta_i / factor whichever side the pair is counted on; a rule that scales it twice (or not at
+    # all) breaks the continuity the contract requires
+    edge, edge_want = _limit_case()
+    t.compare(lambda impl: impl.rope_inv_freq(16, 10000.0, dict(edge)), edge_want,
+              "rope_inv_freq(16, 10000, {factor 8, high 4, original 1024, low_freq_factor chosen so that pair 5's "
+              "wavelength is exactly the long limit orig / low_freq_factor}): at the limit the smoothed frequency "
+              "must meet the scaled one (θ_5 / factor), continuous", atol=0, rtol=1e-5)
     got = t.run(lambda impl: impl.rope_inv_freq(64, 10000.0))
     t.expect(isinstance(got, torch.Tensor) and got.dtype == torch.float32 and tuple(got.shape) == (32,),
              f"rope_inv_freq(64, 10000) must be a float32 tensor of shape (32,), got "
@@ -414,6 +447,11 @@ def check_rope(t):
     t.compare(lambda impl: (impl.apply_rope(r["q"], cos, sin), impl.apply_rope(r["k"], cos, sin)),
               (r["q_out"], r["k_out"]), "apply_rope on (2, 3, 11, 16) queries and keys vs transformers' "
               "apply_rotary_pos_emb", atol=1e-6, rtol=1e-5)
+    # backpropagation: queries and keys are trained through the rotation; the tables through rope_cos_sin
+    check_input_gradients(t, input_gradients("apply_rope", (r["q"], cos, sin), (0,)),
+                          "apply_rope(q (2, 3, 11, 16), cos, sin) w.r.t. q")
+    check_input_gradients(t, input_gradients("rope_cos_sin", (inv, pos), (0,)),
+                          "rope_cos_sin(inv_freq, positions) w.r.t. inv_freq (both tables)")
     # properties with the learner's own tables: relative positions, norms
     g = _gen(9)
     q, k = torch.randn(2, 1, 1, 1, 64, generator=g)
@@ -453,6 +491,29 @@ def check_rope(t):
              "permuting the rows of W_q and W_k of each head with your permutation must make half-split RoPE "
              "scores equal the interleaved-RoPE scores of the original weights; they differ by "
              f"{float((s_half - s_inter).abs().max()):.3g}")
+
+
+def _limit_case() -> tuple[dict, torch.Tensor]:
+    """A scaling dict whose long limit ``orig / low_freq_factor`` is exactly pair 5's float32 wavelength (head_dim 16,
+    θ 10,000), and the frequencies the Llama 3 rule gives, in float64 from the float32 plain frequencies: below the
+    short limit unchanged, above the long one divided by ``factor``, between them the linear blend in
+    ``orig / wavelength``; at the long limit the blend's weight is 0, so the value is θ_5 / factor either way."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    wavelen = 2 * math.pi / inv
+    factor, high, orig = 8.0, 4.0, 1024
+    low = orig / float(wavelen[5])
+    want = []
+    for f, wl in zip(inv.double().tolist(), wavelen.double().tolist()):
+        if wl < orig / high:
+            want.append(f)
+        elif wl > float(wavelen[5]):
+            want.append(f / factor)
+        else:
+            s = min(max((orig / wl - low) / (high - low), 0.0), 1.0)
+            want.append((1 - s) * f / factor + s * f)
+    scaling = {"factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+               "original_max_position_embeddings": orig}
+    return scaling, torch.tensor(want, dtype=torch.float32)
 
 
 def _tables(hd, theta, t):
@@ -570,6 +631,15 @@ def check_gqa(t):
         return state_change(m, lambda: m(x, cos, sin, mask), eval_mode=True)
 
     _expect_no_side_effects(t, side, "GroupedQueryAttention(64, 8, 2, 8)(x, cos, sin, mask) in eval mode")
+
+    # backpropagation: gradients w.r.t. x, cos, sin and every projection
+    def build_gqa(impl):
+        m = impl.GroupedQueryAttention(64, 8, 2, 8)
+        unwrap(m).load_state_dict(st)
+        return m
+
+    check_gradients(t, gradient_probe(build_gqa, [x, cos, sin, mask]), "GroupedQueryAttention(64, 8, 2, 8), a random "
+                    "projection of the output (gradients w.r.t. x, cos, sin and every projection)")
 
 
 # ================================================================== 11.Llama3Model
@@ -702,6 +772,15 @@ def check_llama3_model(t):
              "the logits before position 12: the model looks ahead")
     err = t.raised(lambda impl: impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 33, dtype=torch.long)))
     t.expect(err == "ValueError", f"T = 33 > context_length = 32 must raise ValueError; got {err}")
+    def full_window(impl):
+        return tuple(impl.Llama3Model(impl.Llama3Config(**tiny))(torch.zeros(1, 32, dtype=torch.long)).shape)
+
+    failed = t.raised_error(full_window)
+    t.expect(failed is None, f"a sequence of exactly context_length = 32 tokens must work (only T > context_length is "
+             f"refused); it raised {failed and failed[0]}: {failed and failed[1]}")
+    full = t.run(full_window)
+    t.expect(full == (1, 32, 65), f"a sequence of exactly context_length = 32 tokens must give logits (1, 32, 65); got "
+             f"shape {full}")
     # head_dim and rms_norm_eps at values of their own: 4 heads of 16 on a 32-wide model (D/H = 8), eps 1e-3
     odd = dict(STRUCT, head_dim=16, rms_norm_eps=1e-3)
     ref_model = ref["Llama3Model"](ref["Llama3Config"](**odd)).eval()
@@ -723,11 +802,37 @@ def check_llama3_model(t):
               atol=float32_atol(want4, model_reduction(odd, idx4.shape[1])), rtol=1e-5,
               pick=lambda r: r["logits"])
 
+    # head_dim None with d_model not a multiple of n_heads: the head width is d_model // n_heads = 36 // 8 = 4
+    floor = dict(STRUCT, d_model=36, n_heads=8, n_layers=1)
+    ref_floor = ref["Llama3Model"](ref["Llama3Config"](**floor)).eval()
+    g5 = _gen(17)
+    floor_state = {k: 0.2 * torch.randn(v.shape, generator=g5) + (1.0 if k.endswith("norm.weight") else 0.0)
+                   for k, v in ref_floor.state_dict().items()}
+    floor_state["lm_head.weight"] = floor_state["embed_tokens.weight"]
+    ref_floor.load_state_dict(floor_state)
+    idx5 = torch.randint(0, STRUCT["vocab_size"], (2, 10), generator=g5)
+    with torch.no_grad():
+        want5 = ref_floor(idx5)
+    t.compare(functools.partial(_model_logits, config=floor, state=floor_state, idx=idx5), want5,
+              "logits of Llama3Config(d_model=36, n_heads=8, head_dim=None) (the head width is d_model // n_heads = 4, "
+              "for the projections and the rope tables alike) vs the course's model with the same weights",
+              atol=float32_atol(want5, model_reduction(floor, idx5.shape[1])), rtol=1e-5, pick=lambda r: r["logits"])
+
     def side(impl):
         m = impl.Llama3Model(impl.Llama3Config(**tiny))
         return state_change(m, lambda: m(a), eval_mode=True)
 
     _expect_no_side_effects(t, side, "Llama3Model(llama3-tiny)(idx) in eval mode")
+
+    # backpropagation: a loss on the logits reaches every parameter (nothing on the way is detached); the head is
+    # untied so that the embedding's gradient can only come through the layers
+    def build_for_grad(impl):
+        torch.manual_seed(5)
+        return unwrap(impl.Llama3Model(impl.Llama3Config(**STRUCT, tie_word_embeddings=False))).eval()
+
+    check_gradients(t, gradient_probe(build_for_grad, [torch.randint(0, STRUCT["vocab_size"], (2, 9),
+                                                                     generator=_gen(18))]),
+                    "Llama3Model(vocab 50, D 32, L 2, H 4, KV 2, untied head), a random projection of the logits")
 
 
 # ================================================================== siblings

@@ -184,8 +184,8 @@ def budget_recipe(minutes: float, ms_per_step: float) -> dict:
     down to ``min_lr`` exactly when the budget ends. The batch shape and learning rates were chosen from
     validation-loss curves against the step, composed with interleaved ms/step measurements, next to
     nanoGPT's published CPU recipe for the same model size (batch 12 × 64, lr 1e-3, 2,000 steps);
-    ``python -m coursetools.bench.time_to_quality`` compares the two at every budget from 1 to 10 minutes
-    on the machine it runs on.
+    ``python -m coursetools.bench.time_to_quality`` compares the two: step curves stored in
+    ``docs/time-to-quality/``, budgets mapped to steps with ms/step measured on an idle machine.
 
     Returns:
         dict with ``batch_size``, ``context_length``, ``steps``, ``max_lr``, ``min_lr``, ``warmup_steps``,

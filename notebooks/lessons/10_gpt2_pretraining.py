@@ -851,9 +851,52 @@ plt.show()
 #
 # The laptop profile's run in section 9 is chosen by the same measurement, made with longer budgets:
 # its batch shape, learning rate and warm-up fit a run of a few minutes, and its cosine ends where the
-# budget ends. `python -m coursetools.bench.time_to_quality` runs that comparison on your machine for budgets
-# of 1 to 10 minutes, against the settings nanoGPT publishes for the same model size on a CPU, and says at
-# which budgets which recipe is ahead.
+# budget ends. The course compares it with the settings nanoGPT publishes for the same model size on a CPU,
+# in the same two parts: each recipe's validation loss against the step, computed once and stored with the
+# course in `docs/time-to-quality/` (seeded, so any machine computes the same curve, up to float rounding),
+# and each recipe's milliseconds per step, which only an idle machine can measure
+# (`python -m coursetools.bench.time_to_quality speed`; its docstring gives the whole procedure). The next
+# cell reads what is stored: the curves, and, once a machine's speed is stored too, the loss each recipe
+# stands at after each budget of minutes it lists. A budget whose runs are not stored yet is printed as such.
+
+# %%
+import json  # noqa: E402
+
+from coursetools.bench.time_to_quality import report_rows  # noqa: E402
+from llmcourse.manifest import course_root  # noqa: E402
+
+ttq_dir = course_root() / "docs" / "time-to-quality"   # written by python -m coursetools.bench.time_to_quality
+ttq_curves, ttq_speed = ({"runs": {}}, None)
+if (ttq_dir / "curves.json").exists():
+    ttq_curves = json.loads((ttq_dir / "curves.json").read_text(encoding="utf-8"))
+if (ttq_dir / "speed.json").exists():
+    ttq_speed = json.loads((ttq_dir / "speed.json").read_text(encoding="utf-8"))
+for key, run in ttq_curves["runs"].items():
+    state = "complete" if run["complete"] else f"stopped at step {run['step'][-1]:,}"
+    print(f"{key:>12}: a {run['steps']:,}-step run ({state}), batch {run['settings']['batch_size']} × "
+          f"{run['settings']['context_length']}; validation loss {run['val_loss'][0]:.3f} at step 0, "
+          f"{run['val_loss'][-1]:.3f} at step {run['step'][-1]:,}")
+if ttq_speed is None:
+    print("ms/step of the two recipes: not stored yet (an idle machine measures them), so no budget of minutes "
+          "maps to steps yet: no recipe is said to be ahead")
+else:
+    print(f"ms/step on {ttq_speed['machine']} ({ttq_speed['threads']} threads): {ttq_speed['ms_per_step']}")
+    for row in report_rows(ttq_curves, ttq_speed, [1, 2, 3, 5, 10]):   # budgets in minutes
+        if row["ahead"] is None:
+            print(f"{row['minutes']:>3} min: not computed yet ({'; '.join(row['missing'])})")
+        else:
+            print(f"{row['minutes']:>3} min: nanoGPT {row['nanoGPT']:.3f} after {row['nanoGPT_steps']:,} steps, the "
+                  f"course {row['course']:.3f} after {row['course_run']:,} steps: {row['ahead']} ahead")
+
+# %% tags=["nbval-ignore-output"]
+if ttq_curves["runs"]:
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for key, run in ttq_curves["runs"].items():
+        ax.plot(run["step"], run["val_loss"], marker=".", label=key)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("validation loss")
+    ax.legend()
+    plt.show()
 
 # %% [markdown]
 # ### bfloat16 autocast on the CPU
