@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from ..core import check, forbid, module_facts, run_learner, unwrap
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import check_module_gradients, module_gradient_probe
 from ..oracles import float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
 from ..strength import decision, defining_property
@@ -368,7 +368,7 @@ def check_gpt2_model(t):
         torch.manual_seed(6)
         return unwrap(impl.GPT2Model(cfg)).eval()
 
-    check_gradients(t, gradient_probe(build_for_grad, [torch.randint(0, 50, (2, 9), generator=torch.Generator()
+    check_module_gradients(t, module_gradient_probe(build_for_grad, [torch.randint(0, 50, (2, 9), generator=torch.Generator()
                                                                      .manual_seed(14))]),
                     f"GPT2Model({_describe(cfg)}, V=50, C=16), a random projection of the logits")
 

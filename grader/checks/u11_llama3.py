@@ -60,12 +60,15 @@ import torch
 import torch.nn.functional as F
 
 from ..core import CheckFailure, check, forbid, module_facts, run_learner, state_change, unwrap
-from ..gradcheck import check_gradients, gradient_probe
+from ..gradcheck import (
+    check_function_gradients,
+    check_module_gradients,
+    function_gradient_probe,
+    module_gradient_probe,
+)
 from ..oracles import F32_EPS, float32_atol, stored_oracle, write_oracle
 from ..runner import also_blocked
 from ..strength import decision, defining_property
-from ._gradients import check_gradients as check_input_gradients
-from ._gradients import input_gradients
 
 U = "11"
 ORACLE_ASSET = "oracles/u11_hf_llama.pt"
@@ -336,7 +339,7 @@ def check_rmsnorm(t):
             unwrap(n).weight.copy_(w)
         return n
 
-    check_gradients(t, gradient_probe(build_norm, [x]), "RMSNorm(48), a random projection of the output")
+    check_module_gradients(t, module_gradient_probe(build_norm, [x]), "RMSNorm(48), a random projection of the output")
 
 
 # ================================================================== 11.SwiGLUFeedForward
@@ -378,7 +381,7 @@ def check_swiglu(t):
         unwrap(m).load_state_dict(o["state"])
         return m
 
-    check_gradients(t, gradient_probe(build_mlp, [o["x"]]), "SwiGLUFeedForward(32, 88), a random projection of the "
+    check_module_gradients(t, module_gradient_probe(build_mlp, [o["x"]]), "SwiGLUFeedForward(32, 88), a random projection of the "
                     "output")
 
 
@@ -448,9 +451,9 @@ def check_rope(t):
               (r["q_out"], r["k_out"]), "apply_rope on (2, 3, 11, 16) queries and keys vs transformers' "
               "apply_rotary_pos_emb", atol=1e-6, rtol=1e-5)
     # backpropagation: queries and keys are trained through the rotation; the tables through rope_cos_sin
-    check_input_gradients(t, input_gradients("apply_rope", (r["q"], cos, sin), (0,)),
+    check_function_gradients(t, function_gradient_probe("apply_rope", (r["q"], cos, sin), (0,)),
                           "apply_rope(q (2, 3, 11, 16), cos, sin) w.r.t. q")
-    check_input_gradients(t, input_gradients("rope_cos_sin", (inv, pos), (0,)),
+    check_function_gradients(t, function_gradient_probe("rope_cos_sin", (inv, pos), (0,)),
                           "rope_cos_sin(inv_freq, positions) w.r.t. inv_freq (both tables)")
     # properties with the learner's own tables: relative positions, norms
     g = _gen(9)
@@ -638,7 +641,7 @@ def check_gqa(t):
         unwrap(m).load_state_dict(st)
         return m
 
-    check_gradients(t, gradient_probe(build_gqa, [x, cos, sin, mask]), "GroupedQueryAttention(64, 8, 2, 8), a random "
+    check_module_gradients(t, module_gradient_probe(build_gqa, [x, cos, sin, mask]), "GroupedQueryAttention(64, 8, 2, 8), a random "
                     "projection of the output (gradients w.r.t. x, cos, sin and every projection)")
 
 
@@ -830,7 +833,7 @@ def check_llama3_model(t):
         torch.manual_seed(5)
         return unwrap(impl.Llama3Model(impl.Llama3Config(**STRUCT, tie_word_embeddings=False))).eval()
 
-    check_gradients(t, gradient_probe(build_for_grad, [torch.randint(0, STRUCT["vocab_size"], (2, 9),
+    check_module_gradients(t, module_gradient_probe(build_for_grad, [torch.randint(0, STRUCT["vocab_size"], (2, 9),
                                                                      generator=_gen(18))]),
                     "Llama3Model(vocab 50, D 32, L 2, H 4, KV 2, untied head), a random projection of the logits")
 
