@@ -131,5 +131,5 @@ def test_readme_states_the_char_llama_training_time_as_recorded():
     root = Path(__file__).resolve().parents[1]
     seconds = float(torch.load(root / "assets" / "llama_char_tiny.pt", weights_only=True)["seconds"])
     line = next(s for s in (root / "README.md").read_text().splitlines() if "assets/llama_char_tiny.pt" in s)
-    if seconds > 600:
-        assert "few minutes" not in line and "tens of minutes" in line, (seconds, line)
+    said = "tens of minutes" if seconds > 600 else "a few minutes"   # the asset records about half an hour
+    assert said in line and ("few minutes" not in line or seconds <= 600), (seconds, line)
