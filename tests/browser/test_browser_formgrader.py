@@ -105,7 +105,9 @@ def test_formgrader_lists_the_assignment_and_the_submission(graded, formgrader_l
     page = tab.page
     shots.watch(page, "formgrader")
     score = report.rows[0]["score"]
-    assert score == 6.0, f"no_scale fails sdpa (5), SelfAttention (3) and CausalSelfAttention (6): {report.render()}"
+    # no_scale fails scaled_dot_product_attention (5 of 20) only: the modules built on it are graded on the course's
+    # function (one mistake costs one exercise)
+    assert score == unit.points - 5, report.render()
 
     page.goto(f"{formgrader_lab.url}/formgrader/manage_assignments")
     row = page.locator("tbody tr", has_text=unit.name).first
