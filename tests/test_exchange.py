@@ -117,7 +117,7 @@ def test_collect_brings_every_students_submission(class_run):
 def test_grades_right_wrong_and_broken(class_run):
     scores = {row["student"]: row["score"] for row in class_run["report"].rows}
     assert scores["alice"] == 20
-    assert 0 < scores["bob"] < 20, "the unscaled attention costs its exercise and those built on it"
+    assert 0 < scores["bob"] < 20, "the unscaled attention costs its own exercise (the modules built on it are graded on the course's function)"
     assert scores["carol"] == 0
 
 

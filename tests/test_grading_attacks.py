@@ -213,11 +213,11 @@ EXPECTED = {"control": 20, "grader_patched": 0, "allclose_patched": 0, "patch_in
             "os_exit_inside": 0, "loop_inside": 0, "invalid_json": 0, "stripped_wrong": 0, "tests_deleted_wrong": 0,
             "tests_retyped_wrong": 0, "markdown_answers": 0, "nan_answers": 0, "batch_dims": 0, "stub": 0,
             # correct answers around what a real class produces: nothing present is lost
-            "float64_answers": 6, "crash_correct": 20, "stripped_correct": 20, "tests_tampered_correct": 20,
+            "float64_answers": 12, "crash_correct": 20, "stripped_correct": 20, "tests_tampered_correct": 20,
             "huge_output_correct": 20, "markdown_one_correct": 17,
-            # the nbgrader round trip: a named mistake costs its exercise and those built on it; a syntax
-            # error costs only its own cell's exercise
-            "mutant": 6, "syntax": 17,
+            # the nbgrader round trip: a named mistake costs only its own exercise (the modules built on
+            # scaled_dot_product_attention are graded on the course's function); so does a syntax error
+            "mutant": 15, "syntax": 17,
             # learner code that signals or outlives the processes that supervise it (tests/hostile.py)
             **{f"{kind}_inside": 0 for kind in HOSTILE_KINDS}}
 
