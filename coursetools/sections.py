@@ -61,7 +61,8 @@ class Section:
 
 
 def _plain(heading: str) -> str:
-    return re.sub(r"[`*_]", "", heading).strip()
+    """The heading without markdown's code and emphasis marks; an underscore inside a word (``d_k``) stays."""
+    return re.sub(r"[`*]|(?<!\w)_+|_+(?!\w)", "", heading).strip()
 
 
 def lesson_sections(root: Path, notebook: str) -> list[Section]:

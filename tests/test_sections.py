@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coursetools.sections import derive, lesson_sections, section_map, section_of, unit_lessons
+from coursetools.sections import _plain, derive, lesson_sections, section_map, section_of, unit_lessons
 from llmcourse.manifest import load_course
 
 COURSE = load_course()
@@ -48,6 +48,8 @@ def test_every_catalogued_mistake_points_to_a_heading_of_its_lesson(u):
 def test_the_label_is_the_lesson_s_own_heading():
     assert section_of("B11.rms_eps_outside", COURSE.root) == "lesson 11 §2 RMSNorm"
     assert section_of("B03.no_such_mistake", COURSE.root) is None
+    # markdown marks go, an underscore inside a word stays (a heading with $\\sqrt{d_k}$ must keep its d_k)
+    assert _plain("Why divide by $\\sqrt{d_k}$? `mask` and *__emphasis__*") == "Why divide by $\\sqrt{d_k}$? mask and emphasis"
 
 
 def test_derivation_finds_the_section_that_teaches_a_mistake():
