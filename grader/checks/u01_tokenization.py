@@ -473,12 +473,7 @@ def _step_probe(cases):
     def probe(impl):
         out = []
         for words0, counts0, pair, new_id in cases:
-            pc, wh = {}, {}
-            for i, w in enumerate(words0):
-                for k in range(len(w) - 1):
-                    p = (w[k], w[k + 1])
-                    pc[p] = pc.get(p, 0) + counts0[i]
-                    wh.setdefault(p, set()).add(i)
+            pc, wh = _o_count(words0, counts0)
             log = _Log()
             words = [_chunk(w, log, i) for i, w in enumerate(words0)]
             counts = _Counts(counts0)
