@@ -343,6 +343,15 @@ def _ex(m: dict) -> str:
     return "<br>".join(f"{_e(x)} ({len(m['by_exercise'][x])})" for x in m["exercises"])
 
 
+def _table(heads: list[str], rows: list[str]) -> str:
+    """A sortable table: ``heads`` (column heads, HTML) over ``rows`` (each row's cells, HTML); ``<p>none</p>`` when
+    there are no rows."""
+    if not rows:
+        return "<p>none</p>"
+    return ("<table class='sortable'><tr>" + "".join(f"<th>{h}</th>" for h in heads) + "</tr>" +
+            "".join(f"<tr>{r}</tr>" for r in rows) + "</table>")
+
+
 def _html(summary: dict, title: str) -> str:
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title><style>{_CSS}</style>"
            f"</head><body><h1>{_e(title)}</h1>"]
@@ -368,25 +377,14 @@ def _html(summary: dict, title: str) -> str:
         out.append("</table><h3>Named mistakes, most frequent first</h3>")
         if a["named_mistakes"]:
             out.append(_plot("mistakes", _plot_mistakes, a))
-            out.append("<table class='sortable'><tr><th>students</th><th>exercise</th><th>mistake</th><th>hint</th>"
-                       "<th>lesson section</th><th>who</th></tr>")
-            for m in a["named_mistakes"]:
-                out.append(f"<tr><td>{len(m['students'])}</td><td>{_ex(m)}</td><td>{_e(m['mistake'])}</td>"
-                           f"<td>{_e(m['hint'] or '')}</td><td>{_e(m.get('section') or '')}</td>"
-                           f"<td class='small'>{_e(', '.join(m['students']))}</td></tr>")
-            out.append("</table>")
-        else:
-            out.append("<p>none</p>")
+        out.append(_table(["students", "exercise", "mistake", "hint", "lesson section", "who"], [
+            f"<td>{len(m['students'])}</td><td>{_ex(m)}</td><td>{_e(m['mistake'])}</td><td>{_e(m['hint'] or '')}</td>"
+            f"<td>{_e(m.get('section') or '')}</td><td class='small'>{_e(', '.join(m['students']))}</td>"
+            for m in a["named_mistakes"]]))
         out.append("<h3>Other failures, by the property that broke</h3>")
-        if a["unnamed_failures"]:
-            out.append("<table class='sortable'><tr><th>students</th><th>exercise</th><th>what broke</th><th>who</th>"
-                       "</tr>")
-            for g in a["unnamed_failures"]:
-                out.append(f"<tr><td>{len(g['students'])}</td><td>{_e(g['exercise'])}</td><td>{_e(g['property'])}</td>"
-                           f"<td class='small'>{_e(', '.join(g['students']))}</td></tr>")
-            out.append("</table>")
-        else:
-            out.append("<p>none</p>")
+        out.append(_table(["students", "exercise", "what broke", "who"], [
+            f"<td>{len(g['students'])}</td><td>{_e(g['exercise'])}</td><td>{_e(g['property'])}</td>"
+            f"<td class='small'>{_e(', '.join(g['students']))}</td>" for g in a["unnamed_failures"]]))
         ids = [ex["id"] for ex in a["exercises"]]
         out.append("<h3>Students &times; exercises</h3>" + _plot("heat", _plot_heat, a) + "<p class='small'>" + " ".join(
             f"<span class='{k.replace(' ', '-').replace(',', '')}'>&nbsp;{_e(k)}&nbsp;</span>"
@@ -400,14 +398,13 @@ def _html(summary: dict, title: str) -> str:
                            f"data-v='{_e(row['cells'][i])}'>{_e(row['cells'][i])}</td>" for i in ids) + "</tr>")
         out.append("</table>")
     out.append("<h2>Students to follow up</h2>")
-    out.append("<table class='sortable'><tr><th>student</th><th>assignment</th><th>why</th></tr>" + "".join(
-        f"<tr><td>{_e(f['student'])}</td><td>{_e(f['assignment'])}</td><td>{_e(f['why'])}</td></tr>"
-        for f in summary["follow_up"]) + "</table>" if summary["follow_up"] else "<p>none</p>")
+    out.append(_table(["student", "assignment", "why"], [
+        f"<td>{_e(f['student'])}</td><td>{_e(f['assignment'])}</td><td>{_e(f['why'])}</td>"
+        for f in summary["follow_up"]]))
     out.append("<h2>Submissions that hit a limit</h2>")
-    out.append("<table class='sortable'><tr><th>student</th><th>assignment</th><th>limit</th><th>notes</th></tr>" +
-               "".join(f"<tr><td>{_e(s['student'])}</td><td>{_e(s['assignment'])}</td><td>{_e(', '.join(s['limits']))}"
-                       f"</td><td class='small'>{_e(s['notes'])}</td></tr>" for s in summary["limits"]) + "</table>"
-               if summary["limits"] else "<p>none</p>")
+    out.append(_table(["student", "assignment", "limit", "notes"], [
+        f"<td>{_e(s['student'])}</td><td>{_e(s['assignment'])}</td><td>{_e(', '.join(s['limits']))}</td>"
+        f"<td class='small'>{_e(s['notes'])}</td>" for s in summary["limits"]]))
     out.append(f"<script>{_JS}</script></body></html>")
     return "\n".join(out)
 

@@ -529,20 +529,9 @@ def test_bpe_stepper_live_controls():
 
 
 # ============================================================================ byte-level BPE (llmcourse.data.bytebpe)
-# Oracles: tiktoken's GPT-2 ids, GPT-2's original merges file vocab.bpe (read here with GPT-2's byte-to-character
-# map), and a full recount written here.
-
-
-def _bytes_to_chars() -> dict[str, int]:
-    shown = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in shown:
-            out[chr(b)] = b
-        else:
-            out[chr(256 + extra)] = b
-            extra += 1
-    return out
+# Oracles: tiktoken's GPT-2 ids, GPT-2's original release files vocab.bpe and gpt2.tiktoken (read by the grader's
+# oracle, grader.checks.u01_tokenization._gpt2_bpe_oracle, with GPT-2's byte-to-character map: no code of
+# llmcourse.data.bytebpe on that route), and a full recount written here.
 
 
 @pytest.fixture(scope="module")
@@ -553,18 +542,13 @@ def gpt2_bytebpe():
 
 
 def test_gpt2_merges_equal_the_original_merges_file(gpt2_bytebpe):
-    from llmcourse.data import bytebpe as B
+    from grader.checks.u01_tokenization import _gpt2_bpe_oracle
 
     byte_ids, merges = gpt2_bytebpe
-    ranks = B.read_ranks(llmcourse.data_path("gpt2-bpe", "gpt2.tiktoken"))
-    chars = _bytes_to_chars()
-    lines = llmcourse.data_path("gpt2-bpe", "vocab.bpe").read_text(encoding="utf-8").splitlines()[1:]
-    expected = {}
-    for line in filter(None, lines):
-        a, b = (bytes(chars[c] for c in s) for s in line.split(" "))
-        expected[(ranks[a], ranks[b])] = ranks[a + b]
+    want_ids, want_merges = _gpt2_bpe_oracle()
+    expected = {(a, b): new for a, b, new in want_merges}
     assert len(expected) == 50_000 and merges == expected
-    assert byte_ids == [ranks[bytes([b])] for b in range(256)] and sorted(byte_ids) == list(range(256))
+    assert byte_ids == list(want_ids) and sorted(byte_ids) == list(range(256))
 
 
 def test_byte_bpe_encode_equals_tiktoken(gpt2_bytebpe, verdict, shakespeare):

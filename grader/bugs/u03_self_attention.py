@@ -29,6 +29,18 @@ bug_group("B03.naive_softmax", f"{U}.softmax_stable",
           "Run it on [1000., 1001.]: which step overflows, and which shift of the inputs leaves a softmax unchanged?",
           {"softmax_stable": _naive_softmax}, detect="detector")
 
+FLOAT64_HINT = ("Compare the dtype of what your code returns with the dtype of its input: float32 in must give float32 out (the dtype the rest of the model computes in).")
+
+
+def _float64_softmax(x, dim=-1):
+    x = x.double()
+    e = (x - x.amax(dim=dim, keepdim=True)).exp()
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+bug_group("B03.float64_output", f"{U}.softmax_stable", FLOAT64_HINT, {"softmax_stable": _float64_softmax},
+          detect="detector")
+
 # ---------------------------------------------------------------- simple_attention
 
 
@@ -60,11 +72,24 @@ bug_group("B03.simple_scaled", f"{U}.simple_attention",
           "This first attention has no trainable weights and no scaling: compare your weights with the softmax of "
           "the raw dot products of the lesson's example.", {"simple_attention": _simple_scaled})
 
+
+
+def _simple_float64(x):
+    x = x.double()
+    w = torch.softmax(x @ x.transpose(-2, -1), dim=-1)
+    return w @ x, w
+
+
+bug_group("B03.float64_output", f"{U}.simple_attention", FLOAT64_HINT, {"simple_attention": _simple_float64},
+          detect="detector")
+
 # ---------------------------------------------------------------- scaled_dot_product_attention
 
 
 def _sdpa(q, k, v, mask=None, dropout=None, variant=""):
     d_k = k.shape[-1]
+    if variant == "float64_output":
+        q, k, v = q.double(), k.double(), v.double()
     kt = k.T if variant == "transpose_T" else k.transpose(-2, -1)
     scores = q @ kt
     if variant == "scale_dk":
@@ -119,6 +144,7 @@ _register_sdpa("B03.dropout_not_on_weights", "dropout_on_output",
                "Dropout acts on the attention weights (one draw per query–key pair), not on the output or the "
                "values.", "detector")
 _register_sdpa("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` for batched tensors.")
+_register_sdpa("B03.float64_output", "float64_output", FLOAT64_HINT, "detector")
 _register_sdpa("B03.mask_fill_finite", "mask_fill_finite",
                "Make every score a query may see lower than your fill value (scale q and k up): where does its weight "
                "go? The lesson's float16 experiment is the other half of the evidence.", "detector")
@@ -145,7 +171,8 @@ class _SelfAttentionBase(nn.Module):
         elif self.variant != "no_scale":
             scores = scores / k.shape[-1] ** 0.5
         w = torch.softmax(scores, dim=-1)
-        return w @ (x if self.variant == "weights_times_x" else v)
+        out = w @ (x if self.variant == "weights_times_x" else v)
+        return out.double() if self.variant == "float64_output" else out
 
 
 @bug("B03.scale_global", f"{U}.SelfAttention", "Use the key width of this call (`k.shape[-1]`).",
@@ -169,6 +196,11 @@ class SelfAttentionScaleDIn(_SelfAttentionBase):
 @bug("B03.weights_times_x", f"{U}.SelfAttention", "Weights combine the **value** vectors.", name="SelfAttention")
 class SelfAttentionTimesX(_SelfAttentionBase):
     variant = "weights_times_x"
+
+
+@bug("B03.float64_output", f"{U}.SelfAttention", FLOAT64_HINT, detect="detector", name="SelfAttention")
+class SelfAttentionFloat64(_SelfAttentionBase):
+    variant = "float64_output"
 
 
 # ---------------------------------------------------------------- CausalSelfAttention
@@ -225,6 +257,8 @@ class _CausalBase(nn.Module):
             used = self.dropout(w)
         self.last_weights = (used if self.variant == "last_weights_after_dropout" else w).detach()
         out = used @ (x if self.variant == "weights_times_x" else v)
+        if self.variant == "float64_output":
+            return out.double()
         return self.dropout(out) if self.variant == "dropout_on_output" else out
 
 
@@ -256,6 +290,7 @@ _register_causal("B03.transpose_T", "transpose_T", "Use `k.transpose(-2, -1)` fo
 _register_causal("B03.no_scale", "no_scale", "Divide the scores by √d_k before the softmax.")
 _register_causal("B03.last_weights_after_dropout", "last_weights_after_dropout",
                  "Call the module in train() mode with dropout > 0 and add up each row of last_weights.", "detector")
+_register_causal("B03.float64_output", "float64_output", FLOAT64_HINT, "detector")
 _register_causal("B03.mask_buffer_blocked", "mask_buffer_blocked",
                  "Print the mask buffer of a small module: which entries are True, and what does the course's "
                  "convention say True means?", "detector")

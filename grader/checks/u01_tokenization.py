@@ -334,7 +334,8 @@ def _o_encode(text, merges, byte_ids=None, specials=None, pattern=GPT2_PAT):
 @functools.cache
 def _gpt2_bpe_oracle() -> tuple[tuple[int, ...], tuple[tuple[int, int, int], ...]]:
     """GPT-2's byte ids and merges from the *original* release files: ``vocab.bpe`` (the merges as text, in GPT-2's
-    byte-to-printable-character map) and ``gpt2.tiktoken`` (the ranks); independent of any recovery."""
+    byte-to-printable-character map) and ``gpt2.tiktoken`` (the ranks); independent of any recovery. Also the oracle of
+    tests/test_unit01_tokenization.py for the library's ``gpt2_merges``."""
     import base64
 
     from llmcourse.data import data_path
@@ -376,50 +377,35 @@ class _Log:
         self.counts: set[int] = set()
 
 
+def _recording(name):
+    """``list.<name>`` that first records, in the chunk's log, that the chunk was read."""
+    method = getattr(list, name)
+
+    def read(self, *args):
+        self._seen()
+        return method(self, *args)
+
+    read.__name__ = name
+    return read
+
+
+_READS = ("__iter__", "__getitem__", "__reversed__", "__contains__", "__eq__", "__repr__", "index", "count")
+
+
 class _Chunk(list):
-    """A chunk that records in ``log.chunks`` every read of its contents (iteration, indexing, search, copy)."""
+    """A chunk that records in ``log.chunks`` every read of its contents (iteration, indexing, search, copy): each
+    method named in ``_READS`` goes through :func:`_recording`."""
 
     def _seen(self):
         if self._log.on:
             self._log.chunks.add(self._i)
 
-    def __iter__(self):
-        self._seen()
-        return super().__iter__()
-
-    def __getitem__(self, k):
-        self._seen()
-        return super().__getitem__(k)
-
-    def __reversed__(self):
-        self._seen()
-        return super().__reversed__()
-
-    def __contains__(self, x):
-        self._seen()
-        return super().__contains__(x)
-
-    def __eq__(self, other):
-        self._seen()
-        return super().__eq__(other)
-
+    __iter__, __getitem__, __reversed__, __contains__, __eq__, __repr__, index, count = map(_recording, _READS)
     __hash__ = None
 
     def __add__(self, other):
         self._seen()
         return list(super().__iter__()) + list(other)
-
-    def __repr__(self):
-        self._seen()
-        return super().__repr__()
-
-    def index(self, *a):
-        self._seen()
-        return super().index(*a)
-
-    def count(self, x):
-        self._seen()
-        return super().count(x)
 
     def copy(self):
         self._seen()
@@ -487,12 +473,7 @@ def _step_probe(cases):
     def probe(impl):
         out = []
         for words0, counts0, pair, new_id in cases:
-            pc, wh = {}, {}
-            for i, w in enumerate(words0):
-                for k in range(len(w) - 1):
-                    p = (w[k], w[k + 1])
-                    pc[p] = pc.get(p, 0) + counts0[i]
-                    wh.setdefault(p, set()).add(i)
+            pc, wh = _o_count(words0, counts0)
             log = _Log()
             words = [_chunk(w, log, i) for i, w in enumerate(words0)]
             counts = _Counts(counts0)

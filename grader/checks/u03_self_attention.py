@@ -74,6 +74,15 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def _expect_float32(t, out, what):
+    """The contract of every exercise here: float32 in, float32 out. ``out`` is what ``what`` returned for float32
+    inputs (a tensor or a tuple of tensors); a float64 result is the named mistake B03.float64_output."""
+    got = [x.dtype for x in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(x, torch.Tensor)]
+    wrong = sorted({str(d).replace("torch.", "") for d in got if d != torch.float32})
+    t.expect(not wrong, f"{what} on float32 inputs returned {', '.join(wrong)} tensors: float32 in must give float32 "
+             "out", bug="B03.float64_output" if "float64" in wrong else None)
+
+
 # ================================================================== 03.softmax_stable
 
 SOFTMAX_FIXTURES = [
@@ -99,6 +108,7 @@ def check_softmax_stable(t):
                 return impl.softmax_stable(x, dim=dim)
         return probe
 
+    _expect_float32(t, t.run(call(T(SOFTMAX_FIXTURES[0][0]))), f"softmax_stable({SOFTMAX_FIXTURES[0][0]})")
     # small inputs first: a result that is wrong (or NaN) everywhere fails here, before the overflow detector
     for values, expected in SOFTMAX_FIXTURES:
         t.compare(call(T(values)), T(expected), f"softmax_stable({values})", atol=1e-4)
@@ -132,6 +142,7 @@ def check_simple_attention(t):
     out = t.run(lambda impl: impl.simple_attention(X6))
     t.expect(isinstance(out, (tuple, list)) and len(out) == 2,
              "simple_attention must return a tuple (context, weights)")
+    _expect_float32(t, out, "simple_attention(x)")
     context, weights = out
     t.expect(isinstance(weights, torch.Tensor) and weights.shape == (6, 6),
              f"weights for a (6, 3) input must have shape (6, 6), got {getattr(weights, 'shape', None)}")
@@ -179,6 +190,7 @@ def check_sdpa(t):
     out = t.run(lambda impl: impl.scaled_dot_product_attention(q, k, v))
     t.expect(isinstance(out, (tuple, list)) and len(out) == 2,
              "scaled_dot_product_attention must return a tuple (context, weights)")
+    _expect_float32(t, out, "scaled_dot_product_attention(q, k, v)")
     context, weights = out
     t.expect(tuple(weights.shape) == (2, 5, 7) and tuple(context.shape) == (2, 5, 3),
              f"for q (2, 5, 8), k (2, 7, 8), v (2, 7, 3) expected context (2, 5, 3) and weights (2, 5, 7); "
@@ -336,6 +348,7 @@ def check_self_attention(t):
     ref5 = _ref()["SelfAttention"](3, 5)
     state5 = _module_state(ref5)
     x = _rand(2, 4, 3, seed=8)
+    _expect_float32(t, t.run(lambda impl: _loaded("SelfAttention", state5, 3, 5)(impl)(x)), "SelfAttention(3, 5)(x)")
     t.compare(lambda impl: _loaded("SelfAttention", state5, 3, 5)(impl)(x), ref5(x),
               "SelfAttention(3, 5) on a (2, 4, 3) batch (shared weights)", atol=1e-5)
 
@@ -395,6 +408,7 @@ def check_causal_self_attention(t):
         return out, w, bool(getattr(w, "requires_grad", False))
 
     out, w, w_requires_grad = t.run(f034)
+    _expect_float32(t, out, "CausalSelfAttention(3, 2, 6)(x)")
     t.expect(isinstance(w, torch.Tensor) and tuple(w.shape) == (1, 6, 6),
              f"after a call, self.last_weights must be the (B, T, T) weights; got {getattr(w, 'shape', w)}")
     t.expect(not bool(torch.isnan(w[0, 0]).any()), "row 0 of the weights is NaN: the first token may attend to nothing",

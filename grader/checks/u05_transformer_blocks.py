@@ -18,7 +18,6 @@ only ever make a check fail, and every pass is decided on returned tensors.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -27,6 +26,7 @@ from torch import nn
 
 from ..core import _same, check, forbid, module_facts, unwrap
 from ..gradcheck import check_module_gradients, module_gradient_probe
+from ..prior import course_versions
 
 U = "05"
 T = torch.tensor
@@ -51,37 +51,11 @@ def _course_parts() -> dict:
     return {"LayerNorm": norms.LayerNorm, "FeedForward": feedforward.FeedForward, "gelu": feedforward.gelu}
 
 
-def _learner_globals(impl, name):
-    """The globals of the learner's ``name`` (the notebook's namespace), or None (reference, mutants)."""
-    if not getattr(impl, "_learner", False):
-        return None
-    obj = getattr(impl, "_objects", {}).get(name)
-    if obj is None:
-        return None
-    if hasattr(obj, "__globals__"):
-        return obj.__globals__
-    for value in vars(obj).values() if isinstance(obj, type) else ():
-        g = getattr(value, "__globals__", None)
-        if g is not None:
-            return g
-    return None
-
-
-@contextlib.contextmanager
 def course_parts(impl, name):
-    """Bind LayerNorm/FeedForward/gelu in the learner's globals to llmcourse's while a probe runs."""
-    g = _learner_globals(impl, name)
-    saved = {}
-    if g is not None:
-        for k, v in _course_parts().items():
-            if k != name and k in g:
-                saved[k] = g[k]
-                g[k] = v
-    try:
-        yield
-    finally:
-        if g is not None:
-            g.update(saved)
+    """Bind LayerNorm/FeedForward/gelu (all but ``name`` itself) in the learner's globals to llmcourse's while a probe
+    runs (:func:`grader.prior.course_versions`); nothing for the reference and the mutants."""
+    obj = getattr(impl, "_objects", {}).get(name) if getattr(impl, "_learner", False) else None
+    return course_versions(obj, **{k: v for k, v in _course_parts().items() if k != name})
 
 
 def with_course_parts(name, probe):

@@ -664,6 +664,20 @@ def _preset(impl, name):
     return run_learner(preset, "Llama3Config.preset", (name,), {})
 
 
+def _random_reference(ref, config: dict, seed: int, seq_len: int):
+    """``(state, idx, logits)``: random weights for the course's model of ``config`` (0.2·N(0, 1), norm weights
+    around 1, the head tied to the embedding), a random (2, seq_len) batch of token ids and the model's logits."""
+    model = ref["Llama3Model"](ref["Llama3Config"](**config)).eval()
+    g = _gen(seed)
+    state = {k: 0.2 * torch.randn(v.shape, generator=g) + (1.0 if k.endswith("norm.weight") else 0.0)
+             for k, v in model.state_dict().items()}
+    state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state)
+    idx = torch.randint(0, STRUCT["vocab_size"], (2, seq_len), generator=g)
+    with torch.no_grad():
+        return state, idx, model(idx)
+
+
 def _model_logits(impl, config, state, idx):
     m = impl.Llama3Model(impl.Llama3Config(**config))
     unwrap(m).eval()
@@ -786,15 +800,7 @@ def check_llama3_model(t):
              f"shape {full}")
     # head_dim and rms_norm_eps at values of their own: 4 heads of 16 on a 32-wide model (D/H = 8), eps 1e-3
     odd = dict(STRUCT, head_dim=16, rms_norm_eps=1e-3)
-    ref_model = ref["Llama3Model"](ref["Llama3Config"](**odd)).eval()
-    g4 = _gen(15)
-    odd_state = {k: 0.2 * torch.randn(v.shape, generator=g4) + (1.0 if k.endswith("norm.weight") else 0.0)
-                 for k, v in ref_model.state_dict().items()}
-    odd_state["lm_head.weight"] = odd_state["embed_tokens.weight"]
-    ref_model.load_state_dict(odd_state)
-    idx4 = torch.randint(0, STRUCT["vocab_size"], (2, 12), generator=g4)
-    with torch.no_grad():
-        want4 = ref_model(idx4)
+    odd_state, idx4, want4 = _random_reference(ref, odd, seed=15, seq_len=12)
     probe4 = functools.partial(_model_logits, config=odd, state=odd_state, idx=idx4)
     out4 = t.run(probe4)
     t.expect(not out4["missing"] and not out4["unexpected"], f"Llama3Config(head_dim=16) with d_model 32 and 4 heads: "
@@ -807,15 +813,7 @@ def check_llama3_model(t):
 
     # head_dim None with d_model not a multiple of n_heads: the head width is d_model // n_heads = 36 // 8 = 4
     floor = dict(STRUCT, d_model=36, n_heads=8, n_layers=1)
-    ref_floor = ref["Llama3Model"](ref["Llama3Config"](**floor)).eval()
-    g5 = _gen(17)
-    floor_state = {k: 0.2 * torch.randn(v.shape, generator=g5) + (1.0 if k.endswith("norm.weight") else 0.0)
-                   for k, v in ref_floor.state_dict().items()}
-    floor_state["lm_head.weight"] = floor_state["embed_tokens.weight"]
-    ref_floor.load_state_dict(floor_state)
-    idx5 = torch.randint(0, STRUCT["vocab_size"], (2, 10), generator=g5)
-    with torch.no_grad():
-        want5 = ref_floor(idx5)
+    floor_state, idx5, want5 = _random_reference(ref, floor, seed=17, seq_len=10)
     t.compare(functools.partial(_model_logits, config=floor, state=floor_state, idx=idx5), want5,
               "logits of Llama3Config(d_model=36, n_heads=8, head_dim=None) (the head width is d_model // n_heads = 4, "
               "for the projections and the rope tables alike) vs the course's model with the same weights",

@@ -591,6 +591,24 @@ ROW_X = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(1804))
 ROW_G = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(1808))    # the loss's weights: sum(G ⊙ y)
 
 
+def _shard(rank: int, world_size: int, n: int) -> slice:
+    """Rank ``rank``'s contiguous share of ``n`` features (``n`` divisible by ``world_size``)."""
+    k = n // world_size
+    return slice(rank * k, (rank + 1) * k)
+
+
+def _nan_outside_shard(rank: int, world_size: int, n: int, *cuts) -> slice:
+    """:func:`_shard` of ``n`` features; in each ``(tensor, dim)`` of ``cuts`` every feature outside it is set to NaN
+    (what this rank does not own is not here: a rank that touches it returns NaN)."""
+    own = _shard(rank, world_size, n)
+    with torch.no_grad():
+        for tensor, dim in cuts:
+            for c in range(n):
+                if not own.start <= c < own.stop:
+                    tensor.select(dim, c).fill_(float("nan"))
+    return own
+
+
 def _row_linear():
     torch.manual_seed(1805)
     lin = nn.Linear(8, 5)
@@ -618,14 +636,8 @@ def check_row_parallel_linear(t):
         def body(rank, world_size):
             lin = nn.Linear(8, 5)
             lin.load_state_dict(state)
-            k = 8 // world_size
-            own = slice(rank * k, (rank + 1) * k)
             xr = x.clone()
-            with torch.no_grad():                      # what this rank does not own is not here: NaN
-                for c in range(8):
-                    if c // k != rank:
-                        lin.weight[:, c] = float("nan")
-                        xr[..., c] = float("nan")
+            own = _nan_outside_shard(rank, world_size, 8, (lin.weight, 1), (xr, -1))
             xr.requires_grad_(True)
             out = impl.row_parallel_linear(xr, lin, rank, world_size)
             grads = None
@@ -651,8 +663,8 @@ def check_row_parallel_linear(t):
     xd = ROW_X.clone().requires_grad_(True)
     (dense(xd) * ROW_G).sum().backward()
     for rec in records:
-        r, k = rec["rank"], 8 // WORLD
-        own = slice(r * k, (r + 1) * k)
+        r = rec["rank"]
+        own = _shard(r, WORLD, 8)
         t.expect(rec["grads"] is not None and all(g is not None for g in rec["grads"]),
                  f"rank {r}: no gradient flows back through the output to the input slice, the weight columns and the "
                  "bias; a row-parallel layer is trained: its output must be differentiable like linear(x)")
@@ -720,14 +732,8 @@ def check_tp_swiglu(t):
 
             ff = SwiGLUFeedForward(TP_D, TP_HIDDEN)
             ff.load_state_dict(state)
-            k = TP_HIDDEN // world_size
-            own = slice(rank * k, (rank + 1) * k)
-            with torch.no_grad():                   # what this rank does not own is not here: NaN
-                for h in range(TP_HIDDEN):
-                    if h // k != rank:
-                        ff.gate_proj.weight[h] = float("nan")
-                        ff.up_proj.weight[h] = float("nan")
-                        ff.down_proj.weight[:, h] = float("nan")
+            own = _nan_outside_shard(rank, world_size, TP_HIDDEN, (ff.gate_proj.weight, 0), (ff.up_proj.weight, 0),
+                                     (ff.down_proj.weight, 1))
             xr = x.clone().requires_grad_(True)
             out = impl.tp_swiglu(xr, ff, rank, world_size)
             n_forward = len(traffic.TRAFFIC)
@@ -759,10 +765,9 @@ def check_tp_swiglu(t):
             t.fail(f"rank {rec['rank']} all-gathered in the forward pass ({[e['op'] for e in fwd]}): gathering the "
                    "shards rebuilds the dense block on every rank", bug="B18.tp_gather_weights")
     compare_ranks(t, probe, records, want_y, "output against the dense SwiGLU block", key=lambda r: r["out"], atol=1e-5)
-    k = TP_HIDDEN // WORLD
     for rec in records:
         r = rec["rank"]
-        own = slice(r * k, (r + 1) * k)
+        own = _shard(r, WORLD, TP_HIDDEN)
         t.expect(rec["grads"] is not None,
                  f"rank {r}: no gradient reaches x and the gate, up and down weights through the output; the block "
                  "is trained, so its output must be differentiable like ff(x)")

@@ -19,7 +19,8 @@
 # The grader reads only your `import`, `def` and `class` statements, so a function must not rely on
 # a variable defined elsewhere in the notebook. Use only `torch`, `math` and the standard library.
 # Conventions (from the lesson): masks are **boolean, `True` = may attend**; scores are scaled by
-# `1/√d_k` where `d_k` is the key width.
+# `1/√d_k` where `d_k` is the key width; every function and module returns tensors of its input's dtype
+# (float32 in, float32 out).
 
 # %%
 import math

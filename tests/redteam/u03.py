@@ -17,6 +17,9 @@ ANSWERS = [
            (SOFTMAX_MAX, "x.amax(dim=-1, keepdim=True)")), says=r"dim"),
     Answer("03.softmax_stable", "one global max for the whole tensor", edited(U, "softmax_stable",
            (SOFTMAX_MAX, "x.amax()")), bug="B03.naive_softmax"),
+    Answer("03.softmax_stable", "shifted in float64 so that exp never overflows (float32 in, float64 out)",
+           edited(U, "softmax_stable", (f"x - {SOFTMAX_MAX}", f"x.double() - {SOFTMAX_MAX}")),
+           bug="B03.float64_output"),
     Answer("03.softmax_stable", "inputs clamped to [-80, 80] before exp", edited(U, "softmax_stable",
            (f"x - {SOFTMAX_MAX}", "x.clamp(-80, 80)")), says=r"."),
     # -- 03.simple_attention ---------------------------------------------------------------------------------
@@ -26,6 +29,10 @@ ANSWERS = [
            edited(U, "simple_attention", ("scores = x @ x.transpose(-2, -1)",
                                           "scores = x @ x.transpose(-2, -1) / math.sqrt(x.shape[-1])")),
            bug="B03.simple_scaled"),
+    Answer("03.simple_attention", "computed in float64 for precision (float32 in, float64 out)",
+           edited(U, "simple_attention",
+                  ("scores = x @ x.transpose(-2, -1)", "x = x.double()\n    scores = x @ x.transpose(-2, -1)")),
+           bug="B03.float64_output"),
     # -- 03.scaled_dot_product_attention ---------------------------------------------------------------------
     Answer("03.scaled_dot_product_attention", "masked_fill(~mask, -1e9) instead of -inf",
            edited(U, "scaled_dot_product_attention", ('masked_fill(~mask, float("-inf"))', "masked_fill(~mask, -1e9)")),
@@ -42,6 +49,10 @@ ANSWERS = [
            edited(U, "scaled_dot_product_attention",
                   (SDPA_TAIL, "    out = weights @ v\n    return (out if dropout is None else dropout(out)), weights\n")),
            says=r"dropout"),
+    Answer("03.scaled_dot_product_attention", "scores and softmax in float64 for stability (float32 in, float64 out)",
+           edited(U, "scaled_dot_product_attention",
+                  ("scores = q @ k.transpose(-2, -1)", "scores = q.double() @ k.double().transpose(-2, -1)"),
+                  ("return used @ v, weights", "return used @ v.double(), weights")), bug="B03.float64_output"),
     # -- 03.SelfAttention ------------------------------------------------------------------------------------
     Answer("03.SelfAttention", "scores scaled by sqrt(d_in)", edited(U, "SelfAttention",
            ("        self.W_query = ", "        self.d_in = d_in\n        self.W_query = "),
@@ -50,6 +61,10 @@ ANSWERS = [
                      "        return w @ v\n")), bug="B03.scale_d_in"),
     Answer("03.SelfAttention", "qkv_bias ignored (no bias ever)", edited(U, "SelfAttention",
            ("bias=qkv_bias", "bias=False")), says=r"bias"),
+    Answer("03.SelfAttention", "projections in float64 (float32 in, float64 out)", edited(U, "SelfAttention",
+           ("bias=qkv_bias)", "bias=qkv_bias, dtype=torch.float64)"),
+           ("        context, _ = scaled", "        x = x.double()\n        context, _ = scaled")),
+           bug="B03.float64_output"),
     # -- 03.CausalSelfAttention ------------------------------------------------------------------------------
     Answer("03.CausalSelfAttention", "last_weights stored after dropout", edited(U, "CausalSelfAttention",
            (f"        {CSA_CALL}\n        self.last_weights = weights.detach()\n        return context\n",
@@ -62,6 +77,8 @@ ANSWERS = [
     Answer("03.CausalSelfAttention", "mask buffer stored as True = blocked (upper triangle)",
            edited(U, "CausalSelfAttention", (".tril()", ".triu(1)"), ("mask=self.mask[:t, :t]", "mask=~self.mask[:t, :t]")),
            bug="B03.mask_buffer_blocked"),
+    Answer("03.CausalSelfAttention", "the context returned as float64 (.double())", edited(U, "CausalSelfAttention",
+           ("        return context\n", "        return context.double()\n")), bug="B03.float64_output"),
     Answer("03.CausalSelfAttention", "qkv_bias ignored", edited(U, "CausalSelfAttention",
            ("bias=qkv_bias", "bias=False")), says=r"bias"),
 ]
