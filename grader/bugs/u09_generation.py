@@ -179,7 +179,9 @@ for _bug, _variant, _hint, _detect in [
     ("B09.crop_wrong_end", "crop_wrong_end", "Feed the **most recent** context_length tokens: the prediction must "
      "depend on the token just written.", "mutant"),
     ("B09.eos_ignored", "eos_ignored", "Freeze finished rows and stop when all are done.", "detector"),
-    ("B09.train_mode", "train_mode", "Use `eval()` and `no_grad()`.", "detector"),
+    ("B09.train_mode", "train_mode", "Run generate twice on a model with dropout left in train() mode: greedy "
+     "decoding must give the same tokens both times, and no step of generation needs the graph that gradient "
+     "tracking records.", "detector"),
 ]:
     bug_group(_bug, f"{U}.generate", _hint, {"generate": _generate_variant(_variant)}, _detect)
 

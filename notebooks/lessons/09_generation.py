@@ -80,6 +80,11 @@ print("after 'ROMEO:' the model expects:",
 # 3. turn them into one token per row (argmax, or a draw from a filtered distribution);
 # 4. append it to the sequence.
 #
+# Two rules hold around the loop. The model runs in **evaluation mode**: with dropout active, two greedy runs of
+# the same prompt could pick different tokens. And it runs **without gradient tracking**: generation never calls
+# `backward`, so recording the graph of every step would only cost memory. A model handed over in training mode
+# goes back to training mode when the loop is done: the caller's training run must not find dropout switched off.
+#
 # The other `T − 1` rows of logits are thrown away. They are not wrong, just **already known**: because
 # the model is causal, position `t` only sees tokens `0 … t`, so appending a token cannot change the
 # logits of the earlier positions. Let us check, and count how much work the loop repeats.

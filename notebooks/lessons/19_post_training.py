@@ -20,6 +20,7 @@
 
 # %%
 import copy
+import math
 import time
 
 import torch
@@ -338,6 +339,18 @@ ratios = torch.tensor([0.5, 0.8, 1.0, 1.1, 1.2, 1.5, 2.0])
 for adv_sign in (1.0, -1.0):
     term = torch.minimum(ratios * adv_sign, ratios.clamp(1 - eps_clip, 1 + eps_clip) * adv_sign)
     print(f"Â = {adv_sign:+.0f}:", "  ".join(f"ρ={r:.1f}→{v:+.2f}" for r, v in zip(ratios.tolist(), term.tolist())))
+
+# %% [markdown]
+# The log-probabilities come from `log_softmax`, which works in the log domain, not from the log of a softmax:
+# a token the model finds very unlikely has a probability below float32's smallest positive number, its softmax
+# rounds to 0, and the log of 0 is `-inf` (then `ρ = exp(−inf − …)` and its gradient are lost). Two logits 120 apart:
+
+# %%
+two_logits = torch.tensor([0.0, -120.0])
+print(f"e^-120 = {math.exp(-120.0):.1e}; the smallest float32 above 0 is 2^-149 = {2.0 ** -149:.1e}")
+print("log(softmax):", torch.softmax(two_logits, dim=-1).log().tolist(), "  log_softmax:",
+      torch.log_softmax(two_logits, dim=-1).tolist())
+assert torch.isinf(torch.softmax(two_logits, dim=-1).log()[1]) and torch.isfinite(torch.log_softmax(two_logits, -1)).all()
 
 # %% [markdown]
 # Where the term is flat, its gradient is zero: a positive-advantage token whose ratio already exceeds `1 + ε`, or a
