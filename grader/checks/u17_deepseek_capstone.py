@@ -93,16 +93,32 @@ def _tokens(b, t, seed):
     return torch.randint(0, 65, (b, t), generator=_gen(seed))
 
 
-def _compare_result(t, probe, result, expected, what: str, atol: float, rtol: float, pick):
+def _run_named_by(t, probe, diagnose):
+    """:meth:`grader.core.Tester.run` whose learner error is named by running ``diagnose`` (a cheaper probe that
+    raises the same way: the first part of ``probe``) on the catalogued mistakes."""
+    from ..core import CheckFailure, LearnerError
+
+    try:
+        out = t._learner.call(probe)
+    except LearnerError as err:
+        raise CheckFailure(err.message, bug_id=t.diagnose(diagnose, err)) from None
+    t._note_returned(out)
+    t._last = (probe, out)
+    return out
+
+
+def _compare_result(t, probe, result, expected, what: str, atol: float, rtol: float, pick, diagnose=None):
     """:meth:`grader.core.Tester.compare` on a result ``probe`` already returned (``t.run``): the same message and
-    bug diagnosis, without running the learner's code a second time."""
+    bug diagnosis, without running the learner's code a second time. ``diagnose``: a cheaper probe whose result
+    *is* the compared value (``pick`` not applied), run on the catalogued mistakes to name one."""
     from ..core import _NONFINITE_ADVICE as advice
     from ..core import CheckFailure, _same, describe_difference, nonfinite_report
 
     got = pick(result)
     if not _same(got, expected, atol, rtol):
         detail = describe_difference(got, expected, atol, rtol)
-        bug_id = t.diagnose(probe, got, atol=max(atol, 1e-12), rtol=max(rtol, 1e-6), pick=pick)
+        bug_id = t.diagnose(probe if diagnose is None else diagnose, got, atol=max(atol, 1e-12),
+                            rtol=max(rtol, 1e-6), pick=pick if diagnose is None else None)
         bad = nonfinite_report(got, expected)
         if bad:
             if bug_id is None:
@@ -469,10 +485,16 @@ def check_deepseek_lm(t):
             except Exception:
                 pass
         return res
-    par = t.run(parity)
+    def logits(impl):  # the logits part alone: what the catalogued mistakes are run on to name one
+        m = _learner_model(impl, hf_state)
+        unwrap(m).eval()
+        with torch.no_grad():
+            out = m(idx)
+        return out["logits"] if isinstance(out, dict) else out
+    par = _run_named_by(t, parity, logits)
     _compare_result(t, parity, par, orc["logits"], "logits of DeepseekV3ForCausalLM (the course default "
                     "configuration) after loading its state dict with load_hf_deepseek", atol=1e-4, rtol=0,
-                    pick=lambda r: r["logits"])
+                    pick=lambda r: r["logits"], diagnose=logits)
 
     def causal(impl):
         m = _learner_model(impl, hf_state)
