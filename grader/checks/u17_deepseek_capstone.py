@@ -355,7 +355,12 @@ def _alt_reference() -> dict:
 def _init_probe(impl) -> dict:
     """Per weight ``(std, mean, numel)`` of a fresh learner model's linear, embedding and router weights (the keys that
     end in ``.weight`` and are not norms; ``lm_head`` is the tied embedding) and the pooled share beyond 2·0.02."""
-    m = unwrap(_learner_model(impl, seed=4))
+    return _init_stats(_learner_model(impl, seed=4))
+
+
+def _init_stats(m) -> dict:
+    """:func:`_init_probe` on a model ``m`` built just now (inside a probe)."""
+    m = unwrap(m)
     per, beyond, total = {}, 0, 0
     for k, v in m.state_dict().items():
         if k.endswith(".weight") and "norm" not in k and k != "lm_head.weight":
@@ -365,6 +370,15 @@ def _init_probe(impl) -> dict:
             total += w.numel()
     return {"per": per, "tail": beyond / max(total, 1)}
 
+
+
+def _mtp_values(m, full: dict, x, y) -> dict:
+    """Inside a probe: depth 1's MTP logits and loss of ``m`` with every weight of ``full`` loaded (strict), eval mode."""
+    unwrap(m).load_state_dict(full, strict=True)
+    unwrap(m).eval()
+    with torch.no_grad():
+        o = m(x, y)
+    return {"mtp": o["mtp_logits"][0], "loss_mtp": o["loss_mtp"][0]}
 
 
 def _side_effects(m, before: dict, idx) -> list:
@@ -406,15 +420,19 @@ def _reference_loads(x, y) -> list:
 @check(f"{U}.DeepSeekLM", ["DeepSeekConfig", "DeepSeekBlock", "DeepSeekLM", "load_hf_deepseek"], _ref_model)
 def check_deepseek_lm(t):
     def facts_and_tie(impl):
-        m = _learner_model(impl)
+        m = _learner_model(impl, seed=4)
         facts = module_facts(m)
+        try:
+            init = _init_stats(m)
+        except Exception:  # asked again below by its own probe
+            init = None
         try:
             with torch.no_grad():
                 unwrap(m).embed_tokens.weight.add_(1.0)
             tied = (unwrap(m).embed_tokens.weight, unwrap(m).lm_head.weight)
         except Exception:  # asked again below by its own probe, which then fails with the learner's error
             tied = None
-        return {"facts": facts, "tie": tied}
+        return {"facts": facts, "tie": tied, "init": init}
     first = t.run(facts_and_tie)
     facts = first["facts"]
     t.expect(facts.get("is_module"), f"DeepSeekLM must be an nn.Module subclass, got {facts.get('type')}")
@@ -519,14 +537,22 @@ def check_deepseek_lm(t):
     x2[:, 10] = (x2[:, 10] + 1) % 65
     y2[:, 9] = x2[:, 10]
 
+    full = _full_state()
+
     def losses(impl):
         m = _learner_model(impl, hf_state, seed=3)
         unwrap(m).eval()
         with torch.no_grad():
             o1, o2 = m(x, y), m(x2, y2)
-        return {"logits": o1["logits"], "loss": o1["loss"], "loss_main": o1["loss_main"],
-                "loss_mtp": list(o1["loss_mtp"]), "mtp1": o1["mtp_logits"][0], "mtp2": o2["mtp_logits"][0]}
+        res = {"logits": o1["logits"], "loss": o1["loss"], "loss_main": o1["loss_main"],
+               "loss_mtp": list(o1["loss_mtp"]), "mtp1": o1["mtp_logits"][0], "mtp2": o2["mtp_logits"][0]}
+        try:  # the MTP values below on the same model, every weight loaded (asked again by their own probe on error)
+            res["mtp_values"] = _mtp_values(m, full, x, y)
+        except Exception:
+            res["mtp_values"] = None
+        return res
     got = t.run(losses)
+    mtp_got = got["mtp_values"]
     lg = got["logits"]
     main_loss = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
     t.expect(torch.allclose(torch.as_tensor(got["loss_main"]), main_loss, atol=1e-5),
@@ -545,17 +571,11 @@ def check_deepseek_lm(t):
 
     # the MTP head by value: every weight (MTP module included) loaded into the learner's model, against the course's
     # module applied here; depth 1 may read the trunk state before or after the final norm (both conventions exist)
-    full = _full_state()
     want = _mtp_expected(full, x, y)
 
     def mtp_values(impl):
-        m = _learner_model(impl)
-        unwrap(m).load_state_dict(full, strict=True)
-        unwrap(m).eval()
-        with torch.no_grad():
-            o = m(x, y)
-        return {"mtp": o["mtp_logits"][0], "loss_mtp": o["loss_mtp"][0]}
-    got = t.run(mtp_values)
+        return _mtp_values(_learner_model(impl), full, x, y)
+    got = mtp_got if mtp_got is not None else t.run(mtp_values)
     lg, lm = got["mtp"], got["loss_mtp"]
     own = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), y[:, 1:].reshape(-1))
     t.expect(abs(float(lm) - float(own)) < 1e-4,
@@ -644,7 +664,7 @@ def check_deepseek_lm(t):
                  "γ·sign(mean(c) − c) (γ from the configuration)")
 
     # initialisation: every linear, embedding and router weight N(0, 0.02²) (MTP modules included)
-    stats = t.run(_init_probe)
+    stats = first["init"] if first["init"] is not None else t.run(_init_probe)
     off = [k for k, (std, mean, n) in stats["per"].items()
            if abs(std / 0.02 - 1) > 6 / math.sqrt(2 * n) + 0.01 or abs(mean) > 6 * 0.02 / math.sqrt(n)]
     tail = stats["tail"]
@@ -693,12 +713,13 @@ def check_generate(t):
 
     def modes(impl):
         out, during = [], []
-        for train in (True, False):
-            m = _course_model(state).train(train)
-            hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
+        m = _course_model(state)
+        hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
+        for train in (True, False):  # one model, handed over in train mode, then in eval mode
+            m.train(train)
             impl.generate_latent_cached(m, prompt[:1, :3], 2)
-            hook.remove()
             out.append(bool(m.training))
+        hook.remove()
         return {"after": out, "during": during}
     got = t.run(modes)
     t.expect(got["after"] == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
