@@ -30,8 +30,9 @@ Contract clauses and the probes that cover them (every argument at a non-default
   models handed over in eval mode (training in train mode, validation in eval mode); the gradient norm at every
   optimizer step (clipped to 1); ``ms_per_step`` between the sleep put into each step and the time before validation
   (3 steps and 1 step).
-* ``17.fp8_inference``: the trained asset (``seed=10_000``, 3 batches) and a heavy-tailed seeded model (2 batches),
-  two-sided against the reference conversion; the original model unchanged (side effect: its mode, and no routing
+* ``17.fp8_inference``: the trained asset (``seed=10_000``, 1 batch) and a heavy-tailed seeded model at small widths
+  (2 batches), two-sided against the reference conversion computed once per process; every FP8Linear built during the
+  call matched to the linear map it came from; the original model unchanged (side effect: its mode, and no routing
   record of the validation batches left in a train-mode model).
 """
 
@@ -93,18 +94,62 @@ def _tokens(b, t, seed):
     return torch.randint(0, 65, (b, t), generator=_gen(seed))
 
 
+def _run_named_by(t, probe, diagnose):
+    """:meth:`grader.core.Tester.run` whose learner error is named by running ``diagnose`` (a cheaper probe that
+    raises the same way: the first part of ``probe``) on the catalogued mistakes."""
+    from ..core import CheckFailure, LearnerError
+
+    try:
+        out = t._learner.call(probe)
+    except LearnerError as err:
+        raise CheckFailure(err.message, bug_id=t.diagnose(diagnose, err)) from None
+    t._note_returned(out)
+    t._last = (probe, out)
+    return out
+
+
+def _compare_result(t, probe, result, expected, what: str, atol: float, rtol: float, pick, diagnose=None):
+    """:meth:`grader.core.Tester.compare` on a result ``probe`` already returned (``t.run``): the same message and
+    bug diagnosis, without running the learner's code a second time. ``diagnose``: a cheaper probe whose result
+    *is* the compared value (``pick`` not applied), run on the catalogued mistakes to name one."""
+    from ..core import _NONFINITE_ADVICE as advice
+    from ..core import CheckFailure, _same, describe_difference, nonfinite_report
+
+    got = pick(result)
+    if not _same(got, expected, atol, rtol):
+        detail = describe_difference(got, expected, atol, rtol)
+        bug_id = t.diagnose(probe if diagnose is None else diagnose, got, atol=max(atol, 1e-12),
+                            rtol=max(rtol, 1e-6), pick=pick if diagnose is None else None)
+        bad = nonfinite_report(got, expected)
+        if bad:
+            if bug_id is None:
+                bad = f"{bad}; {advice}"
+            detail = bad if "NaN at index" in detail or "match within" in detail else f"{bad}; {detail}"
+        raise CheckFailure(f"{what}: {detail}", bug_id=bug_id)
+    t._compared_ok = True
+
+
 # ------------------------------------------------------------------ seeded weights in both layouts
 
 
 def course_state(seed: int = STATE_SEED, std: float = 0.05, **cfg) -> dict:
     """A main-path state dict in the course layout: every key of ``DeepSeekLM(DeepSeekConfig(mtp_depth=0, **cfg))``
     but ``lm_head.weight`` (tied) drawn in sorted-key order, ``N(0, std²)``, norms ``1 + N(0, std²)``, router
-    biases ``N(0, 0.05²)``; ``lm_head.weight`` is ``embed_tokens.weight``."""
+    biases ``N(0, 0.05²)``; ``lm_head.weight`` is ``embed_tokens.weight``. Drawn once per process and arguments; every
+    call returns new tensors (callers may change them)."""
+    state = _course_state_cached(seed, std, tuple(sorted(cfg.items())))
+    out = {k: v.clone() for k, v in state.items() if k != "lm_head.weight"}
+    out["lm_head.weight"] = out["embed_tokens.weight"]
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def _course_state_cached(seed: int, std: float, cfg: tuple) -> dict:
     from llmcourse.models.deepseek import DeepSeekConfig, DeepSeekLM
 
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        shapes = {k: tuple(v.shape) for k, v in DeepSeekLM(DeepSeekConfig(mtp_depth=0, **cfg)).state_dict().items()}
+        shapes = {k: tuple(v.shape) for k, v in DeepSeekLM(DeepSeekConfig(mtp_depth=0, **dict(cfg))).state_dict().items()}
     g = _gen(seed)
     state = {}
     for k in sorted(shapes):
@@ -311,7 +356,12 @@ def _alt_reference() -> dict:
 def _init_probe(impl) -> dict:
     """Per weight ``(std, mean, numel)`` of a fresh learner model's linear, embedding and router weights (the keys that
     end in ``.weight`` and are not norms; ``lm_head`` is the tied embedding) and the pooled share beyond 2·0.02."""
-    m = unwrap(_learner_model(impl, seed=4))
+    return _init_stats(_learner_model(impl, seed=4))
+
+
+def _init_stats(m) -> dict:
+    """:func:`_init_probe` on a model ``m`` built just now (inside a probe)."""
+    m = unwrap(m)
     per, beyond, total = {}, 0, 0
     for k, v in m.state_dict().items():
         if k.endswith(".weight") and "norm" not in k and k != "lm_head.weight":
@@ -323,9 +373,69 @@ def _init_probe(impl) -> dict:
 
 
 
+def _mtp_values(m, full: dict, x, y) -> dict:
+    """Inside a probe: depth 1's MTP logits and loss of ``m`` with every weight of ``full`` loaded (strict), eval mode."""
+    unwrap(m).load_state_dict(full, strict=True)
+    unwrap(m).eval()
+    with torch.no_grad():
+        o = m(x, y)
+    return {"mtp": o["mtp_logits"][0], "loss_mtp": o["loss_mtp"][0]}
+
+
+def _side_effects(m, before: dict, idx) -> list:
+    """Inside a probe: the state-dict keys of ``m`` that differ from ``before`` after a forward with targets in eval
+    mode, then one in train mode (both without gradients)."""
+    changed = []
+    for train in (False, True):
+        unwrap(m).train(train)
+        with torch.no_grad():
+            m(idx[:, :-1], idx[:, 1:])
+        changed += [k for k, v in unwrap(m).state_dict().items() if k in before and not torch.equal(v, before[k])]
+    return sorted(set(changed))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_shapes() -> tuple:
+    """``(key, shape)`` of every state-dict entry of the course's ``DeepSeekLM(DeepSeekConfig())``."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return tuple((k, tuple(v.shape)) for k, v in _course_model().state_dict().items())
+
+
+@functools.lru_cache(maxsize=1)
+def _hf_state() -> dict:
+    """:func:`hf_layout` ``(course_state())``, once per process; read only here (probes get their own copy)."""
+    return hf_layout(course_state())
+
+
+def _reference_loads(x, y) -> list:
+    """Expert loads (one ``(8,)`` count per MoE layer) of the course's model with :func:`course_state` after a
+    training forward on ``(x, y)``, once per process and inputs."""
+    def compute():
+        ref = _course_model(course_state(), seed=0).train()
+        ref(x, y)
+        return [torch.bincount(ref.layers[i].mlp.last_indices.flatten(), minlength=8) for i in (1, 2, 3)]
+    return reference_memo("17.loads", x, y, compute=compute)
+
+
 @check(f"{U}.DeepSeekLM", ["DeepSeekConfig", "DeepSeekBlock", "DeepSeekLM", "load_hf_deepseek"], _ref_model)
 def check_deepseek_lm(t):
-    facts = t.run(lambda impl: module_facts(_learner_model(impl)))
+    def facts_and_tie(impl):
+        m = _learner_model(impl, seed=4)
+        facts = module_facts(m)
+        try:
+            init = _init_stats(m)
+        except Exception:  # asked again below by its own probe
+            init = None
+        try:
+            with torch.no_grad():
+                unwrap(m).embed_tokens.weight.add_(1.0)
+            tied = (unwrap(m).embed_tokens.weight, unwrap(m).lm_head.weight)
+        except Exception:  # asked again below by its own probe, which then fails with the learner's error
+            tied = None
+        return {"facts": facts, "tie": tied, "init": init}
+    first = t.run(facts_and_tie)
+    facts = first["facts"]
     t.expect(facts.get("is_module"), f"DeepSeekLM must be an nn.Module subclass, got {facts.get('type')}")
     sd = facts["state_dict"]
     params = set(facts.get("parameters", []))
@@ -335,9 +445,7 @@ def check_deepseek_lm(t):
     if "layers.0.mlp.gate.weight" in sd or "layers.0.mlp.experts.0.gate_proj.weight" in sd:
         t.fail("layer 0 has experts and a router, but first_k_dense_replace=1 makes layer 0 a dense SwiGLU "
                "(mlp.gate_proj/up_proj/down_proj of width intermediate_size)", bug="B17.dense_layer_moe")
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        want = {k: tuple(v.shape) for k, v in _course_model().state_dict().items()}
+    want = dict(_default_shapes())
     got = {k: tuple(v) for k, v in sd.items()}
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     t.expect(not missing and not extra, f"DeepSeekLM(DeepSeekConfig()) state_dict keys differ from the contract: "
@@ -356,7 +464,7 @@ def check_deepseek_lm(t):
         with torch.no_grad():
             unwrap(m).embed_tokens.weight.add_(1.0)
         return unwrap(m).embed_tokens.weight, unwrap(m).lm_head.weight
-    emb, head = t.run(tie)
+    emb, head = first["tie"] if first["tie"] is not None else t.run(tie)
     t.expect(torch.equal(emb, head), "lm_head.weight must be the same Parameter as embed_tokens.weight (tied)")
     main = sum(math.prod(s) for k, s in got.items() if k in params and not k.startswith("mtp.") and k != "lm_head.weight")
     t.expect(main == TOTAL, f"the main path must have 1,757,696 parameters (tied head counted once, MTP excluded); "
@@ -366,43 +474,61 @@ def check_deepseek_lm(t):
 
     # parity with transformers
     orc = oracle()
-    hf_state = hf_layout(course_state())
+    hf_state = _hf_state()
     idx = orc["idx"]
 
-    def logits(impl):
+    # causality
+    alt = idx.clone()
+    alt[:, 12] = (alt[:, 12] + 1) % 65
+
+    # logits, causality and side effects of forwards observed on one model (a model build costs as much as the
+    # forwards); what raises after the logits is asked again by its own probe below, which fails with the error
+    def parity(impl):
+        m = _learner_model(impl, hf_state)
+        unwrap(m).eval()
+        try:
+            before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
+        except Exception:
+            before = None
+        with torch.no_grad():
+            out = m(idx)
+        res = {"logits": out["logits"] if isinstance(out, dict) else out, "causal": None, "side": None}
+        try:
+            with torch.no_grad():
+                res["causal"] = (m(idx)["logits"], m(alt)["logits"])
+        except Exception:
+            return res
+        if before is not None:
+            try:
+                res["side"] = _side_effects(m, before, idx)
+            except Exception:
+                pass
+        return res
+    def logits(impl):  # the logits part alone: what the catalogued mistakes are run on to name one
         m = _learner_model(impl, hf_state)
         unwrap(m).eval()
         with torch.no_grad():
             out = m(idx)
         return out["logits"] if isinstance(out, dict) else out
-    t.compare(logits, orc["logits"], "logits of DeepseekV3ForCausalLM (the course default configuration) after "
-              "loading its state dict with load_hf_deepseek", atol=1e-4, rtol=0)
-
-    # causality
-    alt = idx.clone()
-    alt[:, 12] = (alt[:, 12] + 1) % 65
+    par = _run_named_by(t, parity, logits)
+    _compare_result(t, parity, par, orc["logits"], "logits of DeepseekV3ForCausalLM (the course default "
+                    "configuration) after loading its state dict with load_hf_deepseek", atol=1e-4, rtol=0,
+                    pick=lambda r: r["logits"], diagnose=logits)
 
     def causal(impl):
         m = _learner_model(impl, hf_state)
         unwrap(m).eval()
         with torch.no_grad():
             return m(idx)["logits"], m(alt)["logits"]
-    a, b = t.run(causal)
+    a, b = par["causal"] if par["causal"] is not None else t.run(causal)
     t.expect(torch.allclose(a[:, :12], b[:, :12], atol=1e-6, rtol=0), "changing token 12 changed the logits at "
              "positions 0…11: a position may only read tokens at or before it")
 
     # side effects: forwards in eval and train mode (with targets) leave every parameter and buffer as it was
     def side(impl):
         m = _learner_model(impl, hf_state)
-        before = {k: v.clone() for k, v in unwrap(m).state_dict().items()}
-        changed = []
-        for train in (False, True):
-            unwrap(m).train(train)
-            with torch.no_grad():
-                m(idx[:, :-1], idx[:, 1:])
-            changed += [k for k, v in unwrap(m).state_dict().items() if k in before and not torch.equal(v, before[k])]
-        return sorted(set(changed))
-    moved = t.run(side)
+        return _side_effects(m, {k: v.clone() for k, v in unwrap(m).state_dict().items()}, idx)
+    moved = par["side"] if par["side"] is not None else t.run(side)
     t.expect(moved == [], f"a forward must not change parameters or buffers (the router bias moves only in "
              f"update_router_biases); changed: {moved[:4]}")
 
@@ -412,14 +538,22 @@ def check_deepseek_lm(t):
     x2[:, 10] = (x2[:, 10] + 1) % 65
     y2[:, 9] = x2[:, 10]
 
+    full = _full_state()
+
     def losses(impl):
         m = _learner_model(impl, hf_state, seed=3)
         unwrap(m).eval()
         with torch.no_grad():
             o1, o2 = m(x, y), m(x2, y2)
-        return {"logits": o1["logits"], "loss": o1["loss"], "loss_main": o1["loss_main"],
-                "loss_mtp": list(o1["loss_mtp"]), "mtp1": o1["mtp_logits"][0], "mtp2": o2["mtp_logits"][0]}
+        res = {"logits": o1["logits"], "loss": o1["loss"], "loss_main": o1["loss_main"],
+               "loss_mtp": list(o1["loss_mtp"]), "mtp1": o1["mtp_logits"][0], "mtp2": o2["mtp_logits"][0]}
+        try:  # the MTP values below on the same model, every weight loaded (asked again by their own probe on error)
+            res["mtp_values"] = _mtp_values(m, full, x, y)
+        except Exception:
+            res["mtp_values"] = None
+        return res
     got = t.run(losses)
+    mtp_got = got["mtp_values"]
     lg = got["logits"]
     main_loss = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]), y.reshape(-1))
     t.expect(torch.allclose(torch.as_tensor(got["loss_main"]), main_loss, atol=1e-5),
@@ -438,17 +572,11 @@ def check_deepseek_lm(t):
 
     # the MTP head by value: every weight (MTP module included) loaded into the learner's model, against the course's
     # module applied here; depth 1 may read the trunk state before or after the final norm (both conventions exist)
-    full = _full_state()
     want = _mtp_expected(full, x, y)
 
     def mtp_values(impl):
-        m = _learner_model(impl)
-        unwrap(m).load_state_dict(full, strict=True)
-        unwrap(m).eval()
-        with torch.no_grad():
-            o = m(x, y)
-        return {"mtp": o["mtp_logits"][0], "loss_mtp": o["loss_mtp"][0]}
-    got = t.run(mtp_values)
+        return _mtp_values(_learner_model(impl), full, x, y)
+    got = mtp_got if mtp_got is not None else t.run(mtp_values)
     lg, lm = got["mtp"], got["loss_mtp"]
     own = torch.nn.functional.cross_entropy(lg.reshape(-1, lg.shape[-1]).float(), y[:, 1:].reshape(-1))
     t.expect(abs(float(lm) - float(own)) < 1e-4,
@@ -476,11 +604,8 @@ def check_deepseek_lm(t):
         m.update_router_biases()
         return before, [unwrap(m).layers[i].mlp.gate.e_score_correction_bias.clone() for i in (1, 2, 3)]
     before, after = t.run(bias_update)
-    ref = _course_model(course_state(), seed=0).train()
-    ref(x, y)
     for i, (b0, b1) in enumerate(zip(before, after)):
-        moe = ref.layers[i + 1].mlp
-        c = torch.bincount(moe.last_indices.flatten(), minlength=8).float()
+        c = _reference_loads(x, y)[i].float()
         t.expect(torch.allclose(b1 - b0, 0.001 * torch.sign(c.mean() - c), atol=1e-7, rtol=0),
                  f"update_router_biases: layer {i + 1}'s bias must move by γ·sign(mean(c) − c) with the expert loads c "
                  "of the last training forward (γ = bias_update_speed = 0.001)")
@@ -540,7 +665,7 @@ def check_deepseek_lm(t):
                  "γ·sign(mean(c) − c) (γ from the configuration)")
 
     # initialisation: every linear, embedding and router weight N(0, 0.02²) (MTP modules included)
-    stats = t.run(_init_probe)
+    stats = first["init"] if first["init"] is not None else t.run(_init_probe)
     off = [k for k, (std, mean, n) in stats["per"].items()
            if abs(std / 0.02 - 1) > 6 / math.sqrt(2 * n) + 0.01 or abs(mean) > 6 * 0.02 / math.sqrt(n)]
     tail = stats["tail"]
@@ -569,11 +694,13 @@ def check_generate(t):
         return {"tokens": toks, "nbytes": int(cache.nbytes()), "lengths": lengths,
                 "c_kv": [list(v.shape) if isinstance(v, torch.Tensor) else None for v in cache.c_kv],
                 "k_pe": [list(v.shape) if isinstance(v, torch.Tensor) else None for v in cache.k_pe]}
-    expected = greedy_uncached(_course_model(state).eval(), prompt, 12)
+    expected = reference_memo("17.greedy12", STATE_SEED + 2, prompt,
+                              compute=lambda: greedy_uncached(_course_model(state).eval(), prompt, 12)).clone()
     got = t.run(run)
-    t.compare(run, expected, "greedy tokens for a (2, 5) prompt and 12 new tokens (equal to uncached greedy "
-              "decoding with the main head; the MTP module has no part in it: its logits predict one token further, and "
-              "mixing them in or appending its token changes the text)", atol=0, rtol=0, pick=lambda o: o["tokens"])
+    _compare_result(t, run, got, expected, "greedy tokens for a (2, 5) prompt and 12 new tokens (equal to uncached "
+                    "greedy decoding with the main head; the MTP module has no part in it: its logits predict one token "
+                    "further, and mixing them in or appending its token changes the text)", atol=0, rtol=0,
+                    pick=lambda o: o["tokens"])
     n = 5 + 12 - 1
     t.expect(got["c_kv"] == [[2, n, 64]] * 4 and got["k_pe"] == [[2, n, 16]] * 4,
              f"the cache must hold, per layer, c_kv (B, T, d_c) = (2, {n}, 64) and k_pe (B, T, d_R) = (2, {n}, 16) "
@@ -587,12 +714,13 @@ def check_generate(t):
 
     def modes(impl):
         out, during = [], []
-        for train in (True, False):
-            m = _course_model(state).train(train)
-            hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
+        m = _course_model(state)
+        hook = m.register_forward_pre_hook(lambda mod, args: during.append(bool(mod.training)))
+        for train in (True, False):  # one model, handed over in train mode, then in eval mode
+            m.train(train)
             impl.generate_latent_cached(m, prompt[:1, :3], 2)
-            hook.remove()
             out.append(bool(m.training))
+        hook.remove()
         return {"after": out, "during": during}
     got = t.run(modes)
     t.expect(got["after"] == [True, False], "generate_latent_cached must leave the model in the mode it found it in "
@@ -612,7 +740,7 @@ def check_generate(t):
             out[n] = {"tokens": toks, "seq_len": int(cache.seq_len)}
         return out
     got = t.run(short)
-    one = greedy_uncached(_course_model(state).eval(), prompt, 1)
+    one = expected[:, :6]  # greedy decoding's first token is the first of its 12
     t.expect(torch.equal(got[1]["tokens"], one) and got[1]["seq_len"] == 5,
              f"max_new_tokens=1 must return the prompt and one greedy token {one[:, -1].tolist()} with the 5 prompt "
              f"positions cached; got {got[1]['tokens'][:, 5:].tolist()} with {got[1]['seq_len']} cached")
@@ -660,6 +788,20 @@ def _norm(tensors) -> float:
     return math.sqrt(sum(float((g.double() ** 2).sum()) for g in tensors))
 
 
+def _train_reference(state, x, y) -> tuple:
+    """``(loss, gradients, parameter names)`` of the course's small model with ``state`` in train mode on ``(x, y)``
+    (the training loss before the step and its gradient, zeros where a parameter gets none), once per process and
+    inputs (:func:`grader.core.reference_memo`); callers must not modify the tensors."""
+    def compute():
+        ref = _course_model(state, seed=0, **SMALL).train()
+        out = ref(x, y)
+        loss = out["loss"].item()
+        out["loss"].backward()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ref.parameters()]
+        return loss, grads, [n for n, _ in ref.named_parameters()]
+    return reference_memo("17.train_reference", state, x, y, compute=compute)
+
+
 @check(f"{U}.train_step", ["train_step"], _ref_train)
 def check_train_step(t):
     state = course_state(STATE_SEED + 4, std=0.1, **SMALL)
@@ -687,10 +829,9 @@ def check_train_step(t):
                  "(γ = 0.001), once per step", bug="B17.bias_update_missing")
     t.expect(abs(float(rec["loss"]) - (float(rec["loss_main"]) + 0.3 * sum(rec["loss_mtp"]))) < 1e-5,
              "the returned loss must equal loss_main + λ/D·Σ loss_mtp (λ = 0.3, D = 1)")
-    ref = _course_model(state, seed=0, **SMALL).train()
-    out = ref(x, y)
-    t.expect(abs(float(rec["loss"]) - out["loss"].item()) < 1e-5, f"the returned loss must be the model's training "
-             f"loss on (x, y) before the step: expected {out['loss'].item():.6f}, got {float(rec['loss']):.6f}")
+    ref_loss, grads, names = _train_reference(state, x, y)
+    t.expect(abs(float(rec["loss"]) - ref_loss) < 1e-5, f"the returned loss must be the model's training "
+             f"loss on (x, y) before the step: expected {ref_loss:.6f}, got {float(rec['loss']):.6f}")
     # clipping before the step: SGD with lr 1 moves the weights by exactly the clipped gradient
     got = t.run(_train_probe(state, x, y, sgd=True, max_norm=0.05, stale=True))
     norm = math.sqrt(sum(float((d.double() ** 2).sum()) for d in got["delta"]))
@@ -701,15 +842,12 @@ def check_train_step(t):
     t.expect(norm <= 0.05 * 1.001 and norm > 0.04, f"with plain SGD (lr 1) and max_norm=0.05 the step moved the "
              f"weights by a global norm of {norm:.4g}: the gradients must be clipped to max_norm before "
              "optimizer.step()")
-    ref = _course_model(state, seed=0, **SMALL).train()
-    ref(x, y)["loss"].backward()
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ref.parameters()]
     gnorm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
     step = [-g * min(1.0, 0.05 / (gnorm + 1e-6)) for g in grads]
-    names = [n for n, _ in ref.named_parameters()]
     num = sum(float(((d - w).double() ** 2).sum()) for d, w in zip(got["delta"], step))
     den = sum(float((w.double() ** 2).sum()) for w in step)
-    stale_step = [-(g + 0.5) * min(1.0, 0.05 / (_norm([g + 0.5 for g in grads]) + 1e-6)) for g in grads]
+    stale_norm = _norm([g + 0.5 for g in grads])
+    stale_step = [-(g + 0.5) * min(1.0, 0.05 / (stale_norm + 1e-6)) for g in grads]
     stale_num = sum(float(((d - w).double() ** 2).sum()) for d, w in zip(got["delta"], stale_step))
     mtp_moved = any(float(d.abs().max()) > 0 for d, n in zip(got["delta"], names) if n.startswith("mtp."))
     t.expect((num / den) ** 0.5 < 1e-3,
@@ -723,13 +861,18 @@ def check_train_step(t):
 # ================================================================== 17.compare_models
 
 
-def _compare_init_models() -> dict:
+def _compare_init_models(names=("gpt", "llama", "deepseek")) -> dict:
+    """The three models, built in this order after ``torch.manual_seed(0)``; ``names``: only these (the ones built
+    before the last of them too, so that each gets the same weights as in the full set)."""
     from llmcourse.models import GPT2Config, GPT2Model, Llama3Config, Llama3Model
 
+    order = ("gpt", "llama", "deepseek")
+    last = max(order.index(n) for n in names)
+    build = {"gpt": lambda: GPT2Model(GPT2Config.preset("gpt2-char-tiny")),
+             "llama": lambda: Llama3Model(Llama3Config.preset("llama3-tiny")),
+             "deepseek": lambda: _course_model(seed=0)}
     torch.manual_seed(0)
-    return {"gpt": GPT2Model(GPT2Config.preset("gpt2-char-tiny")),
-            "llama": Llama3Model(Llama3Config.preset("llama3-tiny")),
-            "deepseek": _course_model(seed=0)}
+    return {n: build[n]() for n in order[:last + 1]}
 
 
 def _compare_reference(data: torch.Tensor) -> tuple[dict, dict]:
@@ -768,7 +911,7 @@ def _compare_probe(data, names=("gpt", "llama", "deepseek"), steps=3):
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def probe(impl):
-        models = {n: m.eval() for n, m in _compare_init_models().items() if n in names}
+        models = {n: m.eval() for n, m in _compare_init_models(names).items() if n in names}
         seen, modes, val_start = {}, {}, {}
         for name, m in models.items():
             def fwd(idx, *a, _orig=m.forward, _m=m, _name=name, **k):
@@ -939,7 +1082,7 @@ def _asset_info():
     return {"fp8_check": ckpt.get("fp8_check"), "sums": {k: float(v.float().abs().sum()) for k, v in ckpt["model"].items()}}
 
 
-FP8_BATCHES = 3
+FP8_BATCHES = 1
 
 
 @functools.lru_cache(maxsize=1)
@@ -952,15 +1095,35 @@ def _shakespeare_val() -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=1)
+def _asset_reference() -> tuple:
+    """The reference conversion's ``(val_loss_fp32, delta)`` on the trained asset (:data:`FP8_BATCHES` batch of
+    tinyshakespeare's validation text, seed 10,000), computed once per checker process (the stored calibration,
+    ``fp8_check``, is the same computation on 3 batches; ``tests/test_unit17_asset.py`` reproduces it)."""
+    from llmcourse.models.deepseek import fp8_eval as reference_fp8
+    from llmcourse.train.deepseek_char import load_deepseek_char_tiny
+
+    model, _ = load_deepseek_char_tiny(retrain=False, verbose=False)
+    ref = reference_fp8(model, _shakespeare_val().clone(), FP8_BATCHES, 10_000)
+    return float(ref["val_loss_fp32"]), float(ref["delta"])
+
+
+@functools.lru_cache(maxsize=1)
 def _fp8_case():
-    """Seeded main-path weights whose block linear maps have heavy tails (``× exp(1.5·N(0, 1))``): converting one
-    layer fewer or more moves the FP8 loss by ≥ 1e-3 nats, far above float noise; random validation tokens."""
-    state = course_state(seed=1777, std=0.08)
+    """Seeded main-path weights of DeepSeek-tiny at :data:`SMALL` widths whose block linear maps have heavy tails
+    (``× exp(1.5·N(0, 1))``): converting one layer fewer or more moves the FP8 loss by up to ≈ 2e-3 nats, and every
+    converted layer is told apart by its block scales; random validation tokens. (Small widths: each FP8 forward
+    costs a fifth of the full-width one.)"""
+    state = course_state(seed=1777, std=0.08, **SMALL)
     g = _gen(5)
     for k in sorted(state):
         if k.startswith("layers.") and k.endswith("proj.weight"):
             state[k] = state[k] * torch.exp(1.5 * torch.randn(state[k].shape, generator=g))
     return state, torch.randint(0, 65, (4000,), generator=_gen(9))
+
+
+def _fp8_case_model(train: bool = False):
+    state, _ = _fp8_case()
+    return _course_model(state, seed=0, **SMALL).train(train)
 
 
 @functools.lru_cache(maxsize=1)
@@ -969,8 +1132,8 @@ def _fp8_case_reference() -> torch.Tensor:
     computed once per process (a warm check server or a grading checker answers many checks)."""
     from llmcourse.models.deepseek import fp8_eval as reference_fp8
 
-    state, val = _fp8_case()
-    ref = reference_fp8(_course_model(state, seed=0).eval(), val, 2, 10_000)
+    _, val = _fp8_case()
+    ref = reference_fp8(_fp8_case_model(), val, 2, 10_000)
     return torch.tensor([ref["val_loss_fp32"], ref["val_loss_fp8"]], dtype=torch.float64)
 
 
@@ -980,10 +1143,8 @@ def _fp8_fingerprints_cached() -> tuple:
     (the scales of unit 16's ``quantize_weight_blocks``: amax/448 per block; distinct for seeded weights)."""
     from llmcourse.quant.fp8 import quantize_weight_blocks
 
-    state, _ = _fp8_case()
-    m = _course_model(state, seed=0)
     out = {}
-    for name, mod in m.named_modules():
+    for name, mod in _fp8_case_model().named_modules():
         if type(mod) is torch.nn.Linear:
             _, sc = quantize_weight_blocks(mod.weight.detach())
             out[name] = (list(mod.weight.shape), float(sc.double().sum()))
@@ -1018,33 +1179,29 @@ def check_fp8(t):
                 "sums": {k: float(v.float().abs().sum()) for k, v in model.state_dict().items()},
                 "types": sorted({type(m).__name__ for m in model.modules()})}
     got = t.run(probe)
-    res, cal = got["res"], info["fp8_check"]
+    res = got["res"]
+    cal_fp32, cal_delta = _asset_reference()
     t.expect(set(res) >= {"val_loss_fp32", "val_loss_fp8", "delta"},
              f"fp8_eval must return val_loss_fp32, val_loss_fp8 and delta; got {sorted(res)}")
     t.expect(abs(res["delta"] - (res["val_loss_fp8"] - res["val_loss_fp32"])) < 1e-6,
              "delta must be val_loss_fp8 − val_loss_fp32")
-    t.expect(abs(res["val_loss_fp32"] - cal["val_loss_fp32"]) < 1e-4,
-             f"val_loss_fp32 of the course's trained DeepSeek on {FP8_BATCHES} validation batches "
-             f"(get_batch(val_data, 32, 64, Generator(seed + i))) must be {cal['val_loss_fp32']:.5f}; got "
+    t.expect(abs(res["val_loss_fp32"] - cal_fp32) < 1e-4,
+             f"val_loss_fp32 of the course's trained DeepSeek on one validation batch "
+             f"(get_batch(val_data, 32, 64, Generator(seed + i))) must be {cal_fp32:.5f}; got "
              f"{res['val_loss_fp32']:.5f}")
     t.expect(res["delta"] != 0.0, "val_loss_fp8 equals val_loss_fp32 exactly: the copy was not converted to FP8")
-    t.expect(res["delta"] <= cal["delta"] + 0.02, f"the FP8 copy loses {res['delta']:+.4f} nats; the reference "
+    t.expect(res["delta"] <= cal_delta + 0.02, f"the FP8 copy loses {res['delta']:+.4f} nats; the reference "
              f"conversion (main-path linear maps only; routers, head, embeddings and MTP in float32) loses "
-             f"{cal['delta']:+.4f}")
+             f"{cal_delta:+.4f}")
     t.expect("FP8Linear" not in got["types"], "the original model now contains FP8Linear modules: convert a deep copy")
 
     # which modules are converted: a seeded model with heavy-tailed weights, where every layer's FP8 error shows in
-    # the loss, against the reference conversion computed here on the same weights and batches (two-sided)
-    state, val = _fp8_case()
+    # the loss, against the reference conversion computed here on the same weights and batches (two-sided); every
+    # FP8Linear built during that call is recorded by its weight scales, matched here to the linear map of the
+    # original model it came from; the eval-mode model stays in eval mode
+    state, heavy_val = _fp8_case()
 
     def probe_heavy(impl):
-        m = _course_model(state, seed=0).eval()
-        res = impl.fp8_eval(m, val.clone(), 2, 10_000)
-        return torch.tensor([float(res["val_loss_fp32"]), float(res["val_loss_fp8"])], dtype=torch.float64)
-
-    # which modules became FP8: every FP8Linear built during fp8_eval is recorded by its weight scales, matched here
-    # to the linear map of the original model it came from
-    def converted(impl):
         from llmcourse.quant import fp8 as q
 
         made, init = [], q.FP8Linear.__init__
@@ -1054,16 +1211,18 @@ def check_fp8(t):
             made.append(self)
         q.FP8Linear.__init__ = spy
         try:
-            m = _course_model(state, seed=0).eval()
-            impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
+            m = _course_model(state, seed=0, **SMALL).eval()
+            res = impl.fp8_eval(m, heavy_val.clone(), 2, 10_000)
         finally:
             q.FP8Linear.__init__ = init
-        return [[list(f.weight_fp8.shape), float(f.weight_scale.double().sum())] for f in made]
+        return {"losses": [float(res["val_loss_fp32"]), float(res["val_loss_fp8"])],
+                "made": [[list(f.weight_fp8.shape), float(f.weight_scale.double().sum())] for f in made],
+                "training": bool(m.training)}
 
-    made = t.run(converted)
+    heavy = t.run(probe_heavy)
     prints = _fp8_fingerprints()
     names = set()
-    for shape, total in made:
+    for shape, total in heavy["made"]:
         hit = [n for n, (sh, tot) in prints.items() if sh == shape and abs(tot - total) <= 1e-9 * max(1.0, abs(tot))]
         names.update(hit[:1] if hit else ["(a layer that is not a linear map of the model)"])
     want = {n for n in prints if n.startswith("layers.")}
@@ -1075,30 +1234,28 @@ def check_fp8(t):
              + (f"; converted but outside the stated set: {_name_summary(extra)}" if extra else ""),
              bug="B17.fp8_partial")
 
-    t.compare(probe_heavy, _fp8_case_reference().clone(),
-              "val_loss_fp32 and val_loss_fp8 of a seeded DeepSeek-tiny with heavy-tailed weights (2 batches, seed "
-              "10,000): every main-path linear layer of every block converted, routers, head, embeddings and MTP "
-              "kept in float32", atol=2e-4, rtol=0)
+    _compare_result(t, probe_heavy, heavy, _fp8_case_reference().clone(),
+                    "val_loss_fp32 and val_loss_fp8 of a seeded small DeepSeek (d_model 32) with heavy-tailed weights "
+                    "(2 batches, seed 10,000): every main-path linear layer of every block converted, routers, head, embeddings "
+                    "and MTP kept in float32", atol=2e-4, rtol=0,
+                    pick=lambda r: torch.tensor(r["losses"], dtype=torch.float64))
     diff = [k for k, v in info["sums"].items() if abs(got["sums"].get(k, float("nan")) - v) > 1e-3 * max(1.0, v)]
     t.expect(not diff, f"fp8_eval changed the original model's weights ({diff[:4]}): convert a deep copy")
 
     # the model is left as it was found: its mode, also right after a training forward (routing kept with its graph)
     def modes(impl):
-        out, kept = [], True
-        for train in (True, False):
-            m = _course_model(state, seed=0).train(train)
-            if train:
-                xb = val[:65].view(1, 65)
-                m(xb[:, :-1], xb[:, 1:])
-            before = [None if mo.last_indices is None else mo.last_indices.clone() for mo in m.moe_layers()]
-            impl.fp8_eval(m, val[:2000].clone(), 1, 10_000)
-            out.append(bool(m.training))
-            kept = kept and all(mo.last_indices is None or (b is not None and torch.equal(mo.last_indices, b))
-                                for mo, b in zip(m.moe_layers(), before))
-        return {"modes": out, "kept": kept}
+        m = _course_model(state, seed=0, **SMALL).train(True)
+        xb = heavy_val[:65].view(1, 65)
+        m(xb[:, :-1], xb[:, 1:])
+        before = [None if mo.last_indices is None else mo.last_indices.clone() for mo in m.moe_layers()]
+        impl.fp8_eval(m, heavy_val[:2000].clone(), 1, 10_000)
+        kept = all(mo.last_indices is None or (b is not None and torch.equal(mo.last_indices, b))
+                   for mo, b in zip(m.moe_layers(), before))
+        return {"modes": [bool(m.training)], "kept": kept}
     got = t.run(modes)
-    t.expect(got["modes"] == [True, False], "fp8_eval must leave the model in the mode it found it in (a model that "
-             "has just run a training forward stays in train mode; an eval-mode model stays in eval mode)")
+    t.expect(got["modes"] + [heavy["training"]] == [True, False], "fp8_eval must leave the model in the mode it found "
+             "it in (a model that has just run a training forward stays in train mode; an eval-mode model stays in "
+             "eval mode)")
     t.expect(got["kept"], "given a model in training mode, fp8_eval left the validation batches' routing in its MoE "
              "layers (the next update_router_biases would apply it): the losses are measured in eval mode, and the "
              "model is left as it was found")
