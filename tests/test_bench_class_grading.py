@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 
@@ -74,6 +75,25 @@ def test_a_mutant_whose_helper_calls_the_reference_by_its_name_calls_the_solutio
                                    atol=0, msg=bug.id)
         written += 1
     assert written >= 2, "the smoothing-blend mutants call the reference rope_inv_freq from a helper"
+
+
+def test_a_mutant_that_calls_the_reference_by_its_own_name_calls_the_solution(course):
+    """Unit 17's expert-conversion mutant ends with ``return load_hf_deepseek(model, sd)`` (the course's loader);
+    written under the name ``load_hf_deepseek`` it must call the solution's definition, not itself."""
+    from grader.core import BUGS
+    from grader.runner import load_unit
+
+    unit = course.unit("17")
+    load_unit("17")
+    solution = nbformat.read(course.root / unit.solution, as_version=4)
+    code = [c.source for c in solution.cells if c.cell_type == "code"]
+    bug = next(b for b in BUGS["17.DeepSeekLM"] if b.id == "B17.expert_conversion")
+    source = mutant_source(bug.impl["load_hf_deepseek"], "load_hf_deepseek", _bound_names(code), code)
+    tree = ast.parse(source)
+    mutant = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "load_hf_deepseek")
+    called = {n.func.id for n in ast.walk(mutant) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "load_hf_deepseek" not in called and "_reference_load_hf_deepseek" in called
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "_reference_load_hf_deepseek" for n in tree.body)
 
 
 def test_the_class_is_seeded_and_has_every_kind(course, tmp_path):

@@ -133,7 +133,10 @@ def mutant_source(obj, name: str, available: set[str], solution_code: list[str] 
             node.body[:0] = [ast.parse(f"{k} = {v!r}").body[0] for k, v in closure.items()]
         local = {a.arg for a in ast.walk(node) if isinstance(a, ast.arg)}
         local |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        local |= {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        # a function's own (new) name is not local to it: in its body, ``name`` means the reference (a mutant
+        # ``load_hf_deepseek`` that ends with ``return load_hf_deepseek(model, sd)`` calls the course's, not itself)
+        local |= {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+                  and not (n is node and isinstance(node, ast.FunctionDef))}
         free = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         module = sys.modules.get(o.__module__)
         scope = vars(module) if module is not None else {}
