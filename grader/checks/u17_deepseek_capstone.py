@@ -899,7 +899,7 @@ def _compare_lr(s: int) -> float:
     return (0.0, 2e-3, 5e-4)[s]
 
 
-COMPARE_SLEEP = 0.2   # seconds each training forward of "gpt" sleeps in the probe: a floor under its measured step time
+COMPARE_SLEEP = 0.05  # seconds each training forward of "gpt" sleeps in the probe: a floor under its measured step time
 
 
 def _compare_probe(data, names=("gpt", "llama", "deepseek"), steps=3):
