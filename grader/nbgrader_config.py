@@ -67,3 +67,10 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# `course grade --execute`: kernels forked from a pre-imported state (grader/kernelfork.py says how and why), with the
+# normal launch as the fallback
+if os.environ.get("LLMCOURSE_KERNEL_FORKSERVER") == "1":
+    from grader.kernelfork import install
+
+    install()
