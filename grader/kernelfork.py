@@ -21,6 +21,7 @@ server failing to start or to answer) is launched the normal way (``jupyter_clie
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -153,6 +154,11 @@ def serve(reply_w: int) -> int:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
 
 
 # ------------------------------------------------------------------ in nbgrader's process
@@ -170,10 +176,35 @@ class _Server:
         self.exits: dict[int, int] = {}
         self.env = dict(os.environ)
         self.argv = list(argv)
+        self.returncode: int | None = None
+        self._closing = False
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
         hello = self._next(time.monotonic() + 120)
         if not (hello and hello.get("ready")):
             self.close()
             raise RuntimeError(f"the kernel fork server did not start: {hello}")
+        atexit.register(self.close)  # waited for: its CPU time and its kernels' count as nbgrader's children's
+
+    def _watch(self) -> None:
+        """The server's end, and a signal to it passed on to this process: to a kernel, the fork server stands
+        where nbgrader stood (its parent). A kernel that stops or kills its parent stops or kills nbgrader, as with
+        the normal launch, and ``course grade``'s supervision sees nbgrader stopped or killed, as it did."""
+        while True:
+            try:
+                _, status = os.waitpid(self.proc.pid, os.WUNTRACED)
+            except ChildProcessError:
+                self.returncode = self.returncode if self.returncode is not None else 0
+                return
+            if os.WIFSTOPPED(status):
+                if not self._closing:
+                    os.kill(os.getpid(), os.WSTOPSIG(status))
+                continue
+            self.returncode = os.waitstatus_to_exitcode(status)
+            self.proc.returncode = self.returncode
+            if os.WIFSIGNALED(status) and not self._closing:
+                os.kill(os.getpid(), os.WTERMSIG(status))
+            return
 
     def _next(self, until: float | None) -> dict | None:
         """The next reply that is not an exit report (exits are recorded), or None by ``until`` (None: don't wait)."""
@@ -216,15 +247,17 @@ class _Server:
             pass
 
     def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
         try:
-            self.proc.stdin.close()
+            self.proc.stdin.close()  # the server kills what kernels are left, reaps them and exits
         except OSError:
             pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+        self._watcher.join(10)
+        if self._watcher.is_alive():
             self.proc.kill()
-            self.proc.wait()
+            self._watcher.join(10)
         os.close(self._r)
 
 
@@ -241,7 +274,7 @@ class ForkedKernel:
             self._server.poll_exits()
             if self.pid in self._server.exits:
                 self.returncode = self._server.exits.pop(self.pid)
-            elif self._server.proc.poll() is not None and not _alive(self.pid):
+            elif self._server.returncode is not None and not _alive(self.pid):
                 self.returncode = -signal.SIGKILL  # the server went (and took its kernels with it)
         return self.returncode
 
