@@ -594,8 +594,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        without running anything (:func:`_record_as_saved`: one ``nbgrader autograde`` run without execution that
        keeps the saved outputs); the feedback is that notebook with the checker's verdict in each grade cell.
        With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per
-       assignment (and job) (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there
-       is instant feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
+       assignment (and job) (execution, gradebook entries, formgrader), each kernel forked from a pre-imported
+       state by a fork server below that nbgrader run (``grader/kernelfork.py``; :func:`_kernel_env`), or launched
+       the normal way where it cannot be; the hidden cells' in-kernel output there is instant feedback only, never
+       a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running

@@ -11,6 +11,9 @@ Environment:
                             is too short for training cells under the laptop profile)
   LLMCOURSE_KERNEL_SOCKETS  a private folder (mode 0700) for the kernels' Unix sockets (default
                             <tempdir>/llmcourse-kernels-<uid>; `course grade` makes one per run)
+  LLMCOURSE_KERNEL_FORKSERVER  1: kernels forked from a pre-imported state (grader/kernelfork.py; set by
+                            `course grade --execute` unless it is 0 in its environment)
+  LLMCOURSE_KERNEL_PRELOAD  what that fork server imports beside ipykernel, torch, numpy and llmcourse
 """
 
 import os
