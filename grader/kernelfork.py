@@ -238,7 +238,16 @@ class _Server:
             reply = self._next(time.monotonic() + 30)
         if not reply or "pid" not in reply:
             raise RuntimeError(f"the kernel fork server did not fork: {reply}")
-        return int(reply["pid"])
+        pid = int(reply["pid"])
+        try:  # the server's own child, leading its own session: never another process named by a stray line
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+            ours = int(fields[1]) == self.proc.pid and int(fields[3]) == pid
+        except (OSError, IndexError, ValueError):
+            ours = False
+        if not ours:
+            raise RuntimeError(f"the kernel fork server's reply names process {pid}, not a kernel it forked")
+        return pid
 
     def poll_exits(self) -> None:
         with self._lock:

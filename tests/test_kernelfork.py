@@ -36,6 +36,8 @@ def _start(cwd):
 
     if "llmcourse" not in KernelSpecManager().find_kernel_specs():
         pytest.skip("the course's kernel is not registered (make kernel)")
+    if kernelfork._kernel_args(KernelSpecManager().get_kernel_spec("llmcourse").argv) is None:
+        pytest.skip("the course's kernel spec is not this interpreter's ipykernel_launcher: nothing to fork")
     return start_new_kernel(kernel_name="llmcourse", startup_timeout=120, cwd=str(cwd))
 
 
@@ -63,8 +65,7 @@ def test_two_kernels_of_one_run_share_no_state(forking):
     b_dir.mkdir()
     km_a, kc_a = _start(a_dir)
     try:
-        if not isinstance(km_a.provisioner.process, kernelfork.ForkedKernel):
-            pytest.skip("the course's kernel spec is not this interpreter's ipykernel_launcher: nothing forked")
+        assert isinstance(km_a.provisioner.process, kernelfork.ForkedKernel), "not forked: see the captured stderr"
         # the first kernel writes module-level state into modules the server had imported
         assert _run(kc_a, "import ipykernel.kernelapp as m, random; m.LEAK = 42; random.seed(7); "
                     "print('set', random.random())").startswith("set")
@@ -112,8 +113,7 @@ def test_fallback_when_the_fork_server_is_unavailable(forking, monkeypatch):
 def test_fallback_when_the_environment_differs(forking, monkeypatch):
     km, kc = _start(forking)  # starts the server with this environment
     _stop(km, kc)
-    if kernelfork._server is None:
-        pytest.skip("the course's kernel spec is not this interpreter's ipykernel_launcher: nothing forked")
+    assert kernelfork._server is not None and not kernelfork._server_failed
     monkeypatch.setenv("LLMCOURSE_TEST_MARK", "changed")  # a kernel launched with another environment
     km, kc = _start(forking)
     try:
