@@ -5,10 +5,13 @@ Each kernel nbgrader starts costs a Python start-up and the imports of ipykernel
 environment (set by ``course grade --execute``; ``grader/nbgrader_config.py`` calls :func:`install`), nbgrader's
 kernel launches go to a *fork server*: a child of the nbgrader process, started at its first kernel launch (after the
 checkers have decided every score: nbgrader runs only then), that imports those modules once, runs no student code,
-starts no Python thread, and forks one kernel per notebook. Each kernel:
+starts no Python thread (it refuses to serve if one runs; numpy's import starts OpenBLAS's native pool, which
+OpenBLAS's own fork handler stops in the server and starts afresh in each kernel), and forks one kernel per notebook.
+Each kernel:
 
-* is a fresh fork of that state (nothing a previous kernel did is in it; nothing shared is writable: the
-  fork server holds no shared memory, and the kernel closes the server's pipes before anything else runs);
+* is a fresh fork of that state (nothing a previous kernel did is in it: each fork copies the server's memory, which
+  no kernel writes to; the server maps no shared memory, and the kernel closes the server's pipes before anything
+  else runs);
 * runs in its own session and process group (``setsid``), below nbgrader's process tree (nbgrader -> fork server
   -> kernel), with the environment nbgrader's launch gives it (the run token included: the supervision in
   ``coursetools.grading._autograde`` finds, reads and kills it as before) and the working directory it asks for;
