@@ -594,8 +594,10 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
        without running anything (:func:`_record_as_saved`: one ``nbgrader autograde`` run without execution that
        keeps the saved outputs); the feedback is that notebook with the checker's verdict in each grade cell.
        With ``execute=True`` it autogrades the submissions, one ``nbgrader autograde <assignment>`` run per
-       assignment (and job) (execution, gradebook entries, formgrader); the hidden cells' in-kernel output there
-       is instant feedback only, never a score. A submission nbgrader could not run is recorded again on its own,
+       assignment (and job) (execution, gradebook entries, formgrader), each kernel forked from a pre-imported
+       state by a fork server below that nbgrader run (``grader/kernelfork.py``; :func:`_kernel_env`), or launched
+       the normal way where it cannot be; the hidden cells' in-kernel output there is instant feedback only, never
+       a score. A submission nbgrader could not run is recorded again on its own,
        without execution. Each run is supervised (:func:`_autograde`): a kernel that stops, kills or
        hangs nbgrader ends that run, its submission is recorded without execution ("the submission
        stopped the grading process") and the others run on in a new batch; what kernels leave running
@@ -770,8 +772,8 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
                 continue
             name = Path(known[assignment].exercise).name
             skip = {s for s in students if (s, assignment) in tampering.by}  # scored 0: not run
-            run = _NotebookRuns(assignment, name, students, work, env_extra, token, limits, snapshot, tampering,
-                                skip, bars.get("nbgrader"))
+            run = _NotebookRuns(assignment, name, students, work, _kernel_env(env_extra, known[assignment], course),
+                                token, limits, snapshot, tampering, skip, bars.get("nbgrader"))
             logs, failed, culprits, missing = run.all(n_jobs, timings)
             for student in students:
                 notes = list(subs[(student, assignment)][1])
@@ -891,6 +893,21 @@ def grade(submissions: str | os.PathLike, out_dir: str | os.PathLike | None = No
     report.executed = execute
     report.jobs = n_jobs
     return report
+
+
+def _kernel_env(env_extra: dict, unit, course) -> dict:
+    """nbgrader's environment for executing ``unit``'s notebooks: kernels forked from a pre-imported state
+    (``grader/kernelfork.py``: ipykernel, torch, numpy, llmcourse and the modules the unit's release imports, once per
+    nbgrader run) unless ``$LLMCOURSE_KERNEL_FORKSERVER=0``."""
+    from grader.kernelfork import ENABLE_ENV, PRELOAD_ENV, release_imports
+
+    if os.environ.get(ENABLE_ENV) == "0":
+        return {**env_extra, ENABLE_ENV: "0"}
+    try:
+        preload = release_imports(course.root / unit.exercise)
+    except Exception:  # noqa: BLE001 - the base preload only
+        preload = []
+    return {**env_extra, ENABLE_ENV: "1", PRELOAD_ENV: ",".join(preload)}
 
 
 def _progress_bars(total: int, enabled: bool, nbgrader: str = "run in nbgrader") -> dict:

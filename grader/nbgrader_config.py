@@ -11,6 +11,9 @@ Environment:
                             is too short for training cells under the laptop profile)
   LLMCOURSE_KERNEL_SOCKETS  a private folder (mode 0700) for the kernels' Unix sockets (default
                             <tempdir>/llmcourse-kernels-<uid>; `course grade` makes one per run)
+  LLMCOURSE_KERNEL_FORKSERVER  1: kernels forked from a pre-imported state (grader/kernelfork.py; set by
+                            `course grade --execute` unless it is 0 in its environment)
+  LLMCOURSE_KERNEL_PRELOAD  what that fork server imports beside ipykernel, torch, numpy and llmcourse
 """
 
 import os
@@ -67,3 +70,10 @@ c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# `course grade --execute`: kernels forked from a pre-imported state (grader/kernelfork.py says how and why), with the
+# normal launch as the fallback
+if os.environ.get("LLMCOURSE_KERNEL_FORKSERVER") == "1":
+    from grader.kernelfork import install
+
+    install()

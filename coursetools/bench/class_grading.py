@@ -367,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{v} {k}" for k, v in counts.items()), flush=True)
         print(f"{os.cpu_count()} CPUs, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
         if not args.no_kernel_probe and "executed" in args.paths:
-            print(f"one kernel start + the notebook's first cell: {kernel_start_seconds(unit, course):.1f} s",
-                  flush=True)
+            print("one kernel start by the normal launch (the fork server's fallback) + the notebook's first cell: "
+                  f"{kernel_start_seconds(unit, course):.1f} s", flush=True)
         for path, jobs in [(path, jobs) for path in args.paths for jobs in args.jobs]:
             work = Path(tmp) / f"work-{path}-jobs{jobs}"
             cpu_before = _cpu_seconds()
