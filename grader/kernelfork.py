@@ -391,8 +391,9 @@ def release_imports(path) -> list[str]:
 
 
 def install() -> bool:
-    """Route jupyter_client's local kernel launches through :func:`launch` when ``$LLMCOURSE_KERNEL_FORKSERVER=1``."""
-    if os.environ.get(ENABLE_ENV) != "1" or os.name != "posix":
+    """Route jupyter_client's local kernel launches through :func:`launch` when ``$LLMCOURSE_KERNEL_FORKSERVER=1``, on Linux
+    (the server's checks read ``/proc``; on macOS forking a process that imported torch is not safe): elsewhere False."""
+    if os.environ.get(ENABLE_ENV) != "1" or not sys.platform.startswith("linux"):  # /proc is read; macOS: no fork
         return False
     from jupyter_client.provisioning import local_provisioner
 
