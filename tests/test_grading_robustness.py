@@ -75,7 +75,8 @@ def test_wrong_dtype_or_shape_gets_a_dtype_or_shape_message(wrap, words):
 def test_invalid_json_reports_the_parse_position(tmp_path):
     text = nbformat.writes(_correct_submission())
     bad = tmp_path / "03_self_attention.ipynb"
-    bad.write_text(text[:5000] + text[5010:], encoding="utf-8")
+    cut = text.index('"cell_type"', 5000)  # ten characters cut from a key: invalid whatever the cells' text says
+    bad.write_text(text[:cut] + text[cut + 10:], encoding="utf-8")
     nb, cause = read_submission(bad)
     assert nb is None and re.search(r"not valid JSON \(line \d+, column \d+: ", cause), cause
     with pytest.raises(ValueError, match=r"line \d+, column \d+"):
