@@ -119,3 +119,10 @@ def surviving_daemons(marks: Path) -> list[int]:
         if state != "Z":
             alive.append(pid)
     return alive
+
+
+def invalid_json(text: str) -> str:
+    """``text`` (a notebook's JSON) with ten characters cut from the first ``"cell_type"`` key after character 5000:
+    invalid JSON whatever the cells' text says (a cut at a fixed offset can fall inside a string and stay valid)."""
+    cut = text.index('"cell_type"', 5000)
+    return text[:cut] + text[cut + 10:]

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from hostile import HOSTILE_KINDS, hostile_code, surviving_daemons
+from hostile import HOSTILE_KINDS, hostile_code, invalid_json, surviving_daemons
 
 from coursetools.grading import TAMPER_NOTE, grade
 from grader.runner import check_notebook
@@ -381,7 +381,7 @@ def attacked(tmp_path_factory, course_copy):
     paths = {student: _write(submitted, student, unit, nb) for student, nb in subs.items()}
     damaged = nbformat.writes(_submission(exercise, WRONG))
     paths["invalid_json"] = _write(submitted, "invalid_json", unit, None)
-    paths["invalid_json"].write_text(damaged[:5000] + damaged[5010:], encoding="utf-8")
+    paths["invalid_json"].write_text(invalid_json(damaged), encoding="utf-8")
     out = tmp_path_factory.mktemp("grading")
     started = time.monotonic()
     # executed in nbgrader: every attack on the kernel's side too (make test runs it beside nbval)

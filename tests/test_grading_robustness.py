@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from hostile import invalid_json
 
 from grader.extract import code_cells_of_notebook
 from grader.repair import answer_cell_notes, read_submission, repair_nbgrader_metadata
@@ -75,8 +76,7 @@ def test_wrong_dtype_or_shape_gets_a_dtype_or_shape_message(wrap, words):
 def test_invalid_json_reports_the_parse_position(tmp_path):
     text = nbformat.writes(_correct_submission())
     bad = tmp_path / "03_self_attention.ipynb"
-    cut = text.index('"cell_type"', 5000)  # ten characters cut from a key: invalid whatever the cells' text says
-    bad.write_text(text[:cut] + text[cut + 10:], encoding="utf-8")
+    bad.write_text(invalid_json(text), encoding="utf-8")
     nb, cause = read_submission(bad)
     assert nb is None and re.search(r"not valid JSON \(line \d+, column \d+: ", cause), cause
     with pytest.raises(ValueError, match=r"line \d+, column \d+"):
