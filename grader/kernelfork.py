@@ -253,10 +253,9 @@ class _Server:
         return pid
 
     def poll_exits(self) -> None:
+        """Record the exit reports that have come (:meth:`_next` files them; only exit reports come unasked)."""
         with self._lock:
-            msg = self._next(None)
-        if msg is not None:  # only exit reports come unasked
-            pass
+            self._next(None)
 
     def close(self) -> None:
         if self._closing:
